@@ -1,0 +1,1 @@
+"""Hydra configs of mcsd (installed as the package mcsd.conf)."""

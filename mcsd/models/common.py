@@ -1,0 +1,243 @@
+"""The skeleton both architectures share (Section 2.1) and decoding on top of it.
+
+``h = x + Mixer(RMSNorm(x)); out = h + GatedMLP(RMSNorm(h))``, with token embedding in,
+final RMSNorm and LM head out. Only the token mixer differs between MCSD and the
+Transformer; it implements :class:`TokenMixer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mcsd.models.config import FORMS, ConfigError, LMConfig
+
+
+@dataclasses.dataclass
+class DecodingState:
+    """What decoding carries between calls: the number of tokens seen and each layer's state.
+
+    MCSD layers hold fixed-size fp32 section states; Transformer layers hold a
+    preallocated KV cache that is written in place (so a state must not be reused after
+    it has been advanced).
+    """
+
+    position: int
+    layers: list[Any]
+
+
+class GroupedLinear(nn.Module):
+    """Per-channel projections ``W in R^{C x Din x Dout}`` (the paper's Eqs. 1 and 7):
+    ``[..., C, Din] -> [..., C, Dout]``, each channel with its own matrix, no bias."""
+
+    def __init__(self, num_channels: int, in_width: int, out_width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_channels, in_width, out_width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("...ci,cio->...co", x, self.weight)
+
+
+class ChannelRMSNorm(nn.Module):
+    """RMSNorm over each channel's ``Dc`` features separately, with a gain per feature
+    (as RetNet's per-head GroupNorm); input ``[..., C, Dc]``."""
+
+    def __init__(self, num_channels: int, width: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(num_channels, width))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.weight
+
+
+class GatedMLP(nn.Module):
+    """GeGLU MLP (Shazeer 2020): ``W_down(gelu(W_gate x) * W_up x)``."""
+
+    def __init__(self, hidden_size: int, mlp_hidden_size: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(hidden_size, 2 * mlp_hidden_size, bias=False)
+        self.down = nn.Linear(mlp_hidden_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.gelu(gate) * up)
+
+
+class TokenMixer(nn.Module):
+    """Interface of a token mixer: ``forward(x, layer_state, position, form) -> (y, new_state)``.
+
+    ``x`` is ``[B, N, D]`` at absolute positions ``position .. position+N-1``;
+    ``layer_state`` is ``None`` at the start of a sequence.
+    """
+
+    def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> Any:
+        """The state before the first token (``None`` where the mixer needs none)."""
+        return None
+
+
+class Layer(nn.Module):
+    """One pre-RMSNorm residual layer: mixer, then GeGLU MLP."""
+
+    def __init__(self, config: LMConfig, mixer: TokenMixer) -> None:
+        super().__init__()
+        self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mixer = mixer
+        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.mlp_hidden_size)
+
+    def forward(self, x: torch.Tensor, layer_state: Any, position: int, form: str) -> tuple[torch.Tensor, Any]:
+        mixed, layer_state = self.mixer(self.mixer_norm(x), layer_state, position, form)
+        h = x + mixed
+        return h + self.mlp(self.mlp_norm(h)), layer_state
+
+
+class CausalLM(nn.Module):
+    """A decoder-only language model over a :class:`TokenMixer`, with decoding helpers.
+
+    - ``model(input_ids)`` -> logits ``[B, N, vocab]`` (``form`` picks the mixer's form);
+    - ``model.prefill(input_ids)`` -> (last position's logits ``[B, vocab]``, state);
+    - ``model.step(token_ids, state)`` -> (logits ``[B, vocab]``, state);
+    - ``model.generate`` / ``model.stream``: greedy or sampled decoding on top.
+    """
+
+    default_form = "chunk"
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Layer(config, self.make_mixer(config)) for _ in range(config.num_layers))
+        self.final_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.reset_parameters()
+
+    def make_mixer(self, config: LMConfig) -> TokenMixer:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) weights, unit norm gains; the projections that write into
+        the residual stream (mixer ``out_proj``, MLP ``down``) scaled by 1/sqrt(2 L)."""
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding, GroupedLinear)):
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, (nn.RMSNorm, ChannelRMSNorm)):
+                module.reset_parameters()
+        residual_std = std / math.sqrt(2 * self.config.num_layers)
+        for layer in self.layers:
+            nn.init.normal_(layer.mlp.down.weight, std=residual_std)
+            nn.init.normal_(layer.mixer.out_proj.weight, std=residual_std)
+
+    def init_state(self, batch_size: int, capacity: int = 0) -> DecodingState:
+        """A fresh decoding state for ``batch_size`` rows and up to ``capacity`` tokens."""
+        device, dtype = self.embed.weight.device, self.embed.weight.dtype
+        layers = [layer.mixer.init_state(batch_size, capacity, device, dtype) for layer in self.layers]
+        return DecodingState(position=0, layers=layers)
+
+    def _run(self, input_ids: torch.Tensor, state: DecodingState, form: str) -> tuple[torch.Tensor, DecodingState]:
+        if form not in FORMS:
+            raise ConfigError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, length]")
+        x = self.embed(input_ids)
+        layers = []
+        for layer, layer_state in zip(self.layers, state.layers):
+            x, layer_state = layer(x, layer_state, state.position, form)
+            layers.append(layer_state)
+        hidden = self.final_norm(x)
+        return hidden, DecodingState(position=state.position + input_ids.shape[1], layers=layers)
+
+    def forward(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:
+        """Logits ``[B, N, vocab]`` for every position (training and scoring)."""
+        fresh = DecodingState(position=0, layers=[None] * len(self.layers))
+        hidden, _ = self._run(input_ids, fresh, form or self.default_form)
+        return self.lm_head(hidden)
+
+    def prefill(
+        self, input_ids: torch.Tensor, state: DecodingState | None = None, max_new_tokens: int = 0
+    ) -> tuple[torch.Tensor, DecodingState]:
+        """Process a prompt (or continue ``state`` with more tokens) in the chunkwise form.
+
+        Returns the last position's logits ``[B, vocab]`` and the state to decode from;
+        ``max_new_tokens`` is the room a KV cache keeps for the tokens still to come.
+        """
+        if state is None:
+            state = self.init_state(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
+        hidden, state = self._run(input_ids, state, "chunk")
+        return self.lm_head(hidden[:, -1]), state
+
+    def step(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:
+        """Decode one token per batch row: ``token_ids`` ``[B]`` -> logits ``[B, vocab]``."""
+        hidden, state = self._run(token_ids.reshape(-1, 1), state, "recurrent")
+        return self.lm_head(hidden[:, -1]), state
+
+    @torch.inference_mode()
+    def stream(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[torch.Tensor]:
+        """Yield each new token ``[B]`` as it is decoded (prefill once, then one step each).
+
+        ``temperature=0`` is greedy; otherwise sampled with optional ``top_k``/``top_p``.
+        Rows that produced ``eos_token_id`` keep yielding it; decoding stops once all have.
+        """
+        logits, state = self.prefill(input_ids, max_new_tokens=max_new_tokens)
+        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for index in range(max_new_tokens):
+            token = sample_next_token(logits, temperature, top_k, top_p, generator)
+            if eos_token_id is not None:
+                token = token.masked_fill(finished, eos_token_id)
+                finished |= token == eos_token_id
+            yield token
+            if index + 1 == max_new_tokens or bool(finished.all()):
+                return
+            logits, state = self.step(token, state)
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **sampling: Any) -> torch.Tensor:
+        """The prompt followed by up to ``max_new_tokens`` decoded tokens, ``[B, N + new]``."""
+        tokens = list(self.stream(input_ids, max_new_tokens, **sampling))
+        if not tokens:
+            return input_ids
+        return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row from ``logits`` ``[B, vocab]``: argmax, or a filtered sample."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative - sorted_logits.softmax(dim=-1) > top_p  # keep the first token always
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

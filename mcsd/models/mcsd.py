@@ -1,0 +1,199 @@
+"""The MCSD model (Section 2): slope and decay sections fused in the MCSD block.
+
+Shapes: the block's input ``[B, N, D]`` is split into C channels of width Dc. Each
+section projects it per channel (grouped weights, Eqs. 1 and 7) into a history branch
+and a current branch:
+
+- slope (Eqs. 1-6): ``V' = W_s V`` with the softmax-normalised slope matrix of Eq. 3
+  (row n >= 1 averages tokens ``j < n`` with weights ``exp(-(n-j) beta_i)``; row 0 is
+  token 0 itself), ``Theta_s = SiLU(V') * U``;
+- decay (Eqs. 7-12): ``E' = RMSNorm(W_d E)`` with ``W_d[n, j] = alpha_i^(n-j)`` for
+  ``j < n`` (row 0: token 0 itself), RMSNorm over each channel's Dc features (the paper's
+  epsilon; Eq. 20 applies it to the decay state), ``Theta_d = E' * sigmoid(F)``.
+
+Both history branches are the exponential filter of :mod:`mcsd.ops.exp_filter` with a
+fixed per-channel decay (``exp(-beta_i)`` resp. ``alpha_i``); the slope's softmax
+denominator is a known function of the absolute position. Sections are fused by
+per-channel concatenation and the output projection (Eq. 13) or by summation (Eq. 20).
+
+Decoding state per section: ``[B, C, Dc]`` fp32. The slope keeps the normalised average
+``V'`` of the tokens seen (the convex update of Eq. 16); the decay keeps the unnormalised
+sum ``sum_j alpha^(n-j) E_j`` (Eq. 19).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mcsd.models.common import CausalLM, ChannelRMSNorm, GroupedLinear, TokenMixer
+from mcsd.models.config import MCSDConfig
+from mcsd.ops.exp_filter import exp_filter, exp_filter_matrix, exp_filter_step
+
+
+def slope_rates(num_channels: int) -> list[float]:
+    """Eq. 2: ``beta_i = (2^(-8/C))^(i+1)``, ALiBi's slopes."""
+    return [(2.0 ** (-8.0 / num_channels)) ** (i + 1) for i in range(num_channels)]
+
+
+def decay_rates(num_channels: int) -> list[float]:
+    """Eq. 8: ``alpha_i = 1 - 2^(-5-i)``, RetNet's decays."""
+    return [1.0 - 2.0 ** (-5 - i) for i in range(num_channels)]
+
+
+@functools.lru_cache(maxsize=None)
+def section_log_decay(kind: str, num_channels: int, device: torch.device) -> torch.Tensor:
+    """Per-channel log-decay ``[C]`` of a section, computed in float64 and kept in fp32.
+
+    Slope: ``-beta_i``; decay: ``log(alpha_i)`` (in bf16 ``alpha_i`` itself would round
+    to 1.0 for i >= 4, so only the log is ever stored). Cached so that it is built once
+    per device and is never cast by ``model.to(dtype)``.
+    """
+    if kind == "slope":
+        values = [-beta for beta in slope_rates(num_channels)]
+    else:
+        values = [math.log(alpha) for alpha in decay_rates(num_channels)]
+    return torch.tensor(values, dtype=torch.float64).to(device=device, dtype=torch.float32)
+
+
+def geometric_sum(log_decay: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``sum_{k=0}^{count-1} a^k`` per channel and count, ``[C, len(count)]``, fp32.
+
+    ``expm1`` keeps it exact for decays close to 1.
+    """
+    log_decay = log_decay.float()[:, None]
+    return torch.expm1(count.float()[None, :] * log_decay) / torch.expm1(log_decay)
+
+
+def slope_denominator(log_decay: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The softmax denominator of Eq. 3 at absolute position n: ``sum_{k=1}^{n} a^k``.
+
+    Position 0 (whose row is token 0 itself) gets 1 so that dividing there is harmless.
+    """
+    denominator = torch.exp(log_decay.float())[:, None] * geometric_sum(log_decay, positions)
+    return torch.where(positions[None, :] == 0, torch.ones_like(denominator), denominator)
+
+
+def slope_matrix(length: int, num_channels: int) -> torch.Tensor:
+    """``W_s`` of Eqs. 3-4, ``[C, N, N]``: the matrix the slope section applies to V."""
+    log_decay = section_log_decay("slope", num_channels, torch.device("cpu"))
+    matrix = exp_filter_matrix(log_decay, length)
+    matrix = matrix / slope_denominator(log_decay, torch.arange(length))[:, :, None]
+    matrix[:, 0, 0] = 1.0
+    return matrix
+
+
+def decay_matrix(length: int, num_channels: int) -> torch.Tensor:
+    """``W_d`` of Eqs. 9-10 before the RMSNorm, ``[C, N, N]``."""
+    matrix = exp_filter_matrix(section_log_decay("decay", num_channels, torch.device("cpu")), length)
+    matrix[:, 0, 0] = 1.0
+    return matrix
+
+
+class Section(torch.nn.Module):
+    """One slope or decay section: per-channel projections of both branches and the
+    history mixing. Returns ``Theta`` ``[B, N, C, Dc]`` and the new section state."""
+
+    def __init__(self, kind: str, config: MCSDConfig) -> None:
+        super().__init__()
+        self.kind = kind
+        self.num_channels = config.num_channels
+        self.chunk_size = config.chunk_size
+        width = config.channel_width
+        self.proj = GroupedLinear(config.num_channels, width, 2 * width)  # (U, V) or (F, E)
+        self.norm = ChannelRMSNorm(config.num_channels, width, config.norm_eps) if kind == "decay" else None
+
+    def log_decay(self, device: torch.device) -> torch.Tensor:
+        return section_log_decay(self.kind, self.num_channels, device)
+
+    def forward(
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        current, history = self.proj(x).chunk(2, dim=-1)
+        mixed, state = self.mix(history, state, position, form)
+        if self.kind == "slope":
+            return F.silu(mixed) * current, state  # Eq. 6
+        return self.norm(mixed) * torch.sigmoid(current), state  # Eq. 12
+
+    def mix(
+        self, values: torch.Tensor, state: torch.Tensor | None, position: int, form: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``W_s V`` or ``W_d E`` for ``values`` ``[B, N, C, Dc]`` at absolute positions
+        ``position..``, continuing ``state``; returns the result and the new state."""
+        log_decay = self.log_decay(values.device)
+        if form == "recurrent":
+            return self._mix_recurrent(values, state, position, log_decay)
+        channels_first = values.transpose(1, 2)  # [B, C, N, Dc]
+        length = values.shape[1]
+        initial = state
+        if self.kind == "slope" and state is not None:
+            # The state is the normalised average; the filter carries the raw sum.
+            initial = state * slope_denominator(log_decay, torch.tensor([position], device=values.device))[None]
+        filtered, final = exp_filter(channels_first, log_decay, initial, form, self.chunk_size)
+        if self.kind == "slope":
+            positions = torch.arange(position, position + length + 1, device=values.device)
+            denominator = slope_denominator(log_decay, positions)[None, :, :, None]
+            filtered = filtered / denominator[:, :, :length]
+            final = final / denominator[:, :, length]
+        if position == 0:  # row 0 of Eqs. 3 and 9: token 0 itself (the paper's "first number 1")
+            filtered = torch.cat([channels_first[:, :, :1].to(filtered.dtype), filtered[:, :, 1:]], dim=2)
+        return filtered.transpose(1, 2), final
+
+    def _mix_recurrent(
+        self, values: torch.Tensor, state: torch.Tensor | None, position: int, log_decay: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token by token: Eq. 16 (slope, convex update) or Eq. 19 (decay)."""
+        if state is None:
+            batch, _, channels, width = values.shape
+            state = values.new_zeros(batch, channels, width, dtype=torch.float32)
+        outputs = []
+        for offset in range(values.shape[1]):
+            value, absolute = values[:, offset], position + offset
+            if self.kind == "slope":
+                output = state.to(value.dtype)
+                # S <- S + (V_n - S) / Z, Z = sum_{k=0}^{n} exp(-k beta): Eq. 16.
+                weight = 1.0 / geometric_sum(log_decay, torch.tensor([absolute + 1], device=value.device))
+                state = state + (value.float() - state) * weight[None]
+            else:
+                output, state = exp_filter_step(value, log_decay, state)
+            outputs.append(value if absolute == 0 else output)
+        return torch.stack(outputs, dim=1), state
+
+
+class MCSDBlock(TokenMixer):
+    """The MCSD block: its sections side by side, fused and projected back to D."""
+
+    def __init__(self, config: MCSDConfig) -> None:
+        super().__init__()
+        self.fusion = config.fusion
+        self.sections = torch.nn.ModuleList(Section(kind, config) for kind in config.sections)
+        fused_width = config.hidden_size * (len(config.sections) if config.fusion == "concat" else 1)
+        self.out_proj = torch.nn.Linear(fused_width, config.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int, form: str
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        batch, length, hidden = x.shape
+        channels = x.view(batch, length, self.sections[0].num_channels, -1)
+        states = layer_state if layer_state is not None else [None] * len(self.sections)
+        thetas, new_states = [], []
+        for section, state in zip(self.sections, states):
+            theta, state = section(channels, state, position, form)
+            thetas.append(theta)
+            new_states.append(state)
+        if self.fusion == "concat":  # Eq. 13: per-channel concatenation
+            fused = torch.cat(thetas, dim=-1).reshape(batch, length, -1)
+        else:  # Eq. 20: element-wise sum
+            fused = torch.stack(thetas).sum(0).reshape(batch, length, hidden)
+        return self.out_proj(fused), new_states
+
+
+class MCSDForCausalLM(CausalLM):
+    """MCSD language model: the shared skeleton with :class:`MCSDBlock` as token mixer."""
+
+    def make_mixer(self, config: MCSDConfig) -> TokenMixer:
+        return MCSDBlock(config)

@@ -1,0 +1,114 @@
+"""The Transformer baseline: MCSD's skeleton with RoPE multi-head causal attention.
+
+Heads = ``num_channels``, head width = Dc, attention through
+``torch.nn.functional.scaled_dot_product_attention``. Its three forms:
+
+- parallel: one causal SDPA call over the whole sequence;
+- chunk: queries in blocks of ``chunk_size`` against the KV cache (chunked prefill);
+- recurrent: one query at a time against the KV cache (decoding).
+
+The KV cache is preallocated for the prompt plus ``max_new_tokens`` and written in place:
+decoding appends nothing and copies nothing per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mcsd.models.common import CausalLM, TokenMixer
+from mcsd.models.config import TransformerConfig
+
+
+@dataclasses.dataclass
+class KVCache:
+    """One layer's preallocated keys and values, ``[B, H, capacity, Dh]`` each."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+
+def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
+    """Rotate ``x`` ``[B, H, N, Dh]`` at absolute positions ``position..`` (RoPE, half-split)."""
+    length, width = x.shape[2], x.shape[3]
+    inverse_frequency = base ** (-torch.arange(0, width, 2, device=x.device, dtype=torch.float32) / width)
+    positions = torch.arange(position, position + length, device=x.device, dtype=torch.float32)
+    angles = positions[:, None] * inverse_frequency[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    first, second = x.float().chunk(2, dim=-1)
+    rotated = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+    return rotated.to(x.dtype)
+
+
+class CausalSelfAttention(TokenMixer):
+    """Multi-head causal self-attention with RoPE and a preallocated KV cache."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_channels
+        self.head_width = config.channel_width
+        self.chunk_size = config.chunk_size
+        self.rope_base = config.rope_base
+        self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> KVCache:
+        shape = (batch_size, self.num_heads, capacity, self.head_width)
+        return KVCache(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
+
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None, position: int, form: str
+    ) -> tuple[torch.Tensor, KVCache | None]:
+        batch, length, hidden = x.shape
+        qkv = self.qkv_proj(x).view(batch, length, 3, self.num_heads, self.head_width)
+        query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, N, Dh]
+        query = rotary(query, position, self.rope_base)
+        key = rotary(key, position, self.rope_base)
+        if form == "parallel" and cache is None:
+            attended = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+        else:
+            if cache is None:
+                cache = self.init_state(batch, position + length, x.device, key.dtype)
+            block = 1 if form == "recurrent" else self.chunk_size
+            attended = self._attend_cached(query, key, value, cache, position, block)
+        return self.out_proj(attended.transpose(1, 2).reshape(batch, length, hidden)), cache
+
+    def _attend_cached(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, position: int, block: int
+    ) -> torch.Tensor:
+        """Write keys/values into the cache, then attend query blocks to everything before them."""
+        length = query.shape[2]
+        end = position + length
+        if end > cache.capacity:
+            raise ValueError(
+                f"the KV cache holds {cache.capacity} tokens but position {end} was asked for: "
+                "pass a larger max_new_tokens to prefill"
+            )
+        cache.keys[:, :, position:end] = key.to(cache.keys.dtype)
+        cache.values[:, :, position:end] = value.to(cache.values.dtype)
+        outputs = []
+        for start in range(0, length, block):
+            stop = min(start + block, length)
+            visible = position + stop
+            keys = cache.keys[:, :, :visible].to(query.dtype)
+            values = cache.values[:, :, :visible].to(query.dtype)
+            mask = None
+            if stop - start > 1:  # query i (absolute position + start + i) sees keys <= itself
+                rows = torch.arange(position + start, visible, device=query.device)
+                mask = rows[:, None] >= torch.arange(visible, device=query.device)[None, :]
+            outputs.append(F.scaled_dot_product_attention(query[:, :, start:stop], keys, values, attn_mask=mask))
+        return torch.cat(outputs, dim=2)
+
+
+class TransformerForCausalLM(CausalLM):
+    """Transformer language model: the shared skeleton with :class:`CausalSelfAttention`."""
+
+    def make_mixer(self, config: TransformerConfig) -> TokenMixer:
+        return CausalSelfAttention(config)

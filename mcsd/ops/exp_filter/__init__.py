@@ -1,0 +1,46 @@
+"""The per-channel exponential filter shared by MCSD's slope and decay sections.
+
+``y[n] = sum_{j<n} a^(n-j) x[j] + a^n h0`` for each channel's decay ``a = exp(log_decay)``,
+in three forms that compute the same function: ``parallel`` (N x N matrix, the reference),
+``chunk`` (intra-chunk matrix + carried state, the training default) and ``recurrent``
+(one token at a time). All take an initial state and return the final state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mcsd.ops.exp_filter.chunk import chunk_exp_filter
+from mcsd.ops.exp_filter.naive import decay_powers, exp_filter_matrix, parallel_exp_filter
+from mcsd.ops.exp_filter.recurrent import exp_filter_step, recurrent_exp_filter
+
+FORMS = ("parallel", "chunk", "recurrent")
+
+
+def exp_filter(
+    x: torch.Tensor,
+    log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    form: str = "chunk",
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch to one form; returns ``(output [B, C, N, D], final_state [B, C, D] fp32)``."""
+    if form == "chunk":
+        return chunk_exp_filter(x, log_decay, initial_state, chunk_size)
+    if form == "parallel":
+        return parallel_exp_filter(x, log_decay, initial_state)
+    if form == "recurrent":
+        return recurrent_exp_filter(x, log_decay, initial_state)
+    raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+
+
+__all__ = [
+    "FORMS",
+    "chunk_exp_filter",
+    "decay_powers",
+    "exp_filter",
+    "exp_filter_matrix",
+    "exp_filter_step",
+    "parallel_exp_filter",
+    "recurrent_exp_filter",
+]

@@ -1,0 +1,61 @@
+"""Parallel (reference) form of the strictly causal exponential filter.
+
+For one channel with decay ``a = exp(log_decay)`` the filter is
+
+    y[n] = sum_{j<n} a^(n-j) x[j] + a^n h0,      final state h[N] = y[N],
+
+i.e. ``y = M x`` with the lower-triangular Toeplitz matrix ``M[n, j] = a^(n-j)`` for
+``j < n`` (zero on and above the diagonal). This form materialises ``M`` (O(N^2)) and is
+the reference that the chunkwise and recurrent forms are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def exp_filter_matrix(log_decay: torch.Tensor, length: int, extra_rows: int = 0) -> torch.Tensor:
+    """``M[c, n, j] = a_c^(n-j)`` for ``j < n``, else 0; shape ``[C, length + extra_rows, length]``.
+
+    Computed in fp32 log-space: exponents are masked to -inf before ``exp``, so no entry
+    overflows whatever the length.
+    """
+    rows = torch.arange(length + extra_rows, device=log_decay.device)
+    cols = torch.arange(length, device=log_decay.device)
+    distance = rows[:, None] - cols[None, :]
+    return masked_powers(log_decay, distance, keep=distance > 0)
+
+
+def masked_powers(log_decay: torch.Tensor, distance: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``a_c^distance`` where ``keep``, else exactly 0; shape ``[C, *distance.shape]``, fp32."""
+    exponent = log_decay.float().view(-1, *([1] * distance.dim())) * distance.float()
+    return torch.exp(exponent.masked_fill(~keep, float("-inf")))
+
+
+def state_dtype(x: torch.Tensor) -> torch.dtype:
+    """States and carries are kept in fp32 (fp64 when the input is fp64, for gradcheck)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def decay_powers(log_decay: torch.Tensor, length: int) -> torch.Tensor:
+    """``a_c^n`` for ``n = 0 .. length-1``, shape ``[C, length]``, fp32."""
+    positions = torch.arange(length, device=log_decay.device, dtype=torch.float32)
+    return torch.exp(log_decay.float()[:, None] * positions)
+
+
+def parallel_exp_filter(
+    x: torch.Tensor, log_decay: torch.Tensor, initial_state: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Filter ``x`` ``[B, C, N, D]`` with per-channel ``log_decay`` ``[C]``.
+
+    Returns the output ``[B, C, N, D]`` (dtype of ``x``) and the final state ``[B, C, D]``
+    (:func:`state_dtype`). ``initial_state`` ``[B, C, D]`` is the state before position 0.
+    """
+    length = x.shape[2]
+    accumulate = state_dtype(x)
+    matrix = exp_filter_matrix(log_decay, length, extra_rows=1)  # row N gives the final state
+    y = torch.matmul(matrix.to(x.dtype), x).to(accumulate)
+    if initial_state is not None:
+        carry = decay_powers(log_decay, length + 1).to(accumulate)
+        y = y + carry[None, :, :, None] * initial_state.to(accumulate)[:, :, None, :]
+    return y[:, :, :length].to(x.dtype), y[:, :, length]
