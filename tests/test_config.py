@@ -1,0 +1,99 @@
+"""Hydra composition of model/size/ablation, parameter counts and one-line config errors."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+
+import mcsd
+from mcsd import ConfigError, build_model, count_parameters
+
+ABLATIONS = {
+    "full": ["slope", "decay"],
+    "slope_only": ["slope"],
+    "decay_only": ["decay"],
+    "double_slope": ["slope", "slope"],
+    "double_decay": ["decay", "decay"],
+}
+
+
+def compose_train(*overrides: str) -> DictConfig:
+    with initialize_config_module("mcsd.conf", version_base=None):
+        return compose("train", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("ablation", ABLATIONS)
+def test_ablation_composes_into_the_model_node(ablation: str) -> None:
+    cfg = compose_train("model=mcsd", "size=tiny", f"ablation={ablation}")
+    assert list(cfg.model.sections) == ABLATIONS[ablation]
+    model = build_model(cfg.model)
+    assert [section.kind for section in model.layers[0].mixer.sections] == ABLATIONS[ablation]
+    assert model.layers[0].mixer.out_proj.in_features == cfg.model.hidden_size * len(ABLATIONS[ablation])
+
+
+def test_defaults_are_the_full_mcsd_block_and_the_tiny_size() -> None:
+    cfg = compose_train()
+    config = build_model(cfg.model).config
+    assert isinstance(config, mcsd.MCSDConfig)
+    assert config.sections == ["slope", "decay"] and config.fusion == "concat"
+    assert (config.hidden_size, config.num_channels, config.num_layers) == (64, 4, 2)
+
+
+def test_sum_fusion_projects_from_hidden_size() -> None:
+    model = build_model(compose_train("model.fusion=sum").model)
+    assert model.layers[0].mixer.out_proj.in_features == model.config.hidden_size
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "base"])
+def test_transformer_composes_with_every_cpu_size(size: str) -> None:
+    model = build_model(compose_train("model=transformer", f"size={size}").model)
+    assert isinstance(model.config, mcsd.TransformerConfig)
+    assert model.layers[0].mixer.num_heads == model.config.num_channels
+
+
+@pytest.mark.parametrize(("size", "target"), [("1.6b", 1.6e9), ("3b", 3e9), ("10b", 1e10)])
+def test_paper_sizes_count_within_ten_percent(size: str, target: float) -> None:
+    count = count_parameters(compose_train("model=mcsd", f"size={size}").model)
+    assert abs(count - target) / target < 0.10, count
+
+
+def test_count_parameters_equals_a_built_model() -> None:
+    for overrides in [(), ("model.tie_embeddings=true",), ("model=transformer",), ("ablation=double_decay",)]:
+        cfg = compose_train(*overrides)
+        built = sum(p.numel() for p in build_model(cfg.model).parameters())
+        assert count_parameters(cfg.model) == built
+
+
+def test_plain_dict_configs_work() -> None:
+    node = {"_target_": "mcsd.models.config.MCSDConfig", "vocab_size": 10, "hidden_size": 8,
+            "num_channels": 2, "num_layers": 1, "mlp_hidden_size": 8}
+    assert build_model(node).config.channel_width == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("model.hidden_size=100", "model.num_channels=3"),
+         "model.hidden_size=100 is not divisible by model.num_channels=3: choose a hidden_size"),
+        (("model.sections=[slope,retention]",), "model.sections has unknown section 'retention': use slope or decay"),
+        (("model.sections=[]",), "model.sections is empty"),
+        (("model=transformer", "ablation=double_decay"),
+         "model.sections is an MCSD block setting but the model is transformer: drop the ablation"),
+        (("model.fusion=product",), "model.fusion='product' is unknown: use concat or sum"),
+        (("model.num_layers=0",), "model.num_layers=0 must be a positive integer"),
+        (("+model.heads=4",), "model.heads is not a mcsd setting: remove it"),
+        (("model._target_=torch.nn.Linear",), "model._target_='torch.nn.Linear' is not a model config"),
+    ],
+)
+def test_bad_configs_fail_at_build_time_with_one_line(overrides: tuple[str, ...], message: str) -> None:
+    cfg = compose_train(*overrides)
+    with pytest.raises(ConfigError) as error:
+        build_model(cfg.model)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_missing_size_field_is_named() -> None:
+    with pytest.raises(ConfigError, match="model.vocab_size is missing"):
+        build_model({"_target_": "mcsd.models.config.MCSDConfig", "hidden_size": 8})

@@ -1,0 +1,61 @@
+"""Greedy and sampled decoding on top of prefill/step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_model_forms import tiny_model
+
+
+@pytest.mark.parametrize("name", ["mcsd-full", "mcsd-decay_only", "transformer"])
+@torch.no_grad()
+def test_greedy_generate_equals_argmax_of_full_passes(name: str) -> None:
+    model = tiny_model(name)
+    prompt = torch.randint(0, 101, (2, 7))
+    generated = model.generate(prompt, max_new_tokens=12)
+    expected = prompt
+    for _ in range(12):
+        next_token = model(expected, form="parallel")[:, -1].argmax(-1, keepdim=True)
+        expected = torch.cat([expected, next_token], dim=1)
+    assert torch.equal(generated, expected)
+
+
+@torch.no_grad()
+def test_sampling_is_reproducible_and_top_k_one_is_greedy() -> None:
+    model = tiny_model("mcsd-full")
+    prompt = torch.randint(0, 101, (3, 5))
+
+    def sample(seed: int, **options) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        return model.generate(prompt, 10, temperature=1.0, generator=generator, **options)
+
+    assert torch.equal(sample(1), sample(1))
+    assert not torch.equal(sample(1), sample(2))
+    assert torch.equal(sample(3, top_k=1), model.generate(prompt, 10))
+    assert torch.equal(sample(4, top_p=1e-6), model.generate(prompt, 10))
+
+
+@torch.no_grad()
+def test_generation_stops_when_every_row_has_produced_eos() -> None:
+    model = tiny_model("mcsd-full")
+    prompt = torch.randint(0, 101, (2, 4))
+    greedy = model.generate(prompt, 20)[:, 4:]
+    eos = int(greedy[0, 2])
+    first_eos = [int((row == eos).nonzero()[0]) if (row == eos).any() else None for row in greedy]
+    stop = 20 if None in first_eos else max(first_eos) + 1
+    expected = greedy[:, :stop].clone()
+    for row, first in enumerate(first_eos):
+        if first is not None:
+            expected[row, first:] = eos  # a finished row keeps yielding eos
+    assert torch.equal(model.generate(prompt, 20, eos_token_id=eos)[:, 4:], expected)
+    alone = model.generate(prompt[:1], 20, eos_token_id=eos)[:, 4:]  # stops right after its eos
+    assert torch.equal(alone, greedy[:1, : first_eos[0] + 1])
+
+
+@torch.no_grad()
+def test_stream_yields_one_token_per_row_per_step() -> None:
+    model = tiny_model("transformer")
+    tokens = list(model.stream(torch.randint(0, 101, (2, 3)), 6))
+    assert len(tokens) == 6 and all(token.shape == (2,) for token in tokens)
+    assert torch.equal(model.generate(torch.zeros(1, 3, dtype=torch.long), 0), torch.zeros(1, 3, dtype=torch.long))
