@@ -1,6 +1,6 @@
 """mcsd: MCSD and a Transformer baseline in parallel, chunkwise and recurrent forms."""
 
-from mcsd.api import build_model, count_parameters, load, save
+from mcsd.api import build_model, count_parameters, load, load_tokenizer, model_dir, save
 from mcsd.models import CausalLM, ConfigError, DecodingState, MCSDConfig, TransformerConfig
 
 __all__ = [
@@ -12,5 +12,7 @@ __all__ = [
     "build_model",
     "count_parameters",
     "load",
+    "load_tokenizer",
+    "model_dir",
     "save",
 ]

@@ -10,11 +10,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from safetensors.torch import load_model, save_model
+from tokenizers import Tokenizer
 
 from mcsd.models import MODEL_CLASSES, CausalLM, LMConfig, make_config
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
 
 
 def build_model(model_cfg: Mapping[str, Any] | DictConfig | LMConfig) -> CausalLM:
@@ -43,12 +45,31 @@ def save(model: CausalLM, directory: str | Path) -> Path:
     return directory
 
 
-def load(directory: str | Path, device: str | torch.device = "cpu") -> CausalLM:
-    """Load a model written by :func:`save` (in eval mode)."""
-    directory = Path(directory)
+def model_dir(path: str | Path) -> Path:
+    """The saved-model folder for ``path``: the folder itself, or ``<run dir>/model`` of an
+    ``mcsd-train`` run."""
+    path = Path(path).expanduser()
+    if (path / "model" / CONFIG_FILE).is_file():
+        return path / "model"
     for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory / name} does not exist: point to a folder written by mcsd.save")
+        if not (path / name).is_file():
+            raise FileNotFoundError(
+                f"{path / name} does not exist: point to a folder written by mcsd.save or an mcsd-train run directory"
+            )
+    return path
+
+
+def load(path: str | Path, device: str | torch.device = "cpu") -> CausalLM:
+    """Load a model written by :func:`save` (or the one an ``mcsd-train`` run saved), in eval mode."""
+    directory = model_dir(path)
     model = build_model(json.loads((directory / CONFIG_FILE).read_text()))
     load_model(model, str(directory / WEIGHTS_FILE), device=str(device))
     return model.to(device).eval()
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer saved beside a model (``tokenizer.json``) by ``mcsd-train``."""
+    file = model_dir(path) / TOKENIZER_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist: this model was saved without its tokenizer")
+    return Tokenizer.from_file(str(file))

@@ -34,5 +34,5 @@ def test_tied_embeddings_stay_tied(tmp_path: Path) -> None:
 
 
 def test_loading_a_folder_without_a_model_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="config.json does not exist: point to a folder written by mcsd.save"):
+    with pytest.raises(FileNotFoundError, match="config.json does not exist: point to a folder written by mcsd.save or an mcsd-train run"):
         mcsd.load(tmp_path)

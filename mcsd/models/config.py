@@ -13,12 +13,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from mcsd.errors import MCSDError
+
 SECTION_KINDS = ("slope", "decay")
 FUSIONS = ("concat", "sum")
 FORMS = ("parallel", "chunk", "recurrent")
 
 
-class ConfigError(ValueError):
+class ConfigError(MCSDError):
     """A model configuration that cannot work; the message is one line with the fix."""
 
 

@@ -1,0 +1,57 @@
+"""mcsd-generate: continue a prompt with a trained model, streaming the text as it comes.
+
+    mcsd-generate ckpt=logs/train/runs/<run> prompt="The for statement"
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+import mcsd
+from mcsd.data.tokenizer import EOS_TOKEN
+
+
+def generate(cfg: DictConfig) -> str:
+    """Decode ``cfg.max_new_tokens`` tokens after ``cfg.prompt``, printing each piece; return the text."""
+    model = mcsd.load(cfg.ckpt, device=cfg.device)
+    tokenizer = mcsd.load_tokenizer(cfg.ckpt)
+    prompt_ids = tokenizer.encode(cfg.prompt).ids
+    if not prompt_ids:
+        raise mcsd.ConfigError("prompt is empty: give some text to continue, e.g. prompt=\"The \"")
+    generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
+    eos = tokenizer.token_to_id(EOS_TOKEN) if cfg.stop_at_eos else None
+    new_ids: list[int] = []
+    printed = ""
+    sys.stdout.write(cfg.prompt)
+    stream = model.stream(torch.tensor([prompt_ids], device=cfg.device), cfg.max_new_tokens,
+                          temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=eos,
+                          generator=generator)
+    for token in stream:
+        if eos is not None and int(token) == eos:
+            break
+        new_ids.append(int(token))
+        text = tokenizer.decode(new_ids)
+        if not text.endswith("\ufffd"):  # wait until a multi-byte character is complete
+            sys.stdout.write(text[len(printed):])
+            sys.stdout.flush()
+            printed = text
+    sys.stdout.write("\n")
+    return cfg.prompt + tokenizer.decode(new_ids)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="generate")
+def main(cfg: DictConfig) -> None:
+    """Entry point of ``mcsd-generate``."""
+    try:
+        generate(cfg)
+    except (mcsd.ConfigError, FileNotFoundError) as error:
+        print(f"mcsd-generate: error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""mcsd-train: train a language model, log it, leave a checkpoint and a saved model.
+
+    mcsd-train                                  # embedded corpus, MCSD size=small, CPU
+    mcsd-train model=transformer size=tiny trainer.max_steps=50
+    mcsd-train -m model=mcsd,transformer seed=0,1
+Returns the final validation loss, the metric that sweeps optimise.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import lightning as L
+import wandb
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+from mcsd.errors import MCSDError
+from mcsd.training.callbacks import SaveFinalModel, wandb_run_of
+from mcsd.training.module import LanguageModelModule
+
+log = logging.getLogger("mcsd.train")
+OmegaConf.register_new_resolver("mcsd.wandb_offline", lambda: os.environ.get("WANDB_MODE", "offline") != "online",
+                                replace=True)
+CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
+
+
+def _check(cfg: DictConfig) -> None:
+    """Refuse settings that cannot work before anything is built or written."""
+    if cfg.data.get("token_budget") is None:
+        max_steps = cfg.trainer.get("max_steps")
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise MCSDError(f"trainer.max_steps={max_steps} must be a positive number of steps "
+                            "(or set data.token_budget=TOKENS)")
+    if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
+        raise MCSDError(f"ckpt_path={cfg.ckpt_path} does not exist: point it at a .ckpt under a run's checkpoints/")
+
+
+def _loggers(cfg: DictConfig) -> list[Logger]:
+    loggers = []
+    run_id = wandb_run_of(cfg.ckpt_path) if cfg.ckpt_path else None
+    for name, node in (cfg.get("logger") or {}).items():
+        if node is None:
+            continue
+        if "_target_" not in node:
+            raise MCSDError(f"logger.{name} has no _target_: give it one or remove it (logger=none for no logging)")
+        extra = {"id": run_id, "resume": "allow"} if run_id and "Wandb" in node._target_ else {}
+        loggers.append(instantiate(node, **extra))
+    return loggers
+
+
+def _choices() -> dict[str, Any]:
+    choices = HydraConfig.get().runtime.choices
+    return {group: choices.get(group) for group in CHOICE_GROUPS}
+
+
+def _tokens_per_step(cfg: DictConfig, trainer: L.Trainer) -> int:
+    return cfg.data.batch_size * cfg.data.seq_len * trainer.accumulate_grad_batches * trainer.world_size
+
+
+def train(cfg: DictConfig) -> float:
+    """Build data, model, loggers, callbacks and trainer from ``cfg``; fit; return val/loss."""
+    _check(cfg)
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = instantiate(cfg.data)
+    datamodule.build()  # fails fast (one line) on bad data, before any logger starts
+    module = LanguageModelModule(model=cfg.model, optimizer=instantiate(cfg.optimizer),
+                                 scheduler=instantiate(cfg.scheduler), compile=cfg.compile)
+    loggers = _loggers(cfg)
+    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
+    if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
+        callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    tokens_per_step = _tokens_per_step(cfg, trainer)
+    if cfg.data.token_budget is not None:
+        trainer.fit_loop.epoch_loop.max_steps = math.ceil(cfg.data.token_budget / tokens_per_step)
+        log.info("data.token_budget=%d: %d steps of %d tokens", cfg.data.token_budget, trainer.max_steps,
+                 tokens_per_step)
+
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.experiment.define_metric("*", step_metric="trainer/tokens", step_sync=True)
+        logger.log_hyperparams({
+            **OmegaConf.to_container(cfg, resolve=True),
+            "choices": _choices(),
+            **module.parameter_counts(),
+            **datamodule.describe(),
+            "trainer/tokens_per_step": tokens_per_step,
+        })
+
+    if cfg.validate_before_training and cfg.ckpt_path is None:
+        trainer.validate(module, datamodule=datamodule, verbose=False)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    val_loss = float(trainer.callback_metrics.get("val/loss", float("nan")))
+    val_ppl = float(trainer.callback_metrics.get("val/ppl", float("nan")))
+    if cfg.test_after_training:
+        trainer.test(module, datamodule=datamodule, verbose=False)
+    report = _report(trainer, loggers, callbacks, val_loss, val_ppl, int(module.tokens_seen))
+    wandb.finish()  # before the report, so that the report is what the run prints last
+    if trainer.is_global_zero:
+        print(report, flush=True)
+    return val_loss
+
+
+def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callback], val_loss: float,
+            val_ppl: float, tokens: int) -> str:
+    """The closing lines: the result and where every artefact is."""
+    lines = [f"final validation perplexity: {val_ppl:.2f} (loss {val_loss:.4f}) after {tokens:,} tokens"]
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            run = logger.experiment
+            run_dir = Path(run.dir).parent
+            where = f"{run_dir} (offline; upload with `wandb sync {run_dir}`)" if run.settings._offline else run.url
+            lines.append(f"W&B run {run.id}: {where}")
+        if isinstance(logger, CSVLogger):
+            lines.append(f"CSV metrics: {Path(logger.log_dir) / 'metrics.csv'}")
+    if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.last_model_path:
+        lines.append(f"checkpoint: {trainer.checkpoint_callback.last_model_path}")
+    for callback in callbacks:
+        if isinstance(callback, SaveFinalModel):
+            lines.append(f"model: {callback.dirpath} (mcsd-generate ckpt={callback.dirpath} prompt=\"...\")")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="train")
+def main(cfg: DictConfig) -> float:
+    """Entry point of ``mcsd-train``: one line and exit status 2 for a setting that cannot work."""
+    try:
+        return train(cfg)
+    except MCSDError as error:
+        print(f"mcsd-train: error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    finally:
+        wandb.finish()  # multirun jobs must not share a run
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Training: the LightningModule, schedule and callbacks."""

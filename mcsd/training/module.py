@@ -1,0 +1,91 @@
+"""The LightningModule: next-token training of any model from ``mcsd.build_model``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torchmetrics.text import Perplexity
+
+import mcsd
+
+
+class LanguageModelModule(L.LightningModule):
+    """Wraps a :class:`mcsd.CausalLM`: loss, perplexities, tokens seen, AdamW + schedule.
+
+    Every logged curve carries ``trainer/tokens`` (tokens consumed by the optimiser so
+    far, over all processes), which the loggers use as the x-axis.
+    """
+
+    def __init__(
+        self,
+        model: DictConfig | dict[str, Any],
+        optimizer: Callable[..., torch.optim.Optimizer],
+        scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        if isinstance(model, DictConfig):  # plain types only: checkpoints load with weights_only=True
+            model = OmegaConf.to_container(model, resolve=True)
+        self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler"])
+        self.model = mcsd.build_model(model)
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.compile = compile
+        self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.long))
+        self.flops_per_batch = 0  # read by Lightning's ThroughputMonitor (flops_per_sec)
+        self.train_ppl, self.val_ppl, self.test_ppl = Perplexity(), Perplexity(), Perplexity()
+
+    def configure_model(self) -> None:
+        if self.compile:
+            self.model = torch.compile(self.model)
+
+    def parameter_counts(self) -> dict[str, int]:
+        total = sum(p.numel() for p in self.model.parameters())
+        embedding = self.model.embed.weight.numel()
+        return {"model/params": total, "model/params_non_embedding": total - embedding}
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids = batch["input_ids"]
+        inputs, targets = ids[:, :-1], ids[:, 1:]
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return loss, logits, targets
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, logits, targets = self._loss(batch)
+        self.tokens_seen += targets.numel() * self.trainer.world_size
+        self.flops_per_batch = 6 * self.parameter_counts()["model/params_non_embedding"] * targets.numel()
+        self.train_ppl(logits.detach().float(), targets)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/ppl", self.train_ppl)
+        self.log("trainer/tokens", self.tokens_seen.float())
+        return loss
+
+    def _evaluate(self, batch: dict[str, torch.Tensor], stage: str, metric: Perplexity) -> None:
+        loss, logits, targets = self._loss(batch)
+        metric(logits.float(), targets)
+        self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=stage == "val")
+        self.log(f"{stage}/ppl", metric, on_step=False, on_epoch=True, prog_bar=stage == "val")
+        self.log("trainer/tokens", self.tokens_seen.float(), on_step=False, on_epoch=True)
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val", self.val_ppl)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test", self.test_ppl)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        """AdamW with weight decay on matrices only (not on norms, gains or embeddings)."""
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            (decay if param.dim() >= 2 and "embed" not in name else no_decay).append(param)
+        optimizer = self.optimizer_factory(params=[{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
+        if self.scheduler_factory is None:
+            return {"optimizer": optimizer}
+        scheduler = self.scheduler_factory(optimizer=optimizer, total_steps=self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -1,0 +1,60 @@
+"""Helpers for the training-harness tests: compose configs into tmp_path, run the CLI."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_module
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+# A tiny, fast run: a few steps of the tiny model on short blocks.
+FAST = [
+    "size=tiny",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "trainer.max_steps=6",
+    "trainer.val_check_interval=3",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "callbacks.model_checkpoint.every_n_train_steps=3",
+    "callbacks.progress_bar.refresh_rate=0",
+    "scheduler.warmup_steps=2",
+]
+
+
+def compose_train(output_dir: Path, *overrides: str) -> DictConfig:
+    """The ``train`` config as ``mcsd-train`` would see it, writing under ``output_dir``."""
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides), return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.paths.log_dir = str(output_dir.parent / "logs")
+        cfg.paths.output_dir = str(output_dir)
+        cfg.hydra.runtime.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg.hydra  # a task sees its config without the hydra node
+    return cfg
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run an mcsd console script (``mcsd-train``, ...) as a user would, capturing its output."""
+    script = Path(sys.executable).parent / args[0]
+    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([str(script), *args[1:]], cwd=cwd, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, str]]:
+    """The rows of a run's CSV log."""
+    with open(run_dir / "csv" / "version_0" / "metrics.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def series(rows: list[dict[str, str]], key: str) -> dict[int, float]:
+    """``key`` by step, from the rows that logged it."""
+    return {int(row["step"]): float(row[key]) for row in rows if row.get(key)}

@@ -1,0 +1,108 @@
+"""mcsd-train end to end: a short run learns, logs, checkpoints, resumes and saves its model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import mcsd
+from harness import FAST, compose_train, read_metrics, run_cli, series
+from mcsd.train import train
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """One short run of the tiny MCSD (W&B offline + CSV), shared by the tests below."""
+    run_dir = tmp_path_factory.mktemp("run") / "out"
+    overrides = [*FAST, "trainer.max_steps=40", "trainer.val_check_interval=20", "optimizer.lr=3e-3"]
+    val_loss = train(compose_train(run_dir, *overrides))
+    return run_dir, val_loss
+
+
+def test_short_run_learns(trained_run: tuple[Path, float]) -> None:
+    run_dir, val_loss = trained_run
+    rows = read_metrics(run_dir)
+    val_ppl = series(rows, "val/ppl")
+    assert sorted(val_ppl) == [0, 19, 39]  # the untrained model at 0 tokens, then every 20 steps
+    assert val_ppl[0] > 300  # ~ the 512-token vocabulary: untrained
+    assert val_ppl[39] < 0.5 * val_ppl[0]
+    assert val_loss == pytest.approx(series(rows, "val/loss")[39])
+    assert math.exp(val_loss) == pytest.approx(val_ppl[39], rel=0.05)
+
+
+def test_every_curve_has_tokens_seen(trained_run: tuple[Path, float]) -> None:
+    rows = read_metrics(trained_run[0])
+    tokens = series(rows, "trainer/tokens")
+    for row in rows:
+        if row.get("train/loss") or row.get("val/loss"):
+            assert row["trainer/tokens"]
+    assert tokens[39] == 40 * 8 * 64  # steps * batch * seq_len
+    assert series(rows, "train/device/items_per_sec")  # throughput in tokens/s
+    assert series(rows, "train/device/flops_per_sec")
+    assert series(rows, "lr-AdamW/pg1")
+
+
+def test_run_leaves_checkpoints_wandb_run_and_model(trained_run: tuple[Path, float]) -> None:
+    run_dir, _ = trained_run
+    assert {p.name for p in (run_dir / "checkpoints").iterdir()} >= {"last.ckpt", "step-000039.ckpt"}
+    wandb_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 1
+    model = mcsd.load(run_dir)
+    assert isinstance(model, mcsd.CausalLM) and model.config.hidden_size == 64
+    tokenizer = mcsd.load_tokenizer(run_dir)
+    ids = tokenizer.encode("The for statement").ids
+    assert tokenizer.decode(ids) == "The for statement"
+
+
+def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_path: Path) -> None:
+    run_dir, _ = trained_run
+    result = run_cli("mcsd-generate", f"ckpt={run_dir}", "prompt=The for", "max_new_tokens=12", "temperature=0",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    model, tokenizer = mcsd.load(run_dir), mcsd.load_tokenizer(run_dir)
+    prompt = torch.tensor([tokenizer.encode("The for").ids])
+    generated = model.generate(prompt, 12)[0, prompt.shape[1]:].tolist()
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    expected = tokenizer.decode(generated[: generated.index(eos)] if eos in generated else generated)
+    assert result.stdout == "The for" + expected + "\n"
+    assert not list(tmp_path.iterdir())  # generating writes nothing
+
+
+def test_resume_continues_exactly(tmp_path: Path) -> None:
+    """Stopped at step 3 and resumed from its checkpoint, a run logs the losses of an
+    uninterrupted one at steps 4..6, in the same W&B run."""
+    whole = tmp_path / "whole"
+    train(compose_train(whole, *FAST))
+    resumed = tmp_path / "resumed"
+    checkpoint = whole / "checkpoints" / "step-000003.ckpt"
+    train(compose_train(resumed, *FAST, f"ckpt_path={checkpoint}"))
+    whole_loss, resumed_loss = series(read_metrics(whole), "train/loss"), series(read_metrics(resumed), "train/loss")
+    assert sorted(resumed_loss) == [3, 4, 5]
+    assert [resumed_loss[step] for step in (3, 4, 5)] == [whole_loss[step] for step in (3, 4, 5)]
+    assert series(read_metrics(resumed), "trainer/tokens")[5] == series(read_metrics(whole), "trainer/tokens")[5]
+    run_ids = {path.name.rsplit("-", 1)[1] for path in [*whole.glob("wandb/offline-run-*"),
+                                                          *resumed.glob("wandb/offline-run-*")]}
+    assert len(run_ids) == 1
+
+
+@pytest.mark.parametrize("logger", ["csv", "none"])
+def test_other_loggers(tmp_path: Path, logger: str) -> None:
+    train(compose_train(tmp_path, *FAST, "trainer.max_steps=2", f"logger={logger}"))
+    assert (tmp_path / "csv").exists() == (logger == "csv")
+    assert not (tmp_path / "wandb").exists()
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_token_budget_sets_the_steps(tmp_path: Path) -> None:
+    train(compose_train(tmp_path, *FAST, "data.token_budget=1500", "logger=csv"))  # 1500 / (8 * 64) -> 3 steps
+    assert max(series(read_metrics(tmp_path), "train/loss")) == 2
+    assert series(read_metrics(tmp_path), "trainer/tokens")[2] == 3 * 8 * 64
+
+
+def test_bf16_mixed_precision_trains(tmp_path: Path) -> None:
+    train(compose_train(tmp_path, *FAST, "trainer.max_steps=3", "trainer.precision=bf16-mixed", "logger=csv"))
+    losses = series(read_metrics(tmp_path), "train/loss")
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses.values())
