@@ -32,12 +32,12 @@ def test_ablation_composes_into_the_model_node(ablation: str) -> None:
     assert model.layers[0].mixer.out_proj.in_features == cfg.model.hidden_size * len(ABLATIONS[ablation])
 
 
-def test_defaults_are_the_full_mcsd_block_and_the_tiny_size() -> None:
+def test_defaults_are_the_full_mcsd_block_and_the_small_size() -> None:
     cfg = compose_train()
     config = build_model(cfg.model).config
     assert isinstance(config, mcsd.MCSDConfig)
     assert config.sections == ["slope", "decay"] and config.fusion == "concat"
-    assert (config.hidden_size, config.num_channels, config.num_layers) == (64, 4, 2)
+    assert (config.hidden_size, config.num_channels, config.num_layers) == (128, 4, 4)
 
 
 def test_sum_fusion_projects_from_hidden_size() -> None:

@@ -1,0 +1,101 @@
+"""mcsd-train as a user runs it: multirun sweeps, DDP, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import FAST, read_metrics, run_cli, series
+
+QUICK = [*FAST, "trainer.max_steps=2", "trainer.val_check_interval=2", "test_after_training=false"]
+
+
+def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
+    result = run_cli("mcsd-train", "-m", "model=mcsd,transformer", *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweeps = list((tmp_path / "logs" / "train" / "multiruns").iterdir())
+    assert len(sweeps) == 1
+    jobs = sorted(path for path in sweeps[0].iterdir() if path.is_dir() and path.name.isdigit())
+    assert [job.name for job in jobs] == ["0", "1"]
+    wandb_ids = set()
+    for job, model in zip(jobs, ["mcsd", "transformer"]):
+        assert (job / ".hydra" / "overrides.yaml").read_text().count(f"model={model}") == 1
+        assert len(series(read_metrics(job), "train/loss")) == 2
+        runs = list((job / "wandb").glob("offline-run-*"))
+        assert len(runs) == 1
+        wandb_ids.add(runs[0].name.rsplit("-", 1)[1])
+        assert (job / "model" / "config.json").read_text().count(model.replace("mcsd", "MCSD").replace(
+            "transformer", "Transformer")) == 1
+    assert len(wandb_ids) == 2
+
+
+def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
+    """Two runs started in the same second write to different run directories."""
+    script = Path(sys.executable).parent / "mcsd-train"
+    processes = [subprocess.Popen([str(script), "trainer.max_steps=-5"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for _ in range(2)]
+    for process in processes:
+        assert process.wait(timeout=300) == 2
+    runs = list((tmp_path / "logs" / "train" / "runs").iterdir())
+    assert len(runs) == 2
+
+
+def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
+    result = run_cli("mcsd-train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv",
+                     *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    tokens = series(read_metrics(run), "trainer/tokens")
+    assert tokens[1] == 2 * 2 * 8 * 64  # steps * processes * batch * seq_len
+    assert (run / "model" / "model.safetensors").is_file()
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A finished run in the working directory, which the bad commands below must not touch."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    result = run_cli("mcsd-train", *QUICK, "logger=csv", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (cwd / "logs" / "train" / "runs").iterdir()
+    return cwd, _snapshot(run)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=text_files", "data.paths=[missing.txt]"], "data.paths: missing.txt does not exist"),
+        (["data=text_files", "data.paths=[empty.txt]"], "data=text_files: the corpus has no text"),
+        (["data=text_files", "data.paths=[small.txt]", "data.seq_len=512"],
+         "data.seq_len=512 is too long for this corpus"),
+        (["data=wikitext103"], "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use "
+                               "data=text_files"),
+        (["trainer.max_steps=-5"], "trainer.max_steps=-5 must be a positive number of steps"),
+        (["model=transformer", "ablation=slope_only"], "model.sections is an MCSD block setting"),
+        (["+logger.extra.save_dir=x"], "logger.extra has no _target_"),
+        (["ckpt_path=nowhere.ckpt"], "ckpt_path=nowhere.ckpt does not exist"),
+    ],
+)
+def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
+    earlier_run: tuple[Path, dict[str, str]], overrides: list[str], message: str
+) -> None:
+    cwd, before = earlier_run
+    (cwd / "empty.txt").write_text("  \n")
+    (cwd / "small.txt").write_text("a few words, far fewer than one block of 512 tokens.\n" * 5)
+    # A closed local port stands in for the Hub, so that this test never reaches the network.
+    result = run_cli("mcsd-train", *FAST, *overrides, cwd=cwd, env={"HF_ENDPOINT": "http://127.0.0.1:9"},
+                     timeout=300)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    runs = sorted((cwd / "logs" / "train" / "runs").iterdir())
+    assert _snapshot(runs[0]) == before

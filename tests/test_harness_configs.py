@@ -1,0 +1,66 @@
+"""The harness's config groups compose, and the learning-rate schedule is what it says."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from harness import run_cli
+from mcsd.training.schedule import warmup_cosine
+
+
+def compose_with_hydra(*overrides: str):
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        return compose("train", overrides=list(overrides), return_hydra_config=True)
+
+
+def test_warmup_then_cosine_to_the_floor() -> None:
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    schedule = warmup_cosine(optimizer, total_steps=110, warmup_steps=10, min_lr_ratio=0.1)
+    rates = []
+    for _ in range(110):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert rates[:3] == pytest.approx([0.1, 0.2, 0.3])
+    assert rates[9] == pytest.approx(1.0) and rates[10] == pytest.approx(1.0)
+    assert rates[60] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert rates[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("launcher", "target"),
+    [("local_parallel", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
+     ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher")],
+)
+def test_launchers_compose(launcher: str, target: str) -> None:
+    cfg = compose_with_hydra(f"hydra/launcher={launcher}")
+    assert cfg.hydra.launcher._target_ == target
+
+
+def test_experiment_sweeps_both_models() -> None:
+    cfg = compose_with_hydra("experiment=mcsd_vs_transformer")
+    assert cfg.hydra.sweeper.params.model == "mcsd,transformer"
+    assert cfg.experiment_name == "mcsd_vs_transformer" and cfg.model.hidden_size == 128
+
+
+@pytest.mark.parametrize("debug", ["default", "fdr", "overfit", "profiler"])
+def test_debug_configs_compose(debug: str) -> None:
+    cfg = compose_with_hydra(f"debug={debug}")
+    assert cfg.task_name == "debug" and cfg.trainer.max_steps >= 4
+
+
+@pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "fsdp"])
+def test_trainer_configs_compose(trainer: str) -> None:
+    cfg = compose_with_hydra(f"trainer={trainer}")
+    assert cfg.trainer._target_ == "lightning.pytorch.trainer.Trainer"
+
+
+def test_generate_names_a_missing_model(tmp_path: Path) -> None:
+    result = run_cli("mcsd-generate", f"ckpt={tmp_path / 'nothing'}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("mcsd-generate: error:") and "config.json does not exist" in result.stderr
