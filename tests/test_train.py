@@ -106,3 +106,25 @@ def test_bf16_mixed_precision_trains(tmp_path: Path) -> None:
     train(compose_train(tmp_path, *FAST, "trainer.max_steps=3", "trainer.precision=bf16-mixed", "logger=csv"))
     losses = series(read_metrics(tmp_path), "train/loss")
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses.values())
+
+
+def test_compiled_model_trains_like_the_eager_one(tmp_path: Path) -> None:
+    overrides = [*FAST, "trainer.max_steps=2", "logger=csv", "validate_before_training=false",
+                 "test_after_training=false"]
+    train(compose_train(tmp_path / "eager", *overrides))
+    train(compose_train(tmp_path / "compiled", *overrides, "compile=true"))
+    eager, compiled = (series(read_metrics(tmp_path / name), "train/loss") for name in ("eager", "compiled"))
+    assert sorted(compiled) == [0, 1]
+    assert [compiled[step] for step in (0, 1)] == pytest.approx([eager[step] for step in (0, 1)], rel=1e-4)
+    assert mcsd.load(tmp_path / "compiled").config == mcsd.load(tmp_path / "eager").config
+
+
+@pytest.mark.parametrize(("mode", "offline"), [(None, True), ("offline", True), ("online", False)])
+def test_wandb_is_offline_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str | None,
+                                       offline: bool) -> None:
+    if mode is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", mode)
+    assert compose_train(tmp_path).logger.wandb.offline is offline
+    assert compose_train(tmp_path, "logger.wandb.offline=false").logger.wandb.offline is False

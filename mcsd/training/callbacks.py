@@ -26,11 +26,6 @@ def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
     return ids.shape[0] * (ids.shape[1] - 1)
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model under a ``torch.compile`` wrapper."""
-    return getattr(model, "_orig_mod", model)
-
-
 class SaveFinalModel(L.Callback):
     """At the end of training write ``model.safetensors``, ``config.json`` and the
     tokenizer to ``dirpath``, the folder that ``mcsd.load`` and ``mcsd-generate`` read."""
@@ -40,7 +35,7 @@ class SaveFinalModel(L.Callback):
 
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        mcsd.save(unwrap(pl_module.model), self.dirpath)
+        mcsd.save(pl_module.model, self.dirpath)
         tokenizer = getattr(trainer.datamodule, "tokenizer", None)
         if tokenizer is not None:
             tokenizer.save(str(self.dirpath / "tokenizer.json"))

@@ -42,7 +42,7 @@ class LanguageModelModule(L.LightningModule):
 
     def configure_model(self) -> None:
         if self.compile:
-            self.model = torch.compile(self.model)
+            self.model.compile()  # in place: parameter names and saved weights are unchanged
 
     def parameter_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.model.parameters())
