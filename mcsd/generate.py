@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig
 
 import mcsd
+from mcsd.cli import run_or_exit
 from mcsd.data.tokenizer import EOS_TOKEN
 
 
@@ -46,11 +47,7 @@ def generate(cfg: DictConfig) -> str:
 @hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="generate")
 def main(cfg: DictConfig) -> None:
     """Entry point of ``mcsd-generate``."""
-    try:
-        generate(cfg)
-    except (mcsd.ConfigError, FileNotFoundError) as error:
-        print(f"mcsd-generate: error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+    run_or_exit("mcsd-generate", lambda: generate(cfg))
 
 
 if __name__ == "__main__":

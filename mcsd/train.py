@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +22,12 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
+from mcsd.cli import run_or_exit
 from mcsd.errors import MCSDError
 from mcsd.training.callbacks import SaveFinalModel, wandb_run_of
 from mcsd.training.module import LanguageModelModule
 
 log = logging.getLogger("mcsd.train")
-OmegaConf.register_new_resolver("mcsd.wandb_offline", lambda: os.environ.get("WANDB_MODE", "offline") != "online",
-                                replace=True)
 CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
 
 
@@ -135,10 +132,7 @@ def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callbac
 def main(cfg: DictConfig) -> float:
     """Entry point of ``mcsd-train``: one line and exit status 2 for a setting that cannot work."""
     try:
-        return train(cfg)
-    except MCSDError as error:
-        print(f"mcsd-train: error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        return run_or_exit("mcsd-train", lambda: train(cfg))
     finally:
         wandb.finish()  # multirun jobs must not share a run
 

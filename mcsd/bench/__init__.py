@@ -1,0 +1,1 @@
+"""Cost benchmarks: inference memory/latency/throughput and training throughput."""

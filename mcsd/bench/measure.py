@@ -1,0 +1,152 @@
+"""Measurements of one benchmark point, run inside a fresh process (CPU) or in place (GPU).
+
+Inference: prefill a random prompt, then decode greedily one token per step through the
+recurrent form (MCSD) or the preallocated KV cache (Transformer). Training: forward,
+backward and an AdamW step on random tokens in one form of the model.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import mcsd
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(function: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    """Seconds ``function`` takes (after the device has finished), and its result."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = function()
+    synchronize(device)
+    return time.perf_counter() - start, result
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated device memory (GPU) or peak resident memory of this process (CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def limit_extra_memory(megabytes: float | None) -> None:
+    """Cap what this process may allocate beyond what it holds now (simulates a smaller
+    machine: a bigger allocation fails as out of memory)."""
+    if megabytes is None:
+        return
+    with open("/proc/self/statm") as handle:
+        virtual_bytes = int(handle.read().split()[0]) * resource.getpagesize()
+    limit = virtual_bytes + int(megabytes * 2**20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def build(model_cfg: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int) -> mcsd.CausalLM:
+    torch.manual_seed(seed)
+    return mcsd.build_model(model_cfg).to(device=device, dtype=dtype)
+
+
+def weights_bytes(model: torch.nn.Module) -> int:
+    return sum(param.numel() * param.element_size() for param in model.parameters())
+
+
+def inference_point(
+    model_cfg: dict[str, Any], batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
+    device: str, dtype: str, seed: int,
+) -> dict[str, Any]:
+    """Median prefill time, decode time per token, latency, throughput and peak memory."""
+    device_, dtype_ = torch.device(device), DTYPES[dtype]
+    model = build(model_cfg, device_, dtype_, seed).eval()
+    generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=generator).to(device_)
+
+    @torch.inference_mode()
+    def run(length: int) -> tuple[float, float]:
+        prefill_s, (logits, state) = timed(lambda: model.prefill(prompt, max_new_tokens=length), device_)
+
+        def decode() -> None:
+            next_logits, next_state = logits, state
+            for _ in range(length):
+                next_logits, next_state = model.step(next_logits.argmax(-1), next_state)
+
+        decode_s, _ = timed(decode, device_)
+        return prefill_s, decode_s
+
+    for _ in range(warmup):
+        run(min(gen_len, 16))
+    if device_.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device_)
+    runs = [run(gen_len) for _ in range(repeats)]
+    prefill_s = statistics.median(r[0] for r in runs)
+    decode_s = statistics.median(r[1] for r in runs)
+    latency_s = statistics.median(r[0] + r[1] for r in runs)
+    peak = peak_memory_bytes(device_)
+    weights = weights_bytes(model)
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "prefill_s": prefill_s,
+        "decode_s_per_token": decode_s / gen_len,
+        "latency_s": latency_s,
+        "tokens_per_s": batch_size * gen_len / latency_s,
+        "peak_mem_bytes": peak,
+        "weights_bytes": weights,
+        "peak_mem_minus_weights_bytes": peak - weights,
+    }
+
+
+def matmul_peak_flops(device: str, dtype: str, size: int = 2048, repeats: int = 5) -> float:
+    """This machine's measured matrix-multiply rate (FLOP/s): the MFU denominator."""
+    device_, dtype_ = torch.device(device), DTYPES[dtype]
+    a = torch.randn(size, size, device=device_).to(dtype_)
+    b = torch.randn(size, size, device=device_).to(dtype_)
+    torch.matmul(a, b)
+    seconds = statistics.median(timed(lambda: torch.matmul(a, b), device_)[0] for _ in range(repeats))
+    return 2 * size**3 / seconds
+
+
+def train_point(
+    model_cfg: dict[str, Any], form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
+    dtype: str, seed: int,
+) -> dict[str, Any]:
+    """Tokens/s and peak memory of forward + backward + AdamW step in one form."""
+    device_, dtype_ = torch.device(device), DTYPES[dtype]
+    model = build(model_cfg, device_, torch.float32, seed).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len + 1), generator=generator).to(device_)
+    autocast = torch.autocast(device_.type, dtype=dtype_, enabled=dtype_ != torch.float32)
+
+    def step() -> None:
+        with autocast:
+            logits = model(ids[:, :-1], form=form)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    if device_.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device_)
+    step_s = statistics.median(timed(step, device_)[0] for _ in range(repeats))
+    peak = peak_memory_bytes(device_)
+    weights = weights_bytes(model)
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "step_s": step_s,
+        "tokens_per_s": batch_size * seq_len / step_s,
+        "peak_mem_bytes": peak,
+        "weights_bytes": weights,
+        "peak_mem_minus_weights_bytes": peak - weights,
+    }

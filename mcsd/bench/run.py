@@ -1,0 +1,179 @@
+"""mcsd-bench: inference and training cost of MCSD and the Transformer, side by side.
+
+    mcsd-bench                       # bench=cpu_quick, mode=inference
+    mcsd-bench mode=train
+    mcsd-bench bench=paper           # Section 3.3's grid (1.6B, bf16, a GPU)
+Every point runs after a warm-up; on a CPU each point runs in a fresh child process so
+that peak resident memory belongs to that point alone. Results: results.csv and
+results.json (with a header naming the machine) in the run directory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import platform
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra import compose
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from mcsd.bench import measure
+from mcsd.cli import git_commit, run_or_exit
+from mcsd.errors import MCSDError
+
+log = logging.getLogger("mcsd.bench")
+MODES = ("inference", "train")
+COLUMNS = {
+    "inference": ["model", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
+                  "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
+                  "status"],
+    "train": ["model", "form", "size", "params", "batch", "seq_len", "step_s", "tokens_per_s", "mfu",
+              "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
+}
+OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def model_config(name: str, size: str, ablation: str | None) -> dict[str, Any]:
+    """The ``model`` node that ``mcsd-train model=NAME size=SIZE [ablation=...]`` would build."""
+    overrides = [f"model={name}", f"size={size}"] + ([f"ablation={ablation}"] if ablation and name == "mcsd" else [])
+    return OmegaConf.to_container(compose("train", overrides=overrides).model, resolve=True)
+
+
+def _in_child(kind: str, arguments: dict[str, Any], memory_limit_mb: float | None) -> dict[str, Any]:
+    """Run one point in this (fresh) process; an allocation failure is a result, not an error."""
+    measure.limit_extra_memory(memory_limit_mb)
+    try:
+        return {**getattr(measure, f"{kind}_point")(**arguments), "status": "ok"}
+    except (MemoryError, RuntimeError) as error:
+        if isinstance(error, MemoryError) or any(text in str(error).lower() for text in OUT_OF_MEMORY):
+            return {"status": "oom"}
+        raise
+
+
+def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_mb: float | None) -> dict[str, Any]:
+    """One point, in a fresh process when ``isolate`` (a process killed for memory is OOM too)."""
+    if not isolate:
+        try:
+            return {**getattr(measure, f"{kind}_point")(**arguments), "status": "ok"}
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return {"status": "oom"}
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        try:
+            return pool.submit(_in_child, kind, arguments, memory_limit_mb).result()
+        except BrokenProcessPool:
+            return {"status": "oom"}
+
+
+def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The points in their run order: (row labels, measurement arguments)."""
+    common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
+    points = []
+    if cfg.mode == "inference":
+        grid_cfg = cfg.inference
+        for name, batch, gen_len in itertools.product(cfg.models, grid_cfg.batch_sizes, grid_cfg.gen_lengths):
+            labels = {"model": name, "size": cfg.model_size, "batch": batch, "prompt_len": grid_cfg.prompt_len,
+                      "gen_len": gen_len}
+            arguments = {"model_cfg": model_config(name, cfg.model_size, cfg.mcsd_ablation), "batch_size": batch,
+                         "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len, "repeats": grid_cfg.repeats,
+                         "warmup": grid_cfg.warmup, **common}
+            points.append((labels, arguments))
+    else:
+        grid_cfg = cfg.train
+        variants = [(name, form) for name in cfg.models for form in grid_cfg.forms[name]]
+        for (name, form), seq_len in itertools.product(variants, grid_cfg.seq_lens):
+            labels = {"model": name, "form": form, "size": cfg.model_size, "batch": grid_cfg.batch_size, "seq_len": seq_len}
+            arguments = {"model_cfg": model_config(name, cfg.model_size, cfg.mcsd_ablation), "form": form,
+                         "batch_size": grid_cfg.batch_size, "seq_len": seq_len, "repeats": grid_cfg.repeats,
+                         "warmup": grid_cfg.warmup, **common}
+            points.append((labels, arguments))
+    return points
+
+
+def _check(cfg: DictConfig) -> None:
+    if cfg.mode not in MODES:
+        raise MCSDError(f"mode={cfg.mode!r} is unknown: use inference or train")
+    if cfg.dtype not in measure.DTYPES:
+        raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use one of {', '.join(measure.DTYPES)}")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise MCSDError(f"device={cfg.device} but no GPU is visible: use device=cpu (e.g. bench=cpu_quick)")
+    if cfg.mode == "train":
+        missing = [name for name in cfg.models if name not in cfg.train.forms]
+        if missing:
+            raise MCSDError(f"train.forms has no entry for model {missing[0]}: add train.forms.{missing[0]}=[parallel]")
+
+
+def header(cfg: DictConfig, peak_flops: float | None) -> dict[str, Any]:
+    """What machine and software the results come from."""
+    device = torch.cuda.get_device_name(torch.device(cfg.device)) if cfg.device.startswith("cuda") else (
+        f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads")
+    return {"mode": cfg.mode, "device": device, "dtype": cfg.dtype, "torch": torch.__version__,
+            "git_commit": git_commit(), "bench": cfg.name, "matmul_peak_flops": peak_flops}
+
+
+def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[Path, Path]:
+    """``results.json`` (header + points) and the tidy ``results.csv`` (header fields as columns)."""
+    import pandas as pd
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = output_dir / "results.json", output_dir / "results.csv"
+    json_path.write_text(json.dumps({"header": head, "points": rows}, indent=2) + "\n")
+    columns = COLUMNS[head["mode"]]
+    frame = pd.DataFrame(rows).reindex(columns=columns)
+    for key in ("device", "dtype", "torch", "git_commit"):
+        frame[key] = head[key]
+    frame.to_csv(csv_path, index=False)
+    return json_path, csv_path
+
+
+def log_to_wandb(cfg: DictConfig, head: dict[str, Any], csv_path: Path, output_dir: Path) -> None:
+    import pandas as pd
+    import wandb
+
+    run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group=f"bench-{cfg.mode}",
+                     job_type="bench", dir=str(output_dir), config=head,
+                     mode="offline" if cfg.wandb.offline else "online")
+    run.log({f"bench/{cfg.mode}": wandb.Table(dataframe=pd.read_csv(csv_path))})
+    wandb.finish()
+
+
+def bench(cfg: DictConfig) -> Path:
+    """Run the grid of ``cfg`` and write its results; return the CSV's path."""
+    _check(cfg)
+    isolate = cfg.isolate if cfg.isolate is not None else not cfg.device.startswith("cuda")
+    peak_flops = measure.matmul_peak_flops(cfg.device, cfg.dtype) if cfg.mode == "train" else None
+    points = grid(cfg)
+    rows = []
+    for labels, arguments in tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point"):
+        result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb)
+        row = {**labels, **result}
+        if peak_flops and result["status"] == "ok":
+            row["mfu"] = 6 * result["params"] * result["tokens_per_s"] / peak_flops
+        rows.append(row)
+        log.info("%s", row)
+    head = header(cfg, peak_flops)
+    output_dir = Path(cfg.output_dir)
+    json_path, csv_path = write_results(output_dir, head, rows)
+    if cfg.wandb.enabled:
+        log_to_wandb(cfg, head, csv_path, output_dir)
+    print(f"results: {csv_path} and {json_path}\nplot: mcsd-plot {cfg.mode} {csv_path}", flush=True)
+    return csv_path
+
+
+@hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="bench")
+def main(cfg: DictConfig) -> None:
+    """Entry point of ``mcsd-bench``."""
+    run_or_exit("mcsd-bench", lambda: bench(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Figures: the paper's plots from benchmark results and training logs."""

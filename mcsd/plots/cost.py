@@ -1,0 +1,126 @@
+"""Figures of the cost benchmarks (``mcsd-bench``): the paper's Figs. 5-8 and training cost."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from mcsd.errors import MCSDError  # noqa: E402
+
+MODEL_COLORS = {"mcsd": "tab:blue", "transformer": "tab:orange"}
+LABELS = {"mcsd": "MCSD", "transformer": "Transformer"}
+LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def read_results(path: str | Path) -> tuple[dict, pd.DataFrame]:
+    """A results file of ``mcsd-bench`` (``results.csv`` or ``results.json``): header and points."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: give the results.csv or results.json of an mcsd-bench run")
+    if path.suffix == ".json":
+        content = json.loads(path.read_text())
+        return content["header"], pd.DataFrame(content["points"])
+    frame = pd.read_csv(path)
+    head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit") if key in frame}
+    return head, frame
+
+
+def _color(model: str) -> str:
+    return MODEL_COLORS.get(model, "tab:gray")
+
+
+def _save(figure: plt.Figure, output_dir: Path, name: str) -> list[Path]:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = [output_dir / f"{name}.{suffix}" for suffix in ("png", "pdf")]
+    for path in paths:
+        figure.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(figure)
+    return paths
+
+
+def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scale: float = 1.0) -> None:
+    """One line per (model, ``within`` value): successful points joined, OOM points as red x
+    on the top edge of the axes."""
+    values = sorted(frame[within].unique())
+    for model, by_model in frame.groupby("model", sort=False):
+        for index, value in enumerate(values):
+            curve = by_model[by_model[within] == value].sort_values(x)
+            ok = curve[curve["status"] == "ok"]
+            label = f"{LABELS.get(model, model)}, {within.replace('_', ' ')}={value}"
+            ax.plot(ok[x], ok[y] * scale, color=_color(model), linestyle=LINESTYLES[index % len(LINESTYLES)],
+                    marker=MARKERS[index % len(MARKERS)], label=label)
+            oom = curve[curve["status"] == "oom"]
+            if len(oom):
+                ax.plot(oom[x], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",
+                        marker="x", color="red", markersize=9, clip_on=False,
+                        label=f"{LABELS.get(model, model)} OOM" if index == 0 else None)
+    ax.set_xscale("log", base=2)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _title(head: dict, text: str) -> str:
+    return f"{text}\n{head.get('device', '')}, {head.get('dtype', '')}"
+
+
+def plot_inference(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
+    """Figs. 5-8 from an inference results file, as PNG and PDF beside it (or in ``output_dir``)."""
+    head, frame = read_results(results)
+    if "gen_len" not in frame:
+        raise MCSDError(f"{results} holds training results: use mcsd-plot train {results}")
+    output_dir = Path(output_dir) if output_dir else Path(results).parent
+    written = []
+    specs = [
+        ("fig5_memory_vs_length", "gen_len", "peak_mem_bytes", "batch", 2.0**-20, "generated tokens",
+         "peak memory (MiB)", "Fig. 5: memory vs generated length"),
+        ("fig6_latency_vs_batch", "batch", "latency_s", "gen_len", 1.0, "batch size", "latency (s)",
+         "Fig. 6: latency vs batch size"),
+        ("fig7_throughput_vs_length", "gen_len", "tokens_per_s", "batch", 1.0, "generated tokens",
+         "throughput (tokens/s)", "Fig. 7: throughput vs generated length"),
+        ("fig8_throughput_vs_batch", "batch", "tokens_per_s", "gen_len", 1.0, "batch size",
+         "throughput (tokens/s)", "Fig. 8: throughput vs batch size"),
+    ]
+    for name, x, y, within, scale, xlabel, ylabel, title in specs:
+        figure, ax = plt.subplots(figsize=(6.4, 4.4))
+        _curves(ax, frame, x, y, within, scale)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=_title(head, title))
+        if y != "peak_mem_bytes":
+            ax.set_yscale("log")
+        written += _save(figure, output_dir, name)
+    return written
+
+
+def plot_train(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
+    """Training tokens/s, peak memory and MFU vs sequence length, one line per model form."""
+    head, frame = read_results(results)
+    if "seq_len" not in frame:
+        raise MCSDError(f"{results} holds inference results: use mcsd-plot inference {results}")
+    output_dir = Path(output_dir) if output_dir else Path(results).parent
+    frame = frame.assign(variant=frame["model"] + "/" + frame["form"])
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    for ax, (y, scale, ylabel) in zip(axes, [("tokens_per_s", 1.0, "training tokens/s"),
+                                              ("peak_mem_bytes", 2.0**-20, "peak memory (MiB)"),
+                                              ("mfu", 100.0, "MFU (% of measured matmul peak)")]):
+        for index, (variant, curve) in enumerate(frame.groupby("variant", sort=False)):
+            curve = curve.sort_values("seq_len")
+            ok = curve[curve["status"] == "ok"]
+            model = variant.split("/")[0]
+            ax.plot(ok["seq_len"], ok[y] * scale, color=_color(model), linestyle=LINESTYLES[index % len(LINESTYLES)],
+                    marker=MARKERS[index % len(MARKERS)], label=f"{LABELS.get(model, model)} {variant.split('/')[1]}")
+            oom = curve[curve["status"] == "oom"]
+            if len(oom):
+                ax.plot(oom["seq_len"], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",
+                        marker="x", color="red", markersize=9, clip_on=False, label=f"{variant} OOM")
+        ax.set(xlabel="sequence length", ylabel=ylabel)
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    figure.suptitle(_title(head, "Training: forward + backward + AdamW step"))
+    return _save(figure, output_dir, "train_throughput")

@@ -1,0 +1,102 @@
+"""mcsd-bench: a tiny grid end to end, OOM points recorded, figures drawn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import open_dict
+
+from harness import run_cli
+from mcsd.bench.run import bench
+from mcsd.errors import MCSDError
+from mcsd.plots.cost import plot_inference, plot_train
+
+TINY_INFERENCE = ["model_size=tiny", "inference.batch_sizes=[1,2]", "inference.gen_lengths=[4,8]",
+                  "inference.prompt_len=16", "inference.repeats=2", "inference.warmup=1"]
+
+
+def run_bench(output_dir: Path, *overrides: str) -> Path:
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=["wandb.enabled=false", *overrides])
+        with open_dict(cfg):
+            cfg.output_dir = str(output_dir)
+        return bench(cfg)
+
+
+def test_inference_grid_writes_every_point_and_four_figures(tmp_path: Path) -> None:
+    csv_path = run_bench(tmp_path, *TINY_INFERENCE, "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert len(frame) == 2 * 2 * 2  # models x batch sizes x lengths, in grid order
+    assert list(frame["model"]) == ["mcsd"] * 4 + ["transformer"] * 4
+    assert list(frame["gen_len"]) == [4, 8] * 4 and list(frame["batch"]) == [1, 1, 2, 2] * 2
+    assert (frame["status"] == "ok").all()
+    assert (frame["tokens_per_s"] == frame["batch"] * frame["gen_len"] / frame["latency_s"]).all()
+    assert (frame["decode_s_per_token"] * frame["gen_len"] < frame["latency_s"]).all()
+    assert (frame["peak_mem_minus_weights_bytes"] == frame["peak_mem_bytes"] - frame["weights_bytes"]).all()
+    assert frame.groupby("model")["params"].nunique().eq(1).all()
+    assert set(frame["dtype"]) == {"float32"} and frame["torch"].iloc[0].startswith("2.13")
+    head = json.loads((tmp_path / "results.json").read_text())["header"]
+    assert {"device", "dtype", "torch", "git_commit"} <= set(head)
+    figures = plot_inference(csv_path)
+    assert sorted(path.name for path in figures) == sorted(
+        f"fig{n}_{name}.{suffix}" for n, name in [(5, "memory_vs_length"), (6, "latency_vs_batch"),
+                                                 (7, "throughput_vs_length"), (8, "throughput_vs_batch")]
+        for suffix in ("png", "pdf"))
+    assert all(path.stat().st_size > 5000 for path in figures)
+
+
+def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:
+    """With 450 MiB of room (of address space: it counts reserved memory too) a batch of 64
+    decodes 2048 tokens with MCSD (fixed state), while the Transformer's KV cache (570 MiB)
+    does not fit: recorded, not raised."""
+    csv_path = run_bench(tmp_path, "model_size=small", "inference.batch_sizes=[64]", "inference.gen_lengths=[2048]",
+                         "inference.repeats=1", "inference.warmup=1", "memory_limit_mb=450")
+    frame = pd.read_csv(csv_path).set_index("model")
+    assert frame.loc["mcsd", "status"] == "ok" and frame.loc["transformer", "status"] == "oom"
+    assert pd.isna(frame.loc["transformer", "latency_s"])
+    assert frame.loc["mcsd", "peak_mem_bytes"] > 0  # peak resident memory of that point's own process
+    figures = plot_inference(csv_path, tmp_path / "figures")
+    assert len(figures) == 8
+
+
+def test_training_grid_and_its_figure(tmp_path: Path) -> None:
+    csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "train.seq_lens=[32,64]", "train.repeats=1",
+                         "train.warmup=1", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(zip(frame["model"], frame["form"])) == [("mcsd", "parallel")] * 2 + [("mcsd", "chunk")] * 2 + [
+        ("transformer", "parallel")] * 2
+    assert (frame["tokens_per_s"] == frame["seq_len"] / frame["step_s"]).all()
+    head = json.loads((tmp_path / "results.json").read_text())["header"]
+    assert head["matmul_peak_flops"] > 1e8
+    assert (frame["mfu"] == 6 * frame["params"] * frame["tokens_per_s"] / head["matmul_peak_flops"]).all()
+    (figure_png, figure_pdf) = plot_train(csv_path)
+    assert figure_png.stat().st_size > 5000 and figure_pdf.is_file()
+    with pytest.raises(MCSDError, match="holds training results: use mcsd-plot train"):
+        plot_inference(csv_path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [(["mode=serve"], "mode='serve' is unknown"),
+     (["device=cuda"], "device=cuda but no GPU is visible: use device=cpu"),
+     (["dtype=int8"], "dtype='int8' is unknown"),
+     (["mode=train", "models=[mcsd,retnet]"], "train.forms has no entry for model retnet")],
+)
+def test_bad_bench_settings_fail_in_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
+    with pytest.raises(MCSDError, match=message):
+        run_bench(tmp_path, *overrides)
+
+
+def test_cli_runs_and_plot_cli_names_a_missing_file(tmp_path: Path) -> None:
+    result = run_cli("mcsd-bench", *TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd]",
+                     "wandb.enabled=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run,) = (tmp_path / "logs" / "bench" / "runs").iterdir()
+    assert len(pd.read_csv(run / "results.csv")) == 2
+    assert list((run / "wandb").glob("offline-run-*"))  # the results table, in an offline W&B run
+    missing = run_cli("mcsd-plot", "inference", "nothing.csv", cwd=tmp_path)
+    assert missing.returncode == 2 and "mcsd-plot: error: nothing.csv does not exist" in missing.stderr
