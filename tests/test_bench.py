@@ -72,7 +72,8 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     assert (frame["tokens_per_s"] == frame["seq_len"] / frame["step_s"]).all()
     head = json.loads((tmp_path / "results.json").read_text())["header"]
     assert head["matmul_peak_flops"] > 1e8
-    assert (frame["mfu"] == 6 * frame["params"] * frame["tokens_per_s"] / head["matmul_peak_flops"]).all()
+    assert (frame["flop_params"] == frame["params"] - 512 * 64).all()  # all but the input embedding
+    assert (frame["mfu"] == 6 * frame["flop_params"] * frame["tokens_per_s"] / head["matmul_peak_flops"]).all()
     (figure_png, figure_pdf) = plot_train(csv_path)
     assert figure_png.stat().st_size > 5000 and figure_pdf.is_file()
     with pytest.raises(MCSDError, match="holds training results: use mcsd-plot train"):

@@ -105,14 +105,24 @@ def inference_point(
     }
 
 
-def matmul_peak_flops(device: str, dtype: str, size: int = 2048, repeats: int = 5) -> float:
-    """This machine's measured matrix-multiply rate (FLOP/s): the MFU denominator."""
+def matmul_peak_flops(device: str, dtype: str, size: int = 2048, repeats: int = 10) -> float:
+    """This machine's peak matrix-multiply rate (FLOP/s), the MFU denominator: the fastest of
+    ``repeats`` square products after a warm-up (the best case is the peak; slower runs
+    are interference)."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     a = torch.randn(size, size, device=device_).to(dtype_)
     b = torch.randn(size, size, device=device_).to(dtype_)
-    torch.matmul(a, b)
-    seconds = statistics.median(timed(lambda: torch.matmul(a, b), device_)[0] for _ in range(repeats))
+    for _ in range(2):
+        torch.matmul(a, b)
+    seconds = min(timed(lambda: torch.matmul(a, b), device_)[0] for _ in range(repeats))
     return 2 * size**3 / seconds
+
+
+def flop_parameters(model: mcsd.CausalLM) -> int:
+    """Parameters that cost 6 FLOPs per token in training: all but the input embedding
+    (a lookup), unless it is tied to the LM head."""
+    total = sum(p.numel() for p in model.parameters())
+    return total if model.config.tie_embeddings else total - model.embed.weight.numel()
 
 
 def train_point(
@@ -144,6 +154,7 @@ def train_point(
     weights = weights_bytes(model)
     return {
         "params": sum(p.numel() for p in model.parameters()),
+        "flop_params": flop_parameters(model),
         "step_s": step_s,
         "tokens_per_s": batch_size * seq_len / step_s,
         "peak_mem_bytes": peak,

@@ -36,7 +36,7 @@ COLUMNS = {
     "inference": ["model", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "status"],
-    "train": ["model", "form", "size", "params", "batch", "seq_len", "step_s", "tokens_per_s", "mfu",
+    "train": ["model", "form", "size", "params", "flop_params", "batch", "seq_len", "step_s", "tokens_per_s", "mfu",
               "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
 }
 OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
@@ -157,9 +157,11 @@ def bench(cfg: DictConfig) -> Path:
         result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb)
         row = {**labels, **result}
         if peak_flops and result["status"] == "ok":
-            row["mfu"] = 6 * result["params"] * result["tokens_per_s"] / peak_flops
+            row["mfu"] = 6 * result["flop_params"] * result["tokens_per_s"] / peak_flops
         rows.append(row)
-        log.info("%s", row)
+        log.info("%s: %s", " ".join(f"{key}={value}" for key, value in labels.items()),
+                 f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mem_bytes'] / 2**20:.0f} MiB"
+                 if result["status"] == "ok" else result["status"])
     head = header(cfg, peak_flops)
     output_dir = Path(cfg.output_dir)
     json_path, csv_path = write_results(output_dir, head, rows)
