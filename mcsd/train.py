@@ -97,6 +97,8 @@ def train(cfg: DictConfig) -> float:
     if cfg.validate_before_training and cfg.ckpt_path is None:
         trainer.validate(module, datamodule=datamodule, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    if module.validated_at_step != trainer.global_step:  # the final model is always validated
+        trainer.validate(module, datamodule=datamodule, verbose=False)
     val_loss = float(trainer.callback_metrics.get("val/loss", float("nan")))
     val_ppl = float(trainer.callback_metrics.get("val/ppl", float("nan")))
     if cfg.test_after_training:

@@ -1,7 +1,10 @@
-"""mcsd-plot: figures from result files.
+"""mcsd-plot: figures from result files and training logs.
 
     mcsd-plot inference logs/bench/runs/<time>/results.csv   # Figs. 5-8
     mcsd-plot train logs/bench/runs/<time>/results.csv       # training cost
+    mcsd-plot scaling logs/train/multiruns/<time>            # Fig. 4, from the sweep's CSV logs
+    mcsd-plot ablation logs/train/multiruns/<time>           # Fig. 9
+    mcsd-plot ablation --wandb ENTITY/mcsd --group fig9_ablation   # the same from W&B
 """
 
 from __future__ import annotations
@@ -9,19 +12,42 @@ from __future__ import annotations
 import argparse
 
 from mcsd.cli import run_or_exit
+from mcsd.errors import MCSDError
 from mcsd.plots.cost import plot_inference, plot_train
+from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_table, plot_sweep
 
-COMMANDS = {"inference": plot_inference, "train": plot_train}
+COSTS = {"inference": plot_inference, "train": plot_train}
+SWEEPS = ("scaling", "ablation")
+
+
+def _plot(args: argparse.Namespace) -> list:
+    if args.kind in COSTS:
+        if args.source is None:
+            raise MCSDError(f"mcsd-plot {args.kind} needs a results file: mcsd-plot {args.kind} RESULTS.csv")
+        return COSTS[args.kind](args.source, args.out)
+    if args.wandb:
+        if not args.group:
+            raise MCSDError("--wandb needs --group: the W&B group of the sweep (its experiment_name)")
+        rows, default_out = load_wandb_runs(args.wandb, args.group), "."
+    elif args.source:
+        rows, default_out = load_csv_runs(args.source), args.source
+    else:
+        raise MCSDError(f"mcsd-plot {args.kind} needs a sweep folder, or --wandb ENTITY/PROJECT --group GROUP")
+    figure = plot_sweep(args.kind, rows, args.out or default_out)
+    print(markdown_table(figure.table))
+    return figure.paths
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``mcsd-plot``."""
     parser = argparse.ArgumentParser(prog="mcsd-plot", description="Draw the paper's figures from result files.")
-    parser.add_argument("kind", choices=sorted(COMMANDS), help="which figures")
-    parser.add_argument("results", help="a results.csv or results.json written by mcsd-bench")
-    parser.add_argument("--out", default=None, help="folder for the figures (default: beside the results)")
+    parser.add_argument("kind", choices=[*COSTS, *SWEEPS], help="which figures")
+    parser.add_argument("source", nargs="?", help="results.csv/json of mcsd-bench, or the folder of a training sweep")
+    parser.add_argument("--out", default=None, help="folder for the figures (default: beside the source)")
+    parser.add_argument("--wandb", default=None, metavar="ENTITY/PROJECT", help="read the sweep from W&B instead")
+    parser.add_argument("--group", default=None, help="the W&B group of the sweep (with --wandb)")
     args = parser.parse_args(argv)
-    paths = run_or_exit("mcsd-plot", lambda: COMMANDS[args.kind](args.results, args.out))
+    paths = run_or_exit("mcsd-plot", lambda: _plot(args))
     print("\n".join(str(path) for path in paths))
 
 

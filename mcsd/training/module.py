@@ -38,6 +38,7 @@ class LanguageModelModule(L.LightningModule):
         self.compile = compile
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.long))
         self.flops_per_batch = 0  # read by Lightning's ThroughputMonitor (flops_per_sec)
+        self.validated_at_step = -1  # the global step of the latest validation
         self.train_ppl, self.val_ppl, self.test_ppl = Perplexity(), Perplexity(), Perplexity()
 
     def configure_model(self) -> None:
@@ -75,6 +76,9 @@ class LanguageModelModule(L.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_ppl)
+
+    def on_validation_epoch_end(self) -> None:
+        self.validated_at_step = self.trainer.global_step
 
     def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "test", self.test_ppl)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run an experiment's sweep two jobs at a time, keep its CSV logs in the experiment's
+# folder (<experiment>/<corpus>/<job>/csv/version_0/{metrics.csv,hparams.yaml}) and draw it.
+#   experiments/sweep.sh EXPERIMENT PLOT_KIND [embedded|FILE.txt] [mcsd-train overrides...]
+set -euo pipefail
+experiment="$1"; kind="$2"; corpus="${3:-embedded}"; shift $(( $# < 3 ? $# : 3 ))
+here="$(cd "$(dirname "$0")" && pwd)/$experiment"
+if [ "$corpus" = embedded ]; then
+  data=(data=embedded); name=embedded
+else
+  data=(data=text_files "data.paths=[$(realpath "$corpus")]"); name="$(basename "${corpus%.*}")"
+fi
+export OMP_NUM_THREADS=1  # two jobs side by side, one core each
+mcsd-train -m experiment="$experiment" "${data[@]}" hydra/launcher=local_parallel \
+  paths.log_dir="$here/logs/$name" "$@"
+sweep="$(ls -td "$here/logs/$name/train/multiruns/"*/ | head -n 1)"
+rm -rf "${here:?}/$name"
+for job in "$sweep"*/; do
+  logs="$job/csv/version_0"
+  [ -f "$logs/metrics.csv" ] || continue
+  mkdir -p "$here/$name/$(basename "$job")/csv/version_0"
+  cp "$logs/metrics.csv" "$logs/hparams.yaml" "$here/$name/$(basename "$job")/csv/version_0/"
+done
+mcsd-plot "$kind" "$here/$name"

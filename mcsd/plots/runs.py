@@ -1,0 +1,198 @@
+"""Figures of training sweeps: Fig. 4 (scaling) and Fig. 9 (ablation), from CSV logs or W&B.
+
+Runs are told apart by what they logged (the ``choices`` of Hydra's config groups and the
+seed, in each run's config), never by directory names. Each curve is the mean over
+seeds with a min-max band, smoothed (EMA) over the raw mean drawn faintly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+from mcsd.errors import MCSDError  # noqa: E402
+
+METRICS = ("train/loss", "val/loss", "val/ppl")
+VARIANT_ORDER = ["full", "slope_only", "decay_only", "double_slope", "double_decay", "transformer_baseline"]
+SIZE_ORDER = ["tiny", "small", "base", "1.6b", "3b", "10b"]
+SMOOTHING = 0.9  # EMA weight of the past
+
+
+@dataclass
+class SweepFigure:
+    """What ``plot_sweep`` drew: the files, the curve labels (legend order) and the table."""
+
+    paths: list[Path]
+    labels: list[str]
+    table: pd.DataFrame
+
+
+def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.DataFrame:
+    """Long format: one row per (run, metric, logged point), with the run's group choices."""
+    choices = config.get("choices") or {}
+    history = history.sort_values("step").copy()
+    history["trainer/tokens"] = history["trainer/tokens"].ffill()
+    frames = []
+    for metric in METRICS:
+        if metric not in history:
+            continue
+        points = history.dropna(subset=[metric, "trainer/tokens"])
+        frames.append(pd.DataFrame({"run": run, "metric": metric, "tokens": points["trainer/tokens"].astype(float),
+                                    "value": points[metric].astype(float)}))
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    for key in ("model", "size", "ablation", "data"):
+        rows[key] = choices.get(key) or ""
+    rows["seed"] = config.get("seed")
+    rows["params"] = config.get("model/params")
+    return rows
+
+
+def load_csv_runs(root: str | Path) -> pd.DataFrame:
+    """Every run under ``root`` that has ``csv/version_0/{metrics.csv,hparams.yaml}``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} does not exist: give the folder of a sweep (e.g. logs/train/multiruns/<time>)")
+    frames = []
+    for metrics_file in sorted(root.rglob("metrics.csv")):
+        hparams_file = metrics_file.with_name("hparams.yaml")
+        if not hparams_file.is_file():
+            continue
+        config = yaml.safe_load(hparams_file.read_text()) or {}
+        frames.append(_run_rows(str(metrics_file.parent.relative_to(root)), config, pd.read_csv(metrics_file)))
+    if not frames:
+        raise MCSDError(f"{root} holds no run logs (csv/version_0/metrics.csv with hparams.yaml): "
+                        "point it at a sweep run with the csv logger")
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_wandb_runs(path: str, group: str) -> pd.DataFrame:
+    """The runs of a W&B group (``path`` = ENTITY/PROJECT), through the W&B API (online)."""
+    import wandb
+
+    frames = []
+    for run in wandb.Api().runs(path, filters={"group": group}):
+        history = pd.DataFrame(list(run.scan_history()))
+        if "_step" in history and "step" not in history:
+            history = history.rename(columns={"_step": "step"})
+        frames.append(_run_rows(run.id, dict(run.config), history))
+    if not frames:
+        raise MCSDError(f"W&B project {path} has no runs in group {group!r}: check --wandb and --group")
+    return pd.concat(frames, ignore_index=True)
+
+
+def _curve_key(kind: str, rows: pd.DataFrame) -> pd.Series:
+    if kind == "scaling":
+        return rows["model"] + " " + rows["size"]
+    return rows["ablation"].where(rows["ablation"] != "", rows["model"] + " (default)")
+
+
+def _label(kind: str, key: str, params: float | None) -> str:
+    if kind == "scaling":
+        model, size = key.split(" ", 1)
+        name = {"mcsd": "MCSD", "transformer": "Transformer"}.get(model, model)
+        return f"{name} {size}" + (f" ({params / 1e6:.1f}M)" if params else "")
+    return {"transformer_baseline": "Transformer (baseline)"}.get(key, key)
+
+
+def _order(kind: str, key: str) -> tuple:
+    if kind == "scaling":
+        model, size = key.split(" ", 1)
+        return (model != "mcsd", SIZE_ORDER.index(size) if size in SIZE_ORDER else 99, size)
+    return (VARIANT_ORDER.index(key) if key in VARIANT_ORDER else 99, key)
+
+
+def _band(points: pd.DataFrame, smooth: bool) -> pd.DataFrame:
+    """Mean, min and max over runs at each token count (each run EMA-smoothed first if asked)."""
+    if smooth:
+        points = points.sort_values("tokens").copy()
+        points["value"] = points.groupby("run")["value"].transform(lambda v: v.ewm(alpha=1 - SMOOTHING).mean())
+    return points.groupby("tokens")["value"].agg(["mean", "min", "max"]).reset_index()
+
+
+def summary_table(kind: str, rows: pd.DataFrame) -> pd.DataFrame:
+    """Final validation loss and perplexity per curve: mean, min and max over seeds."""
+    rows = rows.assign(curve=_curve_key(kind, rows))
+    records = []
+    for curve, group in rows.groupby("curve"):
+        final = {}
+        for metric in ("val/loss", "val/ppl"):
+            points = group[group["metric"] == metric]
+            last = points.sort_values("tokens").groupby("run").tail(1)
+            final[metric] = last["value"]
+        tokens = group[group["metric"] == "val/loss"]["tokens"].max()
+        records.append({"curve": _label(kind, curve, group["params"].max()), "order": _order(kind, curve),
+                        "seeds": group["run"].nunique(), "tokens": int(tokens) if pd.notna(tokens) else None,
+                        "val_loss": final["val/loss"].mean(), "val_loss_min": final["val/loss"].min(),
+                        "val_loss_max": final["val/loss"].max(), "val_ppl": final["val/ppl"].mean()})
+    table = pd.DataFrame(records).sort_values("order").drop(columns="order").reset_index(drop=True)
+    return table
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    lines = ["| curve | seeds | tokens | final val loss (min-max) | final val ppl |", "| --- | --- | --- | --- | --- |"]
+    for row in table.itertuples():
+        spread = f" ({row.val_loss_min:.3f}-{row.val_loss_max:.3f})" if row.seeds > 1 else ""
+        lines.append(f"| {row.curve} | {row.seeds} | {row.tokens:,} | {row.val_loss:.3f}{spread} | {row.val_ppl:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str | None = None) -> SweepFigure:
+    """Training loss (smoothed mean, raw mean faint, min-max band over seeds) and validation
+    loss vs training tokens, one curve per size (``scaling``) or per variant (``ablation``)."""
+    if kind not in ("scaling", "ablation"):
+        raise MCSDError(f"unknown sweep kind {kind!r}: use scaling or ablation")
+    rows = rows.assign(curve=_curve_key(kind, rows))
+    keys = sorted(rows["curve"].unique(), key=lambda key: _order(kind, key))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    figure, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(13, 4.8))
+    labels = []
+    for index, key in enumerate(keys):
+        curve = rows[rows["curve"] == key]
+        label = _label(kind, key, curve["params"].max())
+        labels.append(label)
+        if kind == "scaling":
+            sizes = [k.split(" ", 1)[1] for k in keys]
+            color = colors[sorted(set(sizes), key=lambda s: SIZE_ORDER.index(s) if s in SIZE_ORDER else 99)
+                           .index(key.split(" ", 1)[1]) % len(colors)]
+            style = "-" if key.startswith("mcsd") else "--"
+        else:
+            color, style = ("0.3", "--") if "transformer" in key else (colors[index % len(colors)], "-")
+        train = curve[curve["metric"] == "train/loss"]
+        if len(train):
+            raw, smooth = _band(train, smooth=False), _band(train, smooth=True)
+            train_ax.plot(raw["tokens"], raw["mean"], color=color, alpha=0.25, linewidth=0.8)
+            train_ax.plot(smooth["tokens"], smooth["mean"], color=color, linestyle=style, label=label)
+            train_ax.fill_between(smooth["tokens"], smooth["min"], smooth["max"], color=color, alpha=0.15)
+        val = curve[curve["metric"] == "val/loss"]
+        if len(val):
+            band = _band(val, smooth=False)
+            val_ax.plot(band["tokens"], band["mean"], color=color, linestyle=style, marker="o", markersize=3,
+                        label=label)
+            val_ax.fill_between(band["tokens"], band["min"], band["max"], color=color, alpha=0.15)
+    seeds = rows.groupby("curve")["run"].nunique().max()
+    for ax, title in ((train_ax, "training loss (EMA; raw mean faint)"), (val_ax, "validation loss")):
+        ax.set(xlabel="training tokens", ylabel="loss", title=title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    data = ", ".join(sorted(set(rows["data"]) - {""}))
+    figure.suptitle(f"{'Fig. 4: scaling' if kind == 'scaling' else 'Fig. 9: ablation'} "
+                    f"(data: {data}; mean and min-max over {seeds} seed{'s' if seeds > 1 else ''})")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    name = name or ("fig4_scaling" if kind == "scaling" else "fig9_ablation")
+    paths = [output_dir / f"{name}.{suffix}" for suffix in ("png", "pdf")]
+    for path in paths:
+        figure.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(figure)
+    table = summary_table(kind, rows)
+    table_path = output_dir / f"{name}_table.md"
+    table_path.write_text(markdown_table(table))
+    return SweepFigure(paths=[*paths, table_path], labels=labels, table=table)

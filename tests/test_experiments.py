@@ -1,0 +1,150 @@
+"""The paper's training experiments: sweeps compose and run, figures and tables come out
+of their logs, and the figures notebook executes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbclient import NotebookClient
+
+from harness import run_cli
+from mcsd.plots.runs import load_csv_runs, load_wandb_runs, plot_sweep
+
+NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "figures.ipynb"
+TINY_SWEEP = ["data.seq_len=32", "data.batch_size=4", "data.token_budget=384", "trainer.val_check_interval=2",
+              "trainer.log_every_n_steps=1", "logger=csv", "test_after_training=false",
+              "callbacks.progress_bar.refresh_rate=0"]
+ABLATION_LABELS = ["full", "slope_only", "decay_only", "double_slope", "double_decay", "Transformer (baseline)"]
+
+
+def sweep_dir(cwd: Path) -> Path:
+    (sweep,) = (cwd / "logs" / "train" / "multiruns").iterdir()
+    return sweep
+
+
+@pytest.fixture(scope="module")
+def ablation_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cwd = tmp_path_factory.mktemp("fig9")
+    result = run_cli("mcsd-train", "-m", "experiment=fig9_ablation", "size=tiny", *TINY_SWEEP, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return sweep_dir(cwd)
+
+
+@pytest.fixture(scope="module")
+def scaling_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cwd = tmp_path_factory.mktemp("fig4")
+    result = run_cli("mcsd-train", "-m", "experiment=fig4_scaling", "size=tiny,small", "seed=0,1", *TINY_SWEEP,
+                     cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return sweep_dir(cwd)
+
+
+def test_ablation_experiment_sweeps_every_variant_and_the_transformer(ablation_sweep: Path) -> None:
+    jobs = sorted(path for path in ablation_sweep.iterdir() if path.is_dir())
+    assert len(jobs) == 6
+    for job in jobs:  # each job writes its own logs and model
+        assert (job / "csv" / "version_0" / "metrics.csv").is_file() and (job / "model" / "config.json").is_file()
+    models = [json.loads((job / "model" / "config.json").read_text())["_target_"].rsplit(".", 1)[1] for job in jobs]
+    assert models == ["MCSDConfig"] * 5 + ["TransformerConfig"]
+    sections = [json.loads((job / "model" / "config.json").read_text()).get("sections") for job in jobs[:5]]
+    assert sections == [["slope", "decay"], ["slope"], ["decay"], ["slope", "slope"], ["decay", "decay"]]
+
+
+def test_ablation_figure_has_a_curve_per_variant(ablation_sweep: Path, tmp_path: Path) -> None:
+    # Directory names carry no meaning: shuffle them and the figure must not change.
+    shuffled = tmp_path / "runs"
+    for index, job in enumerate(sorted(p for p in ablation_sweep.iterdir() if p.is_dir())):
+        shutil.copytree(job / "csv", shuffled / f"job-{(index * 7) % 6}" / "csv")
+    figure = plot_sweep("ablation", load_csv_runs(shuffled), tmp_path / "figure")
+    assert figure.labels == ABLATION_LABELS
+    assert [path.name for path in figure.paths] == ["fig9_ablation.png", "fig9_ablation.pdf",
+                                                    "fig9_ablation_table.md"]
+    assert all(path.stat().st_size > 1000 for path in figure.paths[:2])
+    assert list(figure.table["curve"]) == ABLATION_LABELS and (figure.table["tokens"] == 384).all()
+    table = figure.paths[2].read_text()
+    assert table.count("\n") == 2 + 6 and "| full | 1 | 384 |" in table
+
+
+def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_path: Path) -> None:
+    result = run_cli("mcsd-plot", "scaling", str(scaling_sweep), "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "fig4_scaling.png").is_file() and (tmp_path / "fig4_scaling_table.md").is_file()
+    rows = load_csv_runs(scaling_sweep)
+    figure = plot_sweep("scaling", rows, tmp_path)
+    assert figure.labels == ["MCSD tiny (0.2M)", "MCSD small (1.8M)", "Transformer tiny (0.2M)",
+                             "Transformer small (1.9M)"]
+    assert (figure.table["seeds"] == 2).all()
+    assert "| MCSD tiny (0.2M) | 2 | 384 |" in result.stdout
+
+
+class FakeRun:
+    """What the W&B API gives for one run: its config and its logged history."""
+
+    def __init__(self, job: Path) -> None:
+        import yaml
+
+        self.id = job.name
+        self.config = yaml.safe_load((job / "csv" / "version_0" / "hparams.yaml").read_text())
+        self._history = pd.read_csv(job / "csv" / "version_0" / "metrics.csv").rename(columns={"step": "_step"})
+
+    def scan_history(self):
+        for record in self._history.to_dict("records"):
+            yield {key: value for key, value in record.items() if pd.notna(value)}
+
+
+def test_wandb_source_gives_the_same_curves(scaling_sweep: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import wandb
+
+    jobs = sorted(p for p in scaling_sweep.iterdir() if p.is_dir())
+    asked = {}
+
+    class FakeApi:
+        def runs(self, path: str, filters: dict) -> list[FakeRun]:
+            asked.update(path=path, filters=filters)
+            return [FakeRun(job) for job in jobs]
+
+    monkeypatch.setattr(wandb, "Api", FakeApi)
+    from_wandb = load_wandb_runs("me/mcsd", "fig4_scaling")
+    assert asked == {"path": "me/mcsd", "filters": {"group": "fig4_scaling"}}
+    from_csv = load_csv_runs(scaling_sweep)
+    key = ["metric", "model", "size", "seed", "tokens"]
+    assert from_wandb.sort_values(key)[key + ["value"]].reset_index(drop=True).equals(
+        from_csv.sort_values(key)[key + ["value"]].reset_index(drop=True))
+
+
+def test_plot_errors_are_one_line(tmp_path: Path) -> None:
+    empty = run_cli("mcsd-plot", "ablation", str(tmp_path), cwd=tmp_path)
+    assert empty.returncode == 2 and "holds no run logs" in empty.stderr
+    no_group = run_cli("mcsd-plot", "scaling", "--wandb", "me/mcsd", cwd=tmp_path)
+    assert no_group.returncode == 2 and "--wandb needs --group" in no_group.stderr
+
+
+def test_committed_notebook_has_no_outputs() -> None:
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
+
+
+def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    experiments = tmp_path / "experiments"
+    shutil.copytree(ablation_sweep, experiments / "fig9_ablation" / "tiny")
+    shutil.copytree(scaling_sweep, experiments / "fig4_scaling" / "tiny")
+    for folder, name in (("fig5-8_inference", "inference"), ("train_throughput", "train")):
+        source = Path(__file__).parent.parent / "experiments" / folder / "cpu_quick"
+        (experiments / folder / "cpu_quick").mkdir(parents=True)
+        shutil.copy(source / "results.csv", experiments / folder / "cpu_quick" / "results.csv")
+    monkeypatch.setenv("MCSD_EXPERIMENTS", str(experiments))
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    images = sum(1 for cell in notebook.cells for output in cell.get("outputs", [])
+                 if "image/png" in output.get("data", {}))
+    assert images == 1 + 4 + 1 + 1  # Fig. 4, Figs. 5-8, training cost, Fig. 9
+    assert (experiments / "fig9_ablation" / "tiny" / "fig9_ablation_table.md").is_file()
+    assert (experiments / "fig5-8_inference" / "cpu_quick" / "fig8_throughput_vs_batch.pdf").is_file()
