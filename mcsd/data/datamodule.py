@@ -1,8 +1,8 @@
 """The LightningDataModule: corpus -> tokenizer -> tokens -> packed blocks -> splits.
 
-Documents are tokenized with ``datasets.map`` (cached as Arrow files), joined with
-``<|endoftext|>`` and packed into blocks of ``seq_len + 1`` tokens (inputs and shifted
-targets). Blocks are split into train/val/test by a permutation drawn from ``seed``, so a
+Documents are tokenized with ``datasets.map`` (cached as Arrow files), each preceded by
+``<|endoftext|>`` (as lm-eval scores a text: from an ``<|endoftext|>`` prefix), and packed
+into blocks of ``seq_len + 1`` tokens (inputs and shifted targets). Blocks are split into train/val/test by a permutation drawn from ``seed``, so a
 corpus of one long document splits as well as one of many. Everything derived is cached
 under ``cache_dir/<corpus fingerprint>/``: the tokenizer (``tokenizer-<vocab>.json``), the
 token and block files. The train loader is a ``torchdata`` ``StatefulDataLoader``:
@@ -113,11 +113,11 @@ class LanguageModelDataModule(L.LightningDataModule):
             raise DataError(f"the tokenizer has {self.tokenizer.get_vocab_size()} tokens but model.vocab_size="
                             f"{h.vocab_size}: raise model.vocab_size or use a smaller tokenizer")
         separator = [eos_id(self.tokenizer)] if h.separate_documents else []
-        tag = f"{tokenizer_file.stem}-{'eos' if separator else 'joined'}"
+        tag = f"{tokenizer_file.stem}-{'eos-first' if separator else 'joined'}"
         tokenizer = self.tokenizer
 
         def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-            return {"ids": [encoding.ids + separator for encoding in tokenizer.encode_batch(batch["text"])]}
+            return {"ids": [separator + encoding.ids for encoding in tokenizer.encode_batch(batch["text"])]}
 
         tokens = corpus.map(encode, batched=True, remove_columns=["text"], desc="tokenizing",
                             cache_file_name=str(cache / f"tokens-{tag}.arrow"), new_fingerprint=f"tokens-{tag}")
