@@ -1,0 +1,1 @@
+"""Downstream evaluation through lm-evaluation-harness."""

@@ -1,0 +1,131 @@
+"""mcsd-eval: evaluate a trained model on lm-evaluation-harness tasks.
+
+    mcsd-eval ckpt=logs/train/runs/<run> tasks=table2            # the paper's Table 2, 5-shot
+    mcsd-eval ckpt=... tasks=[arc_easy,lambada_openai] limit=100
+    mcsd-eval ckpt=... tasks=local                                # bundled offline tasks
+    mcsd-eval ckpt=... tasks=[my_task] include_path=my_tasks/     # your own task YAMLs
+Writes results.json, table2.md (and a W&B table) to the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+import mcsd
+from mcsd.cli import run_or_exit
+from mcsd.data.corpus import hub_is_reachable
+from mcsd.errors import MCSDError
+from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
+from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
+
+
+def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | None, int | None]:
+    """Task names, include path and shot count for ``cfg.tasks`` (``table2``, ``local`` or a list)."""
+    tasks = cfg.tasks
+    include_path = str(Path(cfg.include_path).resolve()) if cfg.include_path else None
+    num_fewshot = cfg.num_fewshot
+    if tasks == "table2":
+        return list(TABLE2_TASKS), include_path, 5 if num_fewshot is None else num_fewshot
+    if tasks == "local":
+        return list(LOCAL_TASKS), str(write_local_tasks(output_dir / "local_tasks")), num_fewshot
+    if isinstance(tasks, str):
+        tasks = [name.strip() for name in tasks.split(",") if name.strip()]
+    if not tasks:
+        raise MCSDError("tasks is empty: name lm-eval tasks, e.g. tasks=[arc_easy] (or tasks=table2, tasks=local)")
+    return list(tasks), include_path, num_fewshot
+
+
+def check_tasks(tasks: list[str], include_path: str | None) -> Any:
+    """An lm-eval TaskManager that knows every task; hub tasks need the Hub to be reachable."""
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=include_path)
+    unknown = [task for task in tasks if task not in manager.all_tasks]
+    if unknown:
+        raise MCSDError(f"tasks: {unknown[0]} is not an lm-eval task (list them with `lm_eval ls tasks`; "
+                        "local YAML tasks need include_path=DIR)")
+    local_root = Path(include_path) if include_path else None
+    remote = [task for task in tasks if not (local_root and manager.task_index[task].yaml_path
+                                             and local_root in manager.task_index[task].yaml_path.resolve().parents)]
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+    if remote and not offline and not hub_is_reachable():
+        raise MCSDError(f"task {remote[0]} downloads its data from the Hugging Face Hub, which is unreachable "
+                        "from here: evaluate local task YAMLs with include_path=DIR (tasks=local runs the bundled ones)")
+    return manager
+
+
+def token_perplexity(samples: list[dict[str, Any]], tokenizer: Any) -> float:
+    """exp(-sum log p / tokens) over a rolling task's documents: comparable to training's val/ppl."""
+    total, count = 0.0, 0
+    for sample in samples:
+        total += float(sample["filtered_resps"][0] if isinstance(sample["filtered_resps"], list)
+                       else sample["filtered_resps"])
+        count += len(tokenizer.encode(sample["target"]).ids)
+    return math.exp(-total / count)
+
+
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    """Run lm-eval on ``cfg.ckpt`` and write the results; return lm-eval's results dict."""
+    from lm_eval import simple_evaluate
+
+    from mcsd.evaluation.lm import MCSDEvalModel
+
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = mcsd.model_dir(cfg.ckpt)
+    tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
+    manager = check_tasks(tasks, include_path)
+    lm = MCSDEvalModel(str(model_dir), batch_size=cfg.batch_size, device=cfg.device, max_length=cfg.max_length,
+                       max_gen_toks=cfg.max_gen_toks)
+    outcome = simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=cfg.limit,
+                              task_manager=manager, log_samples=True, random_seed=cfg.seed,
+                              numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
+    results = outcome["results"]
+    for task, samples in outcome.get("samples", {}).items():
+        if manager.task_index.get(task) and samples and "word_perplexity,none" in results.get(task, {}):
+            results[task]["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
+    params = sum(p.numel() for p in lm.model.parameters())
+    label = f"{type(lm.model.config).__name__.removesuffix('Config')} {model_dir.parent.name or model_dir.name}"
+    summary = {"model": str(model_dir), "params": params, "tasks": tasks, "num_fewshot": num_fewshot,
+               "limit": cfg.limit, "results": results, "n-shot": outcome.get("n-shot"),
+               "versions": outcome.get("versions"), "config": OmegaConf.to_container(cfg, resolve=True)}
+    (output_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    table = table2_markdown([(label, params, results)])
+    (output_dir / "table2.md").write_text(table)
+    if cfg.wandb.enabled:
+        _log_to_wandb(cfg, results, output_dir)
+    lines = [f"{task}: " + ", ".join(f"{key.split(',')[0]}={value:.4f}" for key, value in metrics.items()
+                                     if isinstance(value, float) and "stderr" not in key)
+             for task, metrics in results.items()]
+    print("\n".join(lines) + f"\nresults: {output_dir / 'results.json'}\ntable: {output_dir / 'table2.md'}",
+          flush=True)
+    return results
+
+
+def _log_to_wandb(cfg: DictConfig, results: dict[str, Any], output_dir: Path) -> None:
+    import wandb
+
+    run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group="eval", job_type="eval",
+                     dir=str(output_dir), mode="offline" if cfg.wandb.offline else "online",
+                     config=OmegaConf.to_container(cfg, resolve=True))
+    rows = [[task, key.split(",")[0], value] for task, metrics in results.items() for key, value in metrics.items()
+            if isinstance(value, (int, float))]
+    run.log({"eval/results": wandb.Table(columns=["task", "metric", "value"], data=rows)})
+    wandb.finish()
+
+
+@hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    """Entry point of ``mcsd-eval``."""
+    run_or_exit("mcsd-eval", lambda: evaluate(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Downstream evaluation: the lm-eval model class, mcsd-eval, Table 2, offline behaviour."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from lm_eval.api.instance import Instance
+
+import mcsd
+from harness import FAST, compose_train, run_cli
+from mcsd.data import LanguageModelDataModule
+from mcsd.evaluation.lm import MCSDEvalModel
+from mcsd.evaluation.table2 import PAPER_ROWS, table2_markdown
+from mcsd.train import train
+from mcsd.training.module import LanguageModelModule
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model trained for a few steps on the embedded corpus (its run directory)."""
+    run_dir = tmp_path_factory.mktemp("eval") / "run"
+    train(compose_train(run_dir, *FAST, "trainer.max_steps=30", "optimizer.lr=3e-3", "logger=csv"))
+    return run_dir
+
+
+def request(kind: str, *arguments: object) -> Instance:
+    return Instance(request_type=kind, doc={}, arguments=arguments, idx=0)
+
+
+def test_loglikelihoods_equal_the_forward_pass(checkpoint: Path) -> None:
+    lm = MCSDEvalModel(str(checkpoint), batch_size=3)
+    model, tokenizer = mcsd.load(checkpoint), mcsd.load_tokenizer(checkpoint)
+    pairs = [("The for statement", " is used to iterate"), ("x", " = 1"), ("", "Hello world"),
+             ("A much longer context about the with statement and context managers", " in Python."),
+             ("import", " sys")]
+    scored = lm.loglikelihood([request("loglikelihood", *pair) for pair in pairs])
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    for (context, continuation), (logprob, greedy) in zip(pairs, scored):
+        whole = tokenizer.encode(context + continuation).ids
+        context_ids = tokenizer.encode(context).ids if context else [eos]
+        target = whole[len(context_ids):] if context else tokenizer.encode(continuation).ids
+        ids = torch.tensor([(context_ids + target)[:-1]])
+        with torch.no_grad():
+            log_probs = F.log_softmax(model(ids, form="parallel")[0, -len(target):], dim=-1)
+        expected = float(log_probs.gather(-1, torch.tensor(target)[:, None]).sum())
+        assert logprob == pytest.approx(expected, rel=1e-5, abs=1e-4)
+        assert greedy == bool((log_probs.argmax(-1) == torch.tensor(target)).all())
+
+
+def test_generate_until_stops_at_the_stop_string_and_equals_generate(checkpoint: Path) -> None:
+    lm = MCSDEvalModel(str(checkpoint), max_gen_toks=24)
+    model, tokenizer = mcsd.load(checkpoint), mcsd.load_tokenizer(checkpoint)
+    prompt = "The try statement"
+    ids = torch.tensor([tokenizer.encode(prompt).ids])
+    new = model.generate(ids, 24)[0, ids.shape[1]:].tolist()
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    greedy_text = tokenizer.decode(new[: new.index(eos)] if eos in new else new)
+    assert len(greedy_text) > 8
+    stop = greedy_text[5:8]
+    (until_stop, unbounded) = lm.generate_until([
+        request("generate_until", prompt, {"until": [stop], "max_gen_toks": 24}),
+        request("generate_until", prompt, {"until": ["\u2603 never"], "max_gen_toks": 24}),
+    ])
+    assert until_stop == greedy_text[: greedy_text.index(stop)]
+    assert unbounded == greedy_text
+
+
+def test_mcsd_eval_runs_the_local_tasks_offline(checkpoint: Path, tmp_path: Path) -> None:
+    result = run_cli("mcsd-eval", f"ckpt={checkpoint}", "tasks=local", "limit=8", "wandb.enabled=true",
+                     cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "logs" / "eval" / "runs").iterdir()
+    results = json.loads((run / "results.json").read_text())["results"]
+    assert 0.0 <= results["mcsd_local_mc"]["acc,none"] <= 1.0
+    assert results["mcsd_local_ppl"]["bits_per_byte,none"] > 0
+    assert results["mcsd_local_ppl"]["token_perplexity,none"] > 1
+    table = (run / "table2.md").read_text()
+    assert "| Mamba (quoted from the paper) | 2.8B | 36.3 | 69.7 | 63.5 | 26.2 | 66.1 | 52.4 |" in table
+    assert "(ours, measured) | 0.2M | - | - | - | - | - | - |" in table
+    assert list((run / "wandb").glob("offline-run-*"))
+
+
+def test_hub_tasks_offline_fail_in_one_line(checkpoint: Path, tmp_path: Path) -> None:
+    result = run_cli("mcsd-eval", f"ckpt={checkpoint}", "tasks=table2", cwd=tmp_path,
+                     env={"HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-eval: error:")]
+    assert len(errors) == 1 and "task arc_challenge downloads its data from the Hugging Face Hub" in errors[0]
+    assert "include_path=DIR" in errors[0]
+    unknown = run_cli("mcsd-eval", f"ckpt={checkpoint}", "tasks=[no_such_task]", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no_such_task is not an lm-eval task" in unknown.stderr
+
+
+def test_table2_average_needs_all_five_tasks() -> None:
+    full = {task: {"acc,none": 0.25, "acc_norm,none": 0.5} for task in
+            ["arc_challenge", "arc_easy", "winogrande", "mmlu", "hellaswag"]}
+    table = table2_markdown([("MCSD small", 1_836_672, full)])
+    assert len(table.splitlines()[2:2 + len(PAPER_ROWS)]) == len(PAPER_ROWS)
+    assert "| **MCSD small** (ours, measured) | 1.8M | 50.0 | 50.0 | 25.0 | 25.0 | 50.0 | 40.0 |" in table
+
+
+def _exact_length_documents(tokenizer, length: int, count: int) -> list[str]:
+    """Texts that tokenize to exactly ``length`` tokens (and back to themselves)."""
+    from pydoc_data.topics import topics
+
+    stream = tokenizer.encode(" ".join(topics[name] for name in sorted(topics))).ids
+    documents = []
+    for start in range(0, len(stream), length + 7):
+        text = tokenizer.decode(stream[start : start + length])
+        if len(tokenizer.encode(text).ids) == length and "<|endoftext|>" not in text:
+            documents.append(text)
+        if len(documents) == count:
+            break
+    return documents
+
+
+def test_rolling_perplexity_equals_the_harness_validation_perplexity(checkpoint: Path, tmp_path: Path) -> None:
+    """On documents of exactly seq_len tokens every training block is <|endoftext|> + one
+    document, which is what lm-eval's rolling log-likelihood scores: the two perplexities
+    are the same number."""
+    tokenizer, length = mcsd.load_tokenizer(checkpoint), 48
+    documents = _exact_length_documents(tokenizer, length, 40)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in documents))
+    data = LanguageModelDataModule(source="text_files", paths=[str(corpus)], tokenizer_path=str(checkpoint / "model" /
+                                   "tokenizer.json"), vocab_size=512, seq_len=length, batch_size=4,
+                                   val_fraction=0.25, test_fraction=0.0, cache_dir=str(tmp_path / "cache"))
+    val_blocks = data.build()["val"][:]["input_ids"]
+    assert (val_blocks[:, 0] == tokenizer.token_to_id("<|endoftext|>")).all()
+    module = LanguageModelModule(model=json.loads((checkpoint / "model" / "config.json").read_text()),
+                                 optimizer=torch.optim.AdamW)
+    module.model.load_state_dict(mcsd.load(checkpoint).state_dict())
+    metrics = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False).validate(
+        module, datamodule=data, verbose=False)[0]
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "val.jsonl").write_text("".join(json.dumps({"text": tokenizer.decode(block[1:].tolist())}) + "\n"
+                                             for block in val_blocks))
+    (tasks / "val_ppl.yaml").write_text(yaml.safe_dump({
+        "task": "val_ppl", "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(tasks / "val.jsonl")}},
+        "test_split": "test", "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
+        "metric_list": [{"metric": "word_perplexity"}], "metadata": {"version": 1.0}}))
+    result = run_cli("mcsd-eval", f"ckpt={checkpoint}", "tasks=[val_ppl]", f"include_path={tasks}",
+                     "wandb.enabled=false", f"output_dir={tmp_path / 'eval'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rolling = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]["val_ppl"]
+    assert rolling["token_perplexity,none"] == pytest.approx(metrics["val/ppl"], rel=1e-4)
+    assert math.log(rolling["token_perplexity,none"]) == pytest.approx(metrics["val/loss"], rel=1e-4)
