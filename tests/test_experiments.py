@@ -139,6 +139,9 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
         source = Path(__file__).parent.parent / "experiments" / folder / "cpu_quick"
         (experiments / folder / "cpu_quick").mkdir(parents=True)
         shutil.copy(source / "results.csv", experiments / folder / "cpu_quick" / "results.csv")
+    (experiments / "table2_downstream" / "tiny").mkdir(parents=True)
+    (experiments / "table2_downstream" / "tiny" / "results.json").write_text(json.dumps(
+        {"params": 164288, "results": {"arc_easy": {"acc,none": 0.3, "acc_norm,none": 0.35}}}))
     monkeypatch.setenv("MCSD_EXPERIMENTS", str(experiments))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(notebook, timeout=600, kernel_name="python3",
@@ -146,5 +149,8 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
     images = sum(1 for cell in notebook.cells for output in cell.get("outputs", [])
                  if "image/png" in output.get("data", {}))
     assert images == 1 + 4 + 1 + 1  # Fig. 4, Figs. 5-8, training cost, Fig. 9
+    markdown = "".join(output["data"].get("text/markdown", "") for cell in notebook.cells
+                       for output in cell.get("outputs", []) if "data" in output)
+    assert "| **tiny** (ours, measured) | 0.2M | - | 35.0 | - | - | - | - |" in markdown  # Table 2
     assert (experiments / "fig9_ablation" / "tiny" / "fig9_ablation_table.md").is_file()
     assert (experiments / "fig5-8_inference" / "cpu_quick" / "fig8_throughput_vs_batch.pdf").is_file()
