@@ -23,7 +23,7 @@ from mcsd.errors import MCSDError  # noqa: E402
 METRICS = ("train/loss", "val/loss", "val/ppl")
 VARIANT_ORDER = ["full", "slope_only", "decay_only", "double_slope", "double_decay", "transformer_baseline"]
 SIZE_ORDER = ["tiny", "small", "base", "1.6b", "3b", "10b"]
-SMOOTHING = 0.9  # EMA weight of the past
+SMOOTHING = 0.6  # EMA weight of the past (as TensorBoard's default)
 
 
 @dataclass
