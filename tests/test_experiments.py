@@ -76,10 +76,10 @@ def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_
     assert (tmp_path / "fig4_scaling.png").is_file() and (tmp_path / "fig4_scaling_table.md").is_file()
     rows = load_csv_runs(scaling_sweep)
     figure = plot_sweep("scaling", rows, tmp_path)
-    assert figure.labels == ["MCSD tiny (0.2M)", "MCSD small (1.8M)", "Transformer tiny (0.2M)",
+    assert figure.labels == ["MCSD tiny (0.6M)", "MCSD small (1.8M)", "Transformer tiny (0.6M)",
                              "Transformer small (1.9M)"]
     assert (figure.table["seeds"] == 2).all()
-    assert "| MCSD tiny (0.2M) | 2 | 384 |" in result.stdout
+    assert "| MCSD tiny (0.6M) | 2 | 384 |" in result.stdout  # one vocabulary (4096) for all sizes
 
 
 class FakeRun:
