@@ -48,8 +48,10 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
         frames.append(pd.DataFrame({"run": run, "metric": metric, "tokens": points["trainer/tokens"].astype(float),
                                     "value": points[metric].astype(float)}))
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    for key in ("model", "size", "ablation", "data"):
+    for key in ("model", "size", "ablation"):
         rows[key] = choices.get(key) or ""
+    files = (config.get("data") or {}).get("paths") or []  # local corpora are named by their files
+    rows["data"] = (choices.get("data") or "") + (": " + ", ".join(Path(f).name for f in files) if files else "")
     rows["seed"] = config.get("seed")
     rows["params"] = config.get("model/params")
     return rows
