@@ -1,18 +1,22 @@
-"""mcsd: MCSD and a Transformer baseline in parallel, chunkwise and recurrent forms."""
+"""mcsd: MCSD and its baselines in parallel, chunkwise and recurrent forms, and the harness
+that trains, benchmarks, plots and evaluates them."""
 
-from mcsd.api import build_model, count_parameters, load, load_tokenizer, model_dir, save
-from mcsd.models import CausalLM, ConfigError, DecodingState, MCSDConfig, TransformerConfig
+from mcsd.api import build_model, count_parameters
+from mcsd.models import Architecture, CausalLM, ConfigError, DecodingState, LMConfig, architectures, register
+from mcsd.saved_model import load, load_tokenizer, locate, save
 
 __all__ = [
+    "Architecture",
     "CausalLM",
     "ConfigError",
     "DecodingState",
-    "MCSDConfig",
-    "TransformerConfig",
+    "LMConfig",
+    "architectures",
     "build_model",
     "count_parameters",
     "load",
     "load_tokenizer",
-    "model_dir",
+    "locate",
+    "register",
     "save",
 ]

@@ -1,7 +1,8 @@
-"""What the command-line apps share: config resolvers and one-line errors."""
+"""What the command-line apps share: config resolvers, the arms sweeper and one-line errors."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from hydra.core.plugins import Plugins
 from omegaconf import OmegaConf
 
 from mcsd.errors import MCSDError
@@ -18,6 +20,18 @@ Result = TypeVar("Result")
 # ${mcsd.wandb_offline:} is true unless WANDB_MODE=online.
 OmegaConf.register_new_resolver("mcsd.wandb_offline", lambda: os.environ.get("WANDB_MODE", "offline") != "online",
                                 replace=True)
+
+
+def _register_arms_sweeper() -> None:
+    """``hydra/sweeper=arms``. Hydra's scan of ``hydra_plugins`` finds it in a regular install
+    but not in an editable one (the editable finder's path hook cannot be listed), so it is
+    registered by hand. The scan re-executes plugin modules already imported, so it runs
+    first (``Plugins.instance()``) and the sweeper is imported after it."""
+    plugins = Plugins.instance()
+    plugins.register(importlib.import_module("hydra_plugins.mcsd_arms_sweeper").ArmsSweeper)
+
+
+_register_arms_sweeper()
 
 
 def run_or_exit(app: str, function: Callable[[], Result]) -> Result:

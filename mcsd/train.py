@@ -89,7 +89,7 @@ def train(cfg: DictConfig) -> float:
         logger.log_hyperparams({
             **OmegaConf.to_container(cfg, resolve=True),
             "choices": _choices(),
-            **module.parameter_counts(),
+            **module.describe(),
             **datamodule.describe(),
             "trainer/tokens_per_step": tokens_per_step,
         })

@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+
+from mcsd import build_model
+from mcsd.models import CausalLM, registry
+from mcsd.models.config import class_path
+
+TINY = dict(vocab_size=101, hidden_size=24, num_channels=3, num_layers=2, mlp_hidden_size=40)
 
 
 def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """RMS of the difference over RMS of the expected value (the spec's agreement measure)."""
     expected = expected.double()
     return ((actual.double() - expected).pow(2).mean().sqrt() / expected.pow(2).mean().sqrt()).item()
+
+
+def variant_cases() -> list[str]:
+    """``arch/variant`` for every registered architecture and each of its variants."""
+    return [f"{name}/{variant}" for name in registry.architectures() for variant in registry.get(name).variants]
+
+
+def tiny_config(case: str, **fields: Any) -> dict[str, Any]:
+    """A tiny model node for ``arch`` or ``arch/variant`` (the default variant if none)."""
+    name, _, variant = case.partition("/")
+    architecture = registry.get(name)
+    overrides = architecture.variants[variant or next(iter(architecture.variants))]
+    return {"_target_": class_path(architecture.config_class), **TINY, "chunk_size": 16, **overrides, **fields}
+
+
+def tiny_model(case: str, **fields: Any) -> CausalLM:
+    return build_model(tiny_config(case, **fields)).eval()
 
 
 @pytest.fixture(autouse=True)

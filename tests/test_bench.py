@@ -10,10 +10,12 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import open_dict
 
+import mcsd
+from conftest import tiny_config
 from harness import run_cli
 from mcsd.bench.run import bench
 from mcsd.errors import MCSDError
-from mcsd.plots.cost import plot_inference, plot_train
+from mcsd.plots.cost import model_label, plot_inference, plot_train
 
 TINY_INFERENCE = ["model_size=tiny", "inference.batch_sizes=[1,2]", "inference.gen_lengths=[4,8]",
                   "inference.prompt_len=16", "inference.repeats=2", "inference.warmup=1"]
@@ -31,7 +33,7 @@ def test_inference_grid_writes_every_point_and_four_figures(tmp_path: Path) -> N
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "isolate=false")
     frame = pd.read_csv(csv_path)
     assert len(frame) == 2 * 2 * 2  # models x batch sizes x lengths, in grid order
-    assert list(frame["model"]) == ["mcsd"] * 4 + ["transformer"] * 4
+    assert list(frame["model"]) == ["mcsd"] * 4 + ["transformer"] * 4 and frame["model"].equals(frame["arch"])
     assert list(frame["gen_len"]) == [4, 8] * 4 and list(frame["batch"]) == [1, 1, 2, 2] * 2
     assert (frame["status"] == "ok").all()
     assert (frame["tokens_per_s"] == frame["batch"] * frame["gen_len"] / frame["latency_s"]).all()
@@ -85,19 +87,33 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     [(["mode=serve"], "mode='serve' is unknown"),
      (["device=cuda"], "device=cuda but no GPU is visible: use device=cpu"),
      (["dtype=int8"], "dtype='int8' is unknown"),
-     (["mode=train", "models=[mcsd,retnet]"], "train.forms has no entry for model retnet")],
+     (["models=[mcsd,retnet9]"], "models: 'retnet9' is neither a registered architecture \\(mcsd, transformer"),
+     (["mode=train", "train.forms=[sparse]"], "train.forms: mcsd has no form 'sparse'")],
 )
 def test_bad_bench_settings_fail_in_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
     with pytest.raises(MCSDError, match=message):
         run_bench(tmp_path, *overrides)
 
 
-def test_cli_runs_and_plot_cli_names_a_missing_file(tmp_path: Path) -> None:
+def test_cli_runs_under_paths_log_dir_and_plot_cli_names_a_missing_file(tmp_path: Path) -> None:
     result = run_cli("mcsd-bench", *TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd]",
-                     "wandb.enabled=true", cwd=tmp_path)
+                     "wandb.enabled=true", "paths.log_dir=elsewhere", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    (run,) = (tmp_path / "logs" / "bench" / "runs").iterdir()
+    assert [path.name for path in tmp_path.iterdir()] == ["elsewhere"]  # everything it wrote is there
+    (run,) = (tmp_path / "elsewhere" / "bench" / "runs").iterdir()
     assert len(pd.read_csv(run / "results.csv")) == 2
     assert list((run / "wandb").glob("offline-run-*"))  # the results table, in an offline W&B run
     missing = run_cli("mcsd-plot", "inference", "nothing.csv", cwd=tmp_path)
     assert missing.returncode == 2 and "mcsd-plot: error: nothing.csv does not exist" in missing.stderr
+
+
+def test_a_saved_model_benches_beside_an_architecture(tmp_path: Path) -> None:
+    """``models`` takes a saved model (here a model folder) beside a registered architecture."""
+    model = mcsd.build_model(tiny_config("transformer", vocab_size=512, hidden_size=64, num_channels=4))
+    saved = mcsd.save(model, tmp_path / "run" / "model")
+    csv_path = run_bench(tmp_path / "out", *TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[4]",
+                         "isolate=false", f"models=[mcsd,{saved.parent}]")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["arch"]) == ["mcsd", "transformer"] and list(frame["size"]) == ["tiny", "saved"]
+    assert frame["params"].iloc[1] == sum(p.numel() for p in model.parameters())
+    assert model_label("transformer", frame["model"].iloc[1]) == "Transformer (run)"

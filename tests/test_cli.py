@@ -79,7 +79,7 @@ def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
         (["data=wikitext103"], "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use "
                                "data=text_files"),
         (["trainer.max_steps=-5"], "trainer.max_steps=-5 must be a positive number of steps"),
-        (["model=transformer", "ablation=slope_only"], "model.sections is an MCSD block setting"),
+        (["model=transformer", "ablation=slope_only"], "model.sections is a setting of mcsd, not of transformer"),
         (["+logger.extra.save_dir=x"], "logger.extra has no _target_"),
         (["ckpt_path=nowhere.ckpt"], "ckpt_path=nowhere.ckpt does not exist"),
     ],

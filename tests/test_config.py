@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.resources
+
 import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 import mcsd
 from mcsd import ConfigError, build_model, count_parameters
+from mcsd.models import registry
+from mcsd.models.mcsd import MCSDConfig
+from mcsd.models.transformer import TransformerConfig
+
+SIZES = ["tiny", "small", "base", "1.6b", "3b", "10b"]
 
 ABLATIONS = {
     "full": ["slope", "decay"],
@@ -35,7 +42,7 @@ def test_ablation_composes_into_the_model_node(ablation: str) -> None:
 def test_defaults_are_the_full_mcsd_block_and_the_small_size() -> None:
     cfg = compose_train()
     config = build_model(cfg.model).config
-    assert isinstance(config, mcsd.MCSDConfig)
+    assert isinstance(config, MCSDConfig)
     assert config.sections == ["slope", "decay"] and config.fusion == "concat"
     assert (config.hidden_size, config.num_channels, config.num_layers) == (128, 4, 4)
 
@@ -48,7 +55,7 @@ def test_sum_fusion_projects_from_hidden_size() -> None:
 @pytest.mark.parametrize("size", ["tiny", "small", "base"])
 def test_transformer_composes_with_every_cpu_size(size: str) -> None:
     model = build_model(compose_train("model=transformer", f"size={size}").model)
-    assert isinstance(model.config, mcsd.TransformerConfig)
+    assert isinstance(model.config, TransformerConfig)
     assert model.layers[0].mixer.num_heads == model.config.num_channels
 
 
@@ -66,7 +73,7 @@ def test_count_parameters_equals_a_built_model() -> None:
 
 
 def test_plain_dict_configs_work() -> None:
-    node = {"_target_": "mcsd.models.config.MCSDConfig", "vocab_size": 10, "hidden_size": 8,
+    node = {"_target_": "mcsd.models.mcsd.MCSDConfig", "vocab_size": 10, "hidden_size": 8,
             "num_channels": 2, "num_layers": 1, "mlp_hidden_size": 8}
     assert build_model(node).config.channel_width == 4
 
@@ -79,11 +86,14 @@ def test_plain_dict_configs_work() -> None:
         (("model.sections=[slope,retention]",), "model.sections has unknown section 'retention': use slope or decay"),
         (("model.sections=[]",), "model.sections is empty"),
         (("model=transformer", "ablation=double_decay"),
-         "model.sections is an MCSD block setting but the model is transformer: drop the ablation"),
+         "model.sections is a setting of mcsd, not of transformer: drop the override (an ablation=... is MCSD's) "
+         "or use model=mcsd"),
         (("model.fusion=product",), "model.fusion='product' is unknown: use concat or sum"),
         (("model.num_layers=0",), "model.num_layers=0 must be a positive integer"),
         (("+model.heads=4",), "model.heads is not a mcsd setting: remove it"),
-        (("model._target_=torch.nn.Linear",), "model._target_='torch.nn.Linear' is not a model config"),
+        (("model._target_=torch.nn.Linear",), "model._target_='torch.nn.Linear' is not a model config: use one of "
+                                              "mcsd.models.mcsd.config.MCSDConfig"),
+        (("model=transformer", "model.equal_params_to=rwkv9"), "architecture 'rwkv9' is not registered"),
     ],
 )
 def test_bad_configs_fail_at_build_time_with_one_line(overrides: tuple[str, ...], message: str) -> None:
@@ -96,4 +106,40 @@ def test_bad_configs_fail_at_build_time_with_one_line(overrides: tuple[str, ...]
 
 def test_missing_size_field_is_named() -> None:
     with pytest.raises(ConfigError, match="model.vocab_size is missing"):
-        build_model({"_target_": "mcsd.models.config.MCSDConfig", "hidden_size": 8})
+        build_model({"_target_": "mcsd.models.mcsd.MCSDConfig", "hidden_size": 8})
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("name", registry.architectures())
+def test_every_architecture_matches_mcsd_within_three_percent(name: str, size: str) -> None:
+    """Equal size: each architecture's MLP width is chosen so its parameter count is MCSD's."""
+    reference = count_parameters(compose_train("model=mcsd", f"size={size}").model)
+    count = count_parameters(compose_train(f"model={name}", f"size={size}").model)
+    assert abs(count - reference) / reference <= 0.03, (count, reference)
+
+
+def test_equal_size_width_is_the_closest_multiple_of_eight() -> None:
+    """The Transformer at size=small: MLP width 344 (MCSD's 384 less the attention's extra
+    2 D^2 - 4 D Dc = 16,384 weights per layer over 3 D per unit of width, rounded to 8)."""
+    node = compose_train("model=transformer", "size=small").model
+    assert node.mlp_hidden_size == 384 and node.equal_params_to == "mcsd"
+    config = build_model(node).config
+    assert config.mlp_hidden_size == 344 and config.equal_params_to is None  # the resolved config is literal
+    reference = count_parameters(compose_train("model=mcsd", "size=small").model)
+    counts = {width: count_parameters(TransformerConfig(**{**vars(config), "mlp_hidden_size": width}))
+              for width in (336, 344, 352)}
+    assert min(counts, key=lambda width: abs(counts[width] - reference)) == 344
+    literal = build_model(compose_train("model=transformer", "size=small", "model.equal_params_to=null").model)
+    assert literal.config.mlp_hidden_size == 384
+
+
+ABLATION_FILES = sorted(path.name.removesuffix(".yaml")
+                        for path in (importlib.resources.files("mcsd.conf") / "ablation").iterdir()
+                        if path.name.endswith(".yaml"))
+
+
+@pytest.mark.parametrize("ablation", ABLATION_FILES)
+def test_the_ablation_group_holds_only_mcsd_variants(ablation: str) -> None:
+    node = compose_train(f"ablation={ablation}").model
+    assert registry.get("mcsd").variant_of(node) == ablation
+    assert sorted(ABLATIONS) == ABLATION_FILES

@@ -87,6 +87,18 @@ def test_mcsd_eval_runs_the_local_tasks_offline(checkpoint: Path, tmp_path: Path
     assert list((run / "wandb").glob("offline-run-*"))
 
 
+def test_mcsd_eval_scores_a_step_checkpoint_under_paths_log_dir(checkpoint: Path, tmp_path: Path) -> None:
+    step = checkpoint / "checkpoints" / "step-000015.ckpt"
+    result = run_cli("mcsd-eval", f"ckpt={step}", "tasks=local", "limit=4", "wandb.enabled=false",
+                     "paths.log_dir=elsewhere", cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [path.name for path in tmp_path.iterdir()] == ["elsewhere"]
+    (run,) = (tmp_path / "elsewhere" / "eval" / "runs").iterdir()
+    summary = json.loads((run / "results.json").read_text())
+    assert summary["model"] == str(step) and summary["results"]["mcsd_local_ppl"]["token_perplexity,none"] > 1
+    assert "| **MCSD run/step-000015** (ours, measured) |" in (run / "table2.md").read_text()
+
+
 def test_hub_tasks_offline_fail_in_one_line(checkpoint: Path, tmp_path: Path) -> None:
     result = run_cli("mcsd-eval", f"ckpt={checkpoint}", "tasks=table2", cwd=tmp_path,
                      env={"HF_ENDPOINT": "http://127.0.0.1:9"})

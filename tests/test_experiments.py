@@ -10,6 +10,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+import yaml
 from nbclient import NotebookClient
 
 from harness import run_cli
@@ -19,7 +20,9 @@ NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "figures.ipynb"
 TINY_SWEEP = ["data.seq_len=32", "data.batch_size=4", "data.token_budget=384", "trainer.val_check_interval=2",
               "trainer.log_every_n_steps=1", "logger=csv", "test_after_training=false",
               "callbacks.progress_bar.refresh_rate=0"]
-ABLATION_LABELS = ["full", "slope_only", "decay_only", "double_slope", "double_decay", "Transformer (baseline)"]
+ABLATION_LABELS = ["MCSD full", "MCSD slope_only", "MCSD decay_only", "MCSD double_slope", "MCSD double_decay",
+                   "Transformer"]
+EXPERIMENTS = Path(__file__).parent.parent / "experiments"
 
 
 def sweep_dir(cwd: Path) -> Path:
@@ -45,7 +48,8 @@ def scaling_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_ablation_experiment_sweeps_every_variant_and_the_transformer(ablation_sweep: Path) -> None:
-    jobs = sorted(path for path in ablation_sweep.iterdir() if path.is_dir())
+    """Its arms: the five MCSD variants, then the Transformer (not an ablation option)."""
+    jobs = sorted((path for path in ablation_sweep.iterdir() if path.is_dir()), key=lambda path: int(path.name))
     assert len(jobs) == 6
     for job in jobs:  # each job writes its own logs and model
         assert (job / "csv" / "version_0" / "metrics.csv").is_file() and (job / "model" / "config.json").is_file()
@@ -67,7 +71,24 @@ def test_ablation_figure_has_a_curve_per_variant(ablation_sweep: Path, tmp_path:
     assert all(path.stat().st_size > 1000 for path in figure.paths[:2])
     assert list(figure.table["curve"]) == ABLATION_LABELS and (figure.table["tokens"] == 384).all()
     table = figure.paths[2].read_text()
-    assert table.count("\n") == 2 + 6 and "| full | 1 | 384 |" in table
+    assert table.count("\n") == 2 + 6 and "| MCSD full | 1 | 384 |" in table
+    hparams = yaml.safe_load((ablation_sweep / "5" / "csv" / "version_0" / "hparams.yaml").read_text())
+    assert (hparams["model/arch"], hparams["model/variant"], hparams["choices"]["ablation"]) == (
+        "transformer", "default", None)
+
+
+def test_arms_cannot_also_be_overridden(tmp_path: Path) -> None:
+    result = run_cli("mcsd-train", "-m", "experiment=fig9_ablation", "model=transformer", *TINY_SWEEP, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "hydra.sweeper.arms sets model=mcsd but that key is also overridden" in result.stderr
+
+
+def test_logs_written_before_the_registry_still_group(tmp_path: Path) -> None:
+    """The committed Fig. 9 logs name the old config paths and an ablation=transformer_baseline
+    run: they group by the architecture and variant they logged all the same."""
+    rows = load_csv_runs(EXPERIMENTS / "fig9_ablation" / "tinyshakespeare")
+    figure_labels = plot_sweep("ablation", rows, tmp_path).labels
+    assert figure_labels == ABLATION_LABELS
 
 
 def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_path: Path) -> None:
@@ -77,7 +98,7 @@ def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_
     rows = load_csv_runs(scaling_sweep)
     figure = plot_sweep("scaling", rows, tmp_path)
     assert figure.labels == ["MCSD tiny (0.6M)", "MCSD small (1.8M)", "Transformer tiny (0.6M)",
-                             "Transformer small (1.9M)"]
+                             "Transformer small (1.8M)"]  # equal size: the Transformer's MLP is narrower
     assert (figure.table["seeds"] == 2).all()
     assert "| MCSD tiny (0.6M) | 2 | 384 |" in result.stdout  # one vocabulary (4096) for all sizes
 
@@ -112,7 +133,7 @@ def test_wandb_source_gives_the_same_curves(scaling_sweep: Path, monkeypatch: py
     from_wandb = load_wandb_runs("me/mcsd", "fig4_scaling")
     assert asked == {"path": "me/mcsd", "filters": {"group": "fig4_scaling"}}
     from_csv = load_csv_runs(scaling_sweep)
-    key = ["metric", "model", "size", "seed", "tokens"]
+    key = ["metric", "arch", "variant", "size", "seed", "tokens"]
     assert from_wandb.sort_values(key)[key + ["value"]].reset_index(drop=True).equals(
         from_csv.sort_values(key)[key + ["value"]].reset_index(drop=True))
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_model_forms import tiny_model
+from conftest import tiny_model
 
 
-@pytest.mark.parametrize("name", ["mcsd-full", "mcsd-decay_only", "transformer"])
+@pytest.mark.parametrize("name", ["mcsd/full", "mcsd/decay_only", "transformer"])
 @torch.no_grad()
 def test_greedy_generate_equals_argmax_of_full_passes(name: str) -> None:
     model = tiny_model(name)
@@ -23,7 +23,7 @@ def test_greedy_generate_equals_argmax_of_full_passes(name: str) -> None:
 
 @torch.no_grad()
 def test_sampling_is_reproducible_and_top_k_one_is_greedy() -> None:
-    model = tiny_model("mcsd-full")
+    model = tiny_model("mcsd")
     prompt = torch.randint(0, 101, (3, 5))
 
     def sample(seed: int, **options) -> torch.Tensor:
@@ -38,7 +38,7 @@ def test_sampling_is_reproducible_and_top_k_one_is_greedy() -> None:
 
 @torch.no_grad()
 def test_generation_stops_when_every_row_has_produced_eos() -> None:
-    model = tiny_model("mcsd-full")
+    model = tiny_model("mcsd")
     prompt = torch.randint(0, 101, (2, 4))
     greedy = model.generate(prompt, 20)[:, 4:]
     eos = int(greedy[0, 2])

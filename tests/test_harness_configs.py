@@ -63,4 +63,4 @@ def test_trainer_configs_compose(trainer: str) -> None:
 def test_generate_names_a_missing_model(tmp_path: Path) -> None:
     result = run_cli("mcsd-generate", f"ckpt={tmp_path / 'nothing'}", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().startswith("mcsd-generate: error:") and "config.json does not exist" in result.stderr
+    assert result.stderr.strip().startswith("mcsd-generate: error:") and "nothing does not exist: point to a model folder" in result.stderr

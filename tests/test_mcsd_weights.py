@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import relative_rms_error
-from mcsd import MCSDConfig, build_model
-from mcsd.models.mcsd import decay_matrix, decay_rates, section_log_decay, slope_matrix, slope_rates
+from mcsd import build_model
+from mcsd.models.mcsd import MCSDConfig, decay_matrix, decay_rates, section_log_decay, slope_matrix, slope_rates
 
 
 def test_slope_rates_are_eq2() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import mcsd
 from harness import FAST, compose_train, read_metrics, run_cli, series
@@ -47,6 +49,8 @@ def test_every_curve_has_tokens_seen(trained_run: tuple[Path, float]) -> None:
 
 def test_run_leaves_checkpoints_wandb_run_and_model(trained_run: tuple[Path, float]) -> None:
     run_dir, _ = trained_run
+    hparams = yaml.safe_load((run_dir / "csv" / "version_0" / "hparams.yaml").read_text())
+    assert (hparams["model/arch"], hparams["model/variant"], hparams["model/mlp_hidden_size"]) == ("mcsd", "full", 192)
     assert {p.name for p in (run_dir / "checkpoints").iterdir()} >= {"last.ckpt", "step-000039.ckpt"}
     wandb_runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 1
@@ -69,6 +73,29 @@ def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_pa
     expected = tokenizer.decode(generated[: generated.index(eos)] if eos in generated else generated)
     assert result.stdout == "The for" + expected + "\n"
     assert not list(tmp_path.iterdir())  # generating writes nothing
+
+
+def test_any_checkpoint_of_a_run_is_a_saved_model(trained_run: tuple[Path, float], tmp_path: Path) -> None:
+    """A step checkpoint loads, carries its tokenizer and generates; last.ckpt loads as the step
+    checkpoint it repeats (step 39 of 40); a run directory without its model folder (a run that
+    stopped early) loads from its last checkpoint."""
+    run_dir, _ = trained_run
+    step = run_dir / "checkpoints" / "step-000021.ckpt"
+    ids = torch.randint(0, 512, (2, 30))
+    last, latest, early = (mcsd.load(run_dir / "checkpoints" / name) for name in
+                           ("last.ckpt", "step-000039.ckpt", "step-000021.ckpt"))
+    with torch.no_grad():
+        assert torch.equal(last(ids), latest(ids)) and not torch.equal(early(ids), latest(ids))
+    assert mcsd.load_tokenizer(step).to_str() == mcsd.load_tokenizer(run_dir).to_str()
+    result = run_cli("mcsd-generate", f"ckpt={step}", "prompt=The for", "max_new_tokens=5", "temperature=0",
+                     cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("The for"), result.stderr[-2000:]
+    stopped = tmp_path / "stopped"
+    shutil.copytree(run_dir / "checkpoints", stopped / "checkpoints")
+    assert mcsd.locate(stopped) == mcsd.locate(stopped / "checkpoints" / "last.ckpt")
+    assert mcsd.locate(stopped).name == "stopped/last"
+    with torch.no_grad():
+        assert torch.equal(mcsd.load(stopped)(ids), latest(ids))
 
 
 def test_resume_continues_exactly(tmp_path: Path) -> None:

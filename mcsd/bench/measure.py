@@ -1,7 +1,7 @@
 """Measurements of one benchmark point, run inside a fresh process (CPU) or in place (GPU).
 
 Inference: prefill a random prompt, then decode greedily one token per step through the
-recurrent form (MCSD) or the preallocated KV cache (Transformer). Training: forward,
+model's recurrent state (MCSD) or KV cache (attention). Training: forward,
 backward and an AdamW step on random tokens in one form of the model.
 """
 
@@ -52,7 +52,10 @@ def limit_extra_memory(megabytes: float | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def build(model_cfg: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int) -> mcsd.CausalLM:
+def build(model_cfg: dict[str, Any] | str, device: torch.device, dtype: torch.dtype, seed: int) -> mcsd.CausalLM:
+    """A model node built with seeded random weights, or a saved model (a path) loaded."""
+    if isinstance(model_cfg, str):
+        return mcsd.load(model_cfg, device=device).to(dtype=dtype)
     torch.manual_seed(seed)
     return mcsd.build_model(model_cfg).to(device=device, dtype=dtype)
 
@@ -62,7 +65,7 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 
 def inference_point(
-    model_cfg: dict[str, Any], batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
+    model_cfg: dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
     device: str, dtype: str, seed: int,
 ) -> dict[str, Any]:
     """Median prefill time, decode time per token, latency, throughput and peak memory."""
@@ -126,7 +129,7 @@ def flop_parameters(model: mcsd.CausalLM) -> int:
 
 
 def train_point(
-    model_cfg: dict[str, Any], form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
+    model_cfg: dict[str, Any] | str, form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
     dtype: str, seed: int,
 ) -> dict[str, Any]:
     """Tokens/s and peak memory of forward + backward + AdamW step in one form."""

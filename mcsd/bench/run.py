@@ -1,8 +1,9 @@
-"""mcsd-bench: inference and training cost of MCSD and the Transformer, side by side.
+"""mcsd-bench: inference and training cost of registered architectures (or saved models), side by side.
 
     mcsd-bench                       # bench=cpu_quick, mode=inference
     mcsd-bench mode=train
     mcsd-bench bench=paper           # Section 3.3's grid (1.6B, bf16, a GPU)
+    mcsd-bench models=[mcsd,logs/train/runs/<run>/checkpoints/step-000100.ckpt]
 Every point runs after a warm-up; on a CPU each point runs in a fresh child process so
 that peak resident memory belongs to that point alone. Results: results.csv and
 results.json (with a header naming the machine) in the run directory.
@@ -29,23 +30,41 @@ from tqdm import tqdm
 from mcsd.bench import measure
 from mcsd.cli import git_commit, run_or_exit
 from mcsd.errors import MCSDError
+from mcsd.models import registry
+from mcsd.saved_model import locate, read_config
 
 log = logging.getLogger("mcsd.bench")
 MODES = ("inference", "train")
 COLUMNS = {
-    "inference": ["model", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
+    "inference": ["model", "arch", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "status"],
-    "train": ["model", "form", "size", "params", "flop_params", "batch", "seq_len", "step_s", "tokens_per_s", "mfu",
+    "train": ["model", "arch", "form", "size", "params", "flop_params", "batch", "seq_len", "step_s", "tokens_per_s", "mfu",
               "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
 }
 OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
-def model_config(name: str, size: str, ablation: str | None) -> dict[str, Any]:
-    """The ``model`` node that ``mcsd-train model=NAME size=SIZE [ablation=...]`` would build."""
-    overrides = [f"model={name}", f"size={size}"] + ([f"ablation={ablation}"] if ablation and name == "mcsd" else [])
-    return OmegaConf.to_container(compose("train", overrides=overrides).model, resolve=True)
+def model_source(entry: str, size: str, ablation: str | None) -> tuple[str, dict[str, Any] | str]:
+    """An entry of ``models``: a registered architecture -> (its name, the ``model`` node that
+    ``mcsd-train model=NAME size=SIZE [ablation=...]`` builds); a saved model -> (its
+    architecture, its path)."""
+    if entry in registry.architectures():
+        overrides = [f"model={entry}", f"size={size}"] + ([f"ablation={ablation}"] if ablation and entry == "mcsd" else [])
+        return entry, OmegaConf.to_container(compose("build", overrides=overrides).model, resolve=True)
+    saved = locate(entry)
+    return registry.of_config(read_config(saved)).name, str(saved.path)
+
+
+def train_forms(cfg: DictConfig, arch: str) -> list[str]:
+    """The forms measured in training: ``train.forms``, or the architecture's training form
+    and its parallel (reference) form."""
+    architecture = registry.get(arch)
+    forms = list(cfg.train.forms) if cfg.train.forms else list(dict.fromkeys(["parallel", architecture.train_form]))
+    missing = [form for form in forms if form not in architecture.forms]
+    if missing:
+        raise MCSDError(f"train.forms: {arch} has no form {missing[0]!r}: use some of {', '.join(architecture.forms)}")
+    return forms
 
 
 def _in_child(kind: str, arguments: dict[str, Any], memory_limit_mb: float | None) -> dict[str, Any]:
@@ -77,24 +96,26 @@ def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_
 def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The points in their run order: (row labels, measurement arguments)."""
     common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
+    sources = {entry: model_source(entry, cfg.model_size, cfg.mcsd_ablation) for entry in cfg.models}
     points = []
     if cfg.mode == "inference":
         grid_cfg = cfg.inference
         for name, batch, gen_len in itertools.product(cfg.models, grid_cfg.batch_sizes, grid_cfg.gen_lengths):
-            labels = {"model": name, "size": cfg.model_size, "batch": batch, "prompt_len": grid_cfg.prompt_len,
-                      "gen_len": gen_len}
-            arguments = {"model_cfg": model_config(name, cfg.model_size, cfg.mcsd_ablation), "batch_size": batch,
-                         "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len, "repeats": grid_cfg.repeats,
-                         "warmup": grid_cfg.warmup, **common}
+            arch, source = sources[name]
+            labels = {"model": name, "arch": arch, "size": cfg.model_size if name == arch else "saved",
+                      "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
+            arguments = {"model_cfg": source, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
+                         "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, **common}
             points.append((labels, arguments))
     else:
         grid_cfg = cfg.train
-        variants = [(name, form) for name in cfg.models for form in grid_cfg.forms[name]]
+        variants = [(name, form) for name in cfg.models for form in train_forms(cfg, sources[name][0])]
         for (name, form), seq_len in itertools.product(variants, grid_cfg.seq_lens):
-            labels = {"model": name, "form": form, "size": cfg.model_size, "batch": grid_cfg.batch_size, "seq_len": seq_len}
-            arguments = {"model_cfg": model_config(name, cfg.model_size, cfg.mcsd_ablation), "form": form,
-                         "batch_size": grid_cfg.batch_size, "seq_len": seq_len, "repeats": grid_cfg.repeats,
-                         "warmup": grid_cfg.warmup, **common}
+            arch, source = sources[name]
+            labels = {"model": name, "arch": arch, "form": form, "size": cfg.model_size if name == arch else "saved",
+                      "batch": grid_cfg.batch_size, "seq_len": seq_len}
+            arguments = {"model_cfg": source, "form": form, "batch_size": grid_cfg.batch_size, "seq_len": seq_len,
+                         "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, **common}
             points.append((labels, arguments))
     return points
 
@@ -106,10 +127,10 @@ def _check(cfg: DictConfig) -> None:
         raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use one of {', '.join(measure.DTYPES)}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise MCSDError(f"device={cfg.device} but no GPU is visible: use device=cpu (e.g. bench=cpu_quick)")
-    if cfg.mode == "train":
-        missing = [name for name in cfg.models if name not in cfg.train.forms]
-        if missing:
-            raise MCSDError(f"train.forms has no entry for model {missing[0]}: add train.forms.{missing[0]}=[parallel]")
+    for entry in cfg.models:
+        if entry not in registry.architectures() and not Path(entry).expanduser().exists():
+            raise MCSDError(f"models: {entry!r} is neither a registered architecture ({', '.join(registry.architectures())}) "
+                            "nor a saved model (a model folder, an mcsd-train run directory or a .ckpt)")
 
 
 def header(cfg: DictConfig, peak_flops: float | None) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """An lm-evaluation-harness model (registered as ``mcsd``) around a saved mcsd model.
 
     lm_eval --model mcsd --model_args pretrained=RUN_OR_MODEL_DIR --tasks arc_easy
-Scoring (``loglikelihood``, ``loglikelihood_rolling``) runs batches through the model's
-default (chunkwise) form; ``generate_until`` decodes through its recurrent state or KV
+Scoring (``loglikelihood``, ``loglikelihood_rolling``) runs batches through the form the
+architecture trains with; ``generate_until`` decodes through its recurrent state or KV
 cache and stops at the first stop string.
 """
 
@@ -23,7 +23,8 @@ from mcsd.data.tokenizer import eos_id
 
 @register_model("mcsd")
 class MCSDEvalModel(TemplateLM):
-    """Any model of ``mcsd.load`` (MCSD or the Transformer baseline) for lm-eval."""
+    """Any model that ``mcsd.load`` reads (a model folder, a run directory or a ``.ckpt``), of
+    any registered architecture, for lm-eval."""
 
     def __init__(
         self,

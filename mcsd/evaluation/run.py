@@ -24,6 +24,7 @@ from mcsd.data.corpus import hub_is_reachable
 from mcsd.errors import MCSDError
 from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
+from mcsd.models import registry
 
 
 def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | None, int | None]:
@@ -79,10 +80,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    model_dir = mcsd.model_dir(cfg.ckpt)
+    saved = mcsd.locate(cfg.ckpt)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
     manager = check_tasks(tasks, include_path)
-    lm = MCSDEvalModel(str(model_dir), batch_size=cfg.batch_size, device=cfg.device, max_length=cfg.max_length,
+    lm = MCSDEvalModel(str(saved.path), batch_size=cfg.batch_size, device=cfg.device, max_length=cfg.max_length,
                        max_gen_toks=cfg.max_gen_toks)
     outcome = simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=cfg.limit,
                               task_manager=manager, log_samples=True, random_seed=cfg.seed,
@@ -92,8 +93,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         if manager.task_index.get(task) and samples and "word_perplexity,none" in results.get(task, {}):
             results[task]["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
     params = sum(p.numel() for p in lm.model.parameters())
-    label = f"{type(lm.model.config).__name__.removesuffix('Config')} {model_dir.parent.name or model_dir.name}"
-    summary = {"model": str(model_dir), "params": params, "tasks": tasks, "num_fewshot": num_fewshot,
+    label = f"{registry.of_config(lm.model.config).label} {saved.name}"
+    summary = {"model": str(saved.path), "params": params, "tasks": tasks, "num_fewshot": num_fewshot,
                "limit": cfg.limit, "results": results, "n-shot": outcome.get("n-shot"),
                "versions": outcome.get("versions"), "config": OmegaConf.to_container(cfg, resolve=True)}
     (output_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")

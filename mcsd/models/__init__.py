@@ -1,24 +1,28 @@
-"""Model definitions: configs, the shared skeleton, MCSD and the Transformer baseline."""
+"""Models: the shared skeleton, the architecture registry and one folder per architecture.
 
-from mcsd.models.common import CausalLM, DecodingState
-from mcsd.models.config import ConfigError, LMConfig, MCSDConfig, TransformerConfig, make_config
-from mcsd.models.mcsd import MCSDForCausalLM
-from mcsd.models.transformer import TransformerForCausalLM
+Importing this package imports every architecture folder below it, each of which registers
+itself (:func:`mcsd.models.registry.register`); nothing here lists them by hand.
+"""
 
-MODEL_CLASSES: dict[type[LMConfig], type[CausalLM]] = {
-    MCSDConfig: MCSDForCausalLM,
-    TransformerConfig: TransformerForCausalLM,
-}
+import importlib
+import pkgutil
+
+from mcsd.models.common import CausalLM, DecodingState, TokenMixer
+from mcsd.models.config import ConfigError, LMConfig, make_config
+from mcsd.models.registry import Architecture, architectures, register
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.ispkg:
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
-    "MODEL_CLASSES",
+    "Architecture",
     "CausalLM",
     "ConfigError",
     "DecodingState",
     "LMConfig",
-    "MCSDConfig",
-    "MCSDForCausalLM",
-    "TransformerConfig",
-    "TransformerForCausalLM",
+    "TokenMixer",
+    "architectures",
     "make_config",
+    "register",
 ]

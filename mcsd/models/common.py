@@ -1,8 +1,10 @@
-"""The skeleton both architectures share (Section 2.1) and decoding on top of it.
+"""The skeleton every architecture shares (Section 2.1) and decoding on top of it.
 
-``h = x + Mixer(RMSNorm(x)); out = h + GatedMLP(RMSNorm(h))``, with token embedding in,
-final RMSNorm and LM head out. Only the token mixer differs between MCSD and the
-Transformer; it implements :class:`TokenMixer`.
+``h = x + Mixer(RMSNorm(x)); out = h + MLP(RMSNorm(h))``, with token embedding in, final
+RMSNorm and LM head out. Each layer's mixer (a :class:`TokenMixer`) and MLP come from the
+architecture's config, given the layer index, so a hybrid can choose per layer. Every
+module initialises itself (``reset_parameters``); the skeleton only scales the
+projections that write into the residual stream.
 """
 
 from __future__ import annotations
@@ -10,22 +12,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcsd.models.config import FORMS, ConfigError, LMConfig
+from mcsd.models.config import ConfigError, LMConfig
+
+if TYPE_CHECKING:
+    from mcsd.models.registry import Architecture
 
 
 @dataclasses.dataclass
 class DecodingState:
     """What decoding carries between calls: the number of tokens seen and each layer's state.
 
-    MCSD layers hold fixed-size fp32 section states; Transformer layers hold a
-    preallocated KV cache that is written in place (so a state must not be reused after
-    it has been advanced).
+    MCSD layers hold fixed-size fp32 section states; attention layers hold a KV cache that
+    is written in place (so a state must not be reused after it has been advanced).
     """
 
     position: int
@@ -36,9 +40,13 @@ class GroupedLinear(nn.Module):
     """Per-channel projections ``W in R^{C x Din x Dout}`` (the paper's Eqs. 1 and 7):
     ``[..., C, Din] -> [..., C, Dout]``, each channel with its own matrix, no bias."""
 
-    def __init__(self, num_channels: int, in_width: int, out_width: int) -> None:
+    def __init__(self, num_channels: int, in_width: int, out_width: int, init_std: float) -> None:
         super().__init__()
+        self.init_std = init_std
         self.weight = nn.Parameter(torch.empty(num_channels, in_width, out_width))
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=self.init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.einsum("...ci,cio->...co", x, self.weight)
@@ -61,12 +69,21 @@ class ChannelRMSNorm(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """GeGLU MLP (Shazeer 2020): ``W_down(gelu(W_gate x) * W_up x)``."""
+    """GeGLU MLP (Shazeer 2020): ``W_down(gelu(W_gate x) * W_up x)``; Normal(0, init_std)."""
 
-    def __init__(self, hidden_size: int, mlp_hidden_size: int) -> None:
+    def __init__(self, hidden_size: int, mlp_hidden_size: int, init_std: float) -> None:
         super().__init__()
+        self.init_std = init_std
         self.gate_up = nn.Linear(hidden_size, 2 * mlp_hidden_size, bias=False)
         self.down = nn.Linear(mlp_hidden_size, hidden_size, bias=False)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.gate_up.weight, std=self.init_std)
+        nn.init.normal_(self.down.weight, std=self.init_std)
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weights that write into the residual stream (scaled by the skeleton)."""
+        return [self.down.weight]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
@@ -77,23 +94,41 @@ class TokenMixer(nn.Module):
     """Interface of a token mixer: ``forward(x, layer_state, position, form) -> (y, new_state)``.
 
     ``x`` is ``[B, N, D]`` at absolute positions ``position .. position+N-1``;
-    ``layer_state`` is ``None`` at the start of a sequence.
+    ``layer_state`` is ``None`` at the start of a sequence. A mixer initialises its own
+    parameters (``reset_parameters``) and names the weights that write into the residual
+    stream (``residual_weights``), which the skeleton re-draws at a depth-scaled std.
     """
 
     def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> Any:
-        """The state before the first token (``None`` where the mixer needs none)."""
+        """The state before the first token (``None`` where the mixer needs none);
+        ``capacity`` is a hint of how many tokens will follow (a KV cache preallocates)."""
         return None
+
+    def reset_parameters(self) -> None:
+        raise NotImplementedError(f"{type(self).__qualname__} must initialise its parameters")
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return []
 
 
 class Layer(nn.Module):
-    """One pre-RMSNorm residual layer: mixer, then GeGLU MLP."""
+    """One pre-RMSNorm residual layer: the mixer and the MLP that the config gives layer
+    ``layer_index``."""
 
-    def __init__(self, config: LMConfig, mixer: TokenMixer) -> None:
+    def __init__(self, config: LMConfig, layer_index: int) -> None:
         super().__init__()
+        self.layer_index = layer_index
         self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mixer = mixer
+        self.mixer = config.make_mixer(layer_index)
         self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.mlp_hidden_size)
+        self.mlp = config.make_mlp(layer_index)
+
+    def reset_parameters(self) -> None:
+        for module in (self.mixer_norm, self.mixer, self.mlp_norm, self.mlp):
+            module.reset_parameters()
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return [*self.mlp.residual_weights(), *self.mixer.residual_weights()]
 
     def forward(self, x: torch.Tensor, layer_state: Any, position: int, form: str) -> tuple[torch.Tensor, Any]:
         mixed, layer_state = self.mixer(self.mixer_norm(x), layer_state, position, form)
@@ -108,38 +143,44 @@ class CausalLM(nn.Module):
     - ``model.prefill(input_ids)`` -> (last position's logits ``[B, vocab]``, state);
     - ``model.step(token_ids, state)`` -> (logits ``[B, vocab]``, state);
     - ``model.generate`` / ``model.stream``: greedy or sampled decoding on top.
+
+    ``architecture`` (set by :func:`mcsd.models.registry.register`) names the forms the
+    model has and the one that training and scoring use.
     """
 
-    default_form = "chunk"
+    architecture: ClassVar[Architecture]
 
     def __init__(self, config: LMConfig) -> None:
         super().__init__()
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Layer(config, self.make_mixer(config)) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(Layer(config, index) for index in range(config.num_layers))
         self.final_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters()
 
-    def make_mixer(self, config: LMConfig) -> TokenMixer:
-        raise NotImplementedError
+    @property
+    def default_form(self) -> str:
+        """The form ``forward`` uses unless told otherwise: the architecture's training form."""
+        return self.architecture.train_form
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) weights, unit norm gains; the projections that write into
-        the residual stream (mixer ``out_proj``, MLP ``down``) scaled by 1/sqrt(2 L)."""
+        """Normal(0, init_std) embedding and LM head, unit norm gains, each layer's modules
+        as they initialise themselves; then the weights that write into the residual stream
+        are drawn again at std / sqrt(2 L)."""
         std = self.config.init_std
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding, GroupedLinear)):
-                nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, (nn.RMSNorm, ChannelRMSNorm)):
-                module.reset_parameters()
+        nn.init.normal_(self.embed.weight, std=std)
+        for layer in self.layers:
+            layer.reset_parameters()
+        self.final_norm.reset_parameters()
+        nn.init.normal_(self.lm_head.weight, std=std)
         residual_std = std / math.sqrt(2 * self.config.num_layers)
         for layer in self.layers:
-            nn.init.normal_(layer.mlp.down.weight, std=residual_std)
-            nn.init.normal_(layer.mixer.out_proj.weight, std=residual_std)
+            for weight in layer.residual_weights():
+                nn.init.normal_(weight, std=residual_std)
 
     def init_state(self, batch_size: int, capacity: int = 0) -> DecodingState:
         """A fresh decoding state for ``batch_size`` rows and up to ``capacity`` tokens."""
@@ -148,8 +189,9 @@ class CausalLM(nn.Module):
         return DecodingState(position=0, layers=layers)
 
     def _run(self, input_ids: torch.Tensor, state: DecodingState, form: str) -> tuple[torch.Tensor, DecodingState]:
-        if form not in FORMS:
-            raise ConfigError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+        if form not in self.architecture.forms:
+            raise ConfigError(f"form={form!r} is not a form of {self.architecture.name}: use one of "
+                              f"{', '.join(self.architecture.forms)}")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, length]")
         x = self.embed(input_ids)
@@ -171,8 +213,9 @@ class CausalLM(nn.Module):
     ) -> tuple[torch.Tensor, DecodingState]:
         """Process a prompt (or continue ``state`` with more tokens) in the chunkwise form.
 
-        Returns the last position's logits ``[B, vocab]`` and the state to decode from;
-        ``max_new_tokens`` is the room a KV cache keeps for the tokens still to come.
+        Returns the last position's logits ``[B, vocab]`` and the state to decode from. Any
+        number of :meth:`step` calls may follow; ``max_new_tokens`` is only a hint (a KV
+        cache preallocates that much room and otherwise grows geometrically).
         """
         if state is None:
             state = self.init_state(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)

@@ -1,23 +1,27 @@
 """Model configurations and their validation.
 
 A model is described by the composed Hydra ``model`` node: ``_target_`` names the config
-class (:class:`MCSDConfig` or :class:`TransformerConfig`), the other keys its fields.
-Every mistake is reported as one :class:`ConfigError` line naming the field and the fix.
+class of a registered architecture, the other keys its fields. Every mistake is reported
+as one :class:`ConfigError` line naming the field and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from mcsd.errors import MCSDError
 
-SECTION_KINDS = ("slope", "decay")
-FUSIONS = ("concat", "sum")
+if TYPE_CHECKING:
+    from torch import nn
+
+    from mcsd.models.common import TokenMixer
+
 FORMS = ("parallel", "chunk", "recurrent")
+MLP_WIDTH_MULTIPLE = 8  # widths chosen for equal size are multiples of this
 
 
 class ConfigError(MCSDError):
@@ -29,13 +33,23 @@ def _positive_int(name: str, value: Any) -> None:
         raise ConfigError(f"model.{name}={value!r} must be a positive integer")
 
 
+def class_path(cls: type) -> str:
+    """``module.QualName``: the ``_target_`` that names a config class."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 @dataclasses.dataclass
 class LMConfig:
-    """Fields shared by both architectures: the skeleton of Section 2.1.
+    """Fields every architecture shares: the skeleton of Section 2.1.
 
-    Pre-RMSNorm layers, a GeGLU MLP of width ``mlp_hidden_size``, token embedding, final
-    RMSNorm and LM head. ``num_channels`` is MCSD's C (and the Transformer's head count);
-    ``hidden_size = num_channels * head width``.
+    Pre-RMSNorm layers, an MLP of width ``mlp_hidden_size`` (GeGLU unless the architecture
+    has its own), token embedding, final RMSNorm and LM head. ``num_channels`` is MCSD's C
+    (the head count of attention-like mixers); ``hidden_size = num_channels * channel width``.
+
+    ``equal_params_to``: the name of an architecture whose parameter count this one
+    matches. ``mlp_hidden_size`` is then that architecture's MLP width at the same
+    skeleton, and this architecture's own width is chosen (a multiple of 8) so that the two
+    parameter counts are as close as they can be; the resolved config holds the chosen width.
     """
 
     vocab_size: int
@@ -47,8 +61,7 @@ class LMConfig:
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     init_std: float = 0.02
-
-    arch = "lm"
+    equal_params_to: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_channels", "num_layers", "mlp_hidden_size", "chunk_size"):
@@ -61,86 +74,81 @@ class LMConfig:
 
     @property
     def channel_width(self) -> int:
-        """Dc (MCSD) or the head dimension (Transformer)."""
+        """Dc (MCSD) or the head dimension (attention)."""
         return self.hidden_size // self.num_channels
+
+    def make_mixer(self, layer_index: int) -> TokenMixer:
+        """The token mixer of layer ``layer_index`` (a hybrid chooses per layer)."""
+        raise NotImplementedError(f"{type(self).__qualname__} must define make_mixer")
+
+    def make_mlp(self, layer_index: int) -> nn.Module:
+        """The MLP of layer ``layer_index``: GeGLU unless the architecture has its own."""
+        from mcsd.models.common import GatedMLP
+
+        return GatedMLP(self.hidden_size, self.mlp_hidden_size, self.init_std)
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict with its ``_target_``, as saved beside checkpoints."""
-        cls = type(self)
-        return {"_target_": f"{cls.__module__}.{cls.__qualname__}", **dataclasses.asdict(self)}
+        return {"_target_": class_path(type(self)), **dataclasses.asdict(self)}
 
 
-@dataclasses.dataclass
-class MCSDConfig(LMConfig):
-    """MCSD (Section 2): ``sections`` lists each block's sections, ``fusion`` joins them.
-
-    ``[slope, decay]`` is the paper's model; ``[slope]``, ``[decay]``, ``[slope, slope]``
-    and ``[decay, decay]`` are its ablations (Section 3.5). ``fusion: concat`` is Eq. 13
-    (output projection from ``len(sections) * hidden_size``), ``fusion: sum`` is Eq. 20.
-    """
-
-    sections: list[str] = dataclasses.field(default_factory=lambda: ["slope", "decay"])
-    fusion: str = "concat"
-
-    arch = "mcsd"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.sections = list(self.sections)
-        if not self.sections:
-            raise ConfigError("model.sections is empty: list at least one of slope, decay")
-        for kind in self.sections:
-            if kind not in SECTION_KINDS:
-                raise ConfigError(
-                    f"model.sections has unknown section {kind!r}: use {' or '.join(SECTION_KINDS)}"
-                )
-        if self.fusion not in FUSIONS:
-            raise ConfigError(f"model.fusion={self.fusion!r} is unknown: use {' or '.join(FUSIONS)}")
-
-
-@dataclasses.dataclass
-class TransformerConfig(LMConfig):
-    """The baseline: the same skeleton with RoPE causal attention, heads = ``num_channels``.
-
-    ``chunk_size`` is the query block of its chunkwise form (chunked prefill through the
-    KV cache).
-    """
-
-    rope_base: float = 10000.0
-
-    arch = "transformer"
-
-
-CONFIG_CLASSES: dict[str, type[LMConfig]] = {
-    f"{cls.__module__}.{cls.__qualname__}": cls for cls in (MCSDConfig, TransformerConfig)
-}
+SKELETON_FIELDS = tuple(field.name for field in dataclasses.fields(LMConfig) if field.name != "equal_params_to")
 
 
 def make_config(model_cfg: Mapping[str, Any] | DictConfig | LMConfig) -> LMConfig:
-    """Turn a composed ``model`` node (DictConfig or dict) into a validated config."""
+    """Turn a composed ``model`` node (DictConfig or dict) into a validated, resolved config."""
+    from mcsd.models import registry
+
     if isinstance(model_cfg, LMConfig):
-        return model_cfg
+        return _equal_size(model_cfg)
     if isinstance(model_cfg, DictConfig):
         values = OmegaConf.to_container(model_cfg, resolve=True)
     else:
         values = dict(model_cfg)
     target = values.pop("_target_", None)
-    if target not in CONFIG_CLASSES:
-        known = ", ".join(CONFIG_CLASSES)
+    architecture = registry.of_target(target)
+    if architecture is None:
+        known = ", ".join(class_path(registry.get(name).config_class) for name in registry.architectures())
         raise ConfigError(f"model._target_={target!r} is not a model config: use one of {known}")
-    cls = CONFIG_CLASSES[target]
+    cls = architecture.config_class
     fields = {field.name for field in dataclasses.fields(cls)}
     for key in values:
         if key in fields:
             continue
-        if key in ("sections", "fusion"):
+        owners = [name for name in registry.architectures()
+                  if key in {field.name for field in dataclasses.fields(registry.get(name).config_class)}]
+        if owners:
             raise ConfigError(
-                f"model.{key} is an MCSD block setting but the model is {cls.arch}: "
-                "drop the ablation/fusion override or use model=mcsd"
+                f"model.{key} is a setting of {' and '.join(owners)}, not of {architecture.name}: "
+                f"drop the override (an ablation=... is MCSD's) or use model={owners[0]}"
             )
-        raise ConfigError(f"model.{key} is not a {cls.arch} setting: remove it (known: {', '.join(sorted(fields))})")
+        raise ConfigError(f"model.{key} is not a {architecture.name} setting: remove it "
+                          f"(known: {', '.join(sorted(fields))})")
     missing = [field.name for field in dataclasses.fields(cls) if field.name not in values
                and field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"model.{missing[0]} is missing: set it, e.g. with a size=... config")
-    return cls(**values)
+    return _equal_size(cls(**values))
+
+
+def _equal_size(config: LMConfig) -> LMConfig:
+    """Resolve ``equal_params_to``: the MLP width that brings the parameter count closest to
+    the named architecture's at the same skeleton (parameters are affine in the width, so
+    two counts on the meta device give the line)."""
+    if config.equal_params_to is None:
+        return config
+    from mcsd.api import count_parameters
+    from mcsd.models import registry
+
+    reference = registry.get(config.equal_params_to).config_class(
+        **{name: getattr(config, name) for name in SKELETON_FIELDS})
+    target = count_parameters(reference)
+    step = MLP_WIDTH_MULTIPLE
+    low, high = (count_parameters(dataclasses.replace(config, mlp_hidden_size=width, equal_params_to=None))
+                 for width in (step, 2 * step))
+    if high == low:
+        raise ConfigError(f"model.equal_params_to={config.equal_params_to}: this architecture's size does not "
+                          "depend on model.mlp_hidden_size; set equal_params_to=null")
+    width = step + (target - low) / ((high - low) / step)
+    width = max(step, step * round(width / step))
+    return dataclasses.replace(config, mlp_hidden_size=width, equal_params_to=None)

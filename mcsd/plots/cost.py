@@ -12,9 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.models import registry  # noqa: E402
 
-MODEL_COLORS = {"mcsd": "tab:blue", "transformer": "tab:orange"}
-LABELS = {"mcsd": "MCSD", "transformer": "Transformer"}
 LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
@@ -32,8 +31,22 @@ def read_results(path: str | Path) -> tuple[dict, pd.DataFrame]:
     return head, frame
 
 
-def _color(model: str) -> str:
-    return MODEL_COLORS.get(model, "tab:gray")
+def _arch(frame: pd.DataFrame, model: str) -> str:
+    """The architecture of a ``model`` entry (results written before the ``arch`` column
+    named architectures only)."""
+    if "arch" in frame:
+        return frame.loc[frame["model"] == model, "arch"].iloc[0]
+    return model
+
+
+def _color(arch: str) -> str:
+    return registry.get(arch).color if arch in registry.architectures() else "tab:gray"
+
+
+def model_label(arch: str, model: str) -> str:
+    """The registry's label of ``arch``; a saved model adds its file or folder name."""
+    label = registry.get(arch).label if arch in registry.architectures() else arch
+    return label if model == arch else f"{label} ({Path(model).name})"
 
 
 def _save(figure: plt.Figure, output_dir: Path, name: str) -> list[Path]:
@@ -50,17 +63,18 @@ def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scal
     on the top edge of the axes."""
     values = sorted(frame[within].unique())
     for model, by_model in frame.groupby("model", sort=False):
+        arch = _arch(frame, model)
         for index, value in enumerate(values):
             curve = by_model[by_model[within] == value].sort_values(x)
             ok = curve[curve["status"] == "ok"]
-            label = f"{LABELS.get(model, model)}, {within.replace('_', ' ')}={value}"
-            ax.plot(ok[x], ok[y] * scale, color=_color(model), linestyle=LINESTYLES[index % len(LINESTYLES)],
+            label = f"{model_label(arch, model)}, {within.replace('_', ' ')}={value}"
+            ax.plot(ok[x], ok[y] * scale, color=_color(arch), linestyle=LINESTYLES[index % len(LINESTYLES)],
                     marker=MARKERS[index % len(MARKERS)], label=label)
             oom = curve[curve["status"] == "oom"]
             if len(oom):
                 ax.plot(oom[x], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",
                         marker="x", color="red", markersize=9, clip_on=False,
-                        label=f"{LABELS.get(model, model)} OOM" if index == 0 else None)
+                        label=f"{model_label(arch, model)} OOM" if index == 0 else None)
     ax.set_xscale("log", base=2)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
@@ -103,17 +117,17 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
     if "seq_len" not in frame:
         raise MCSDError(f"{results} holds inference results: use mcsd-plot inference {results}")
     output_dir = Path(output_dir) if output_dir else Path(results).parent
-    frame = frame.assign(variant=frame["model"] + "/" + frame["form"])
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     for ax, (y, scale, ylabel) in zip(axes, [("tokens_per_s", 1.0, "training tokens/s"),
                                               ("peak_mem_bytes", 2.0**-20, "peak memory (MiB)"),
                                               ("mfu", 100.0, "MFU (% of measured matmul peak)")]):
-        for index, (variant, curve) in enumerate(frame.groupby("variant", sort=False)):
+        for index, ((model, form), curve) in enumerate(frame.groupby(["model", "form"], sort=False)):
             curve = curve.sort_values("seq_len")
             ok = curve[curve["status"] == "ok"]
-            model = variant.split("/")[0]
-            ax.plot(ok["seq_len"], ok[y] * scale, color=_color(model), linestyle=LINESTYLES[index % len(LINESTYLES)],
-                    marker=MARKERS[index % len(MARKERS)], label=f"{LABELS.get(model, model)} {variant.split('/')[1]}")
+            arch = _arch(frame, model)
+            variant = f"{model}/{form}"
+            ax.plot(ok["seq_len"], ok[y] * scale, color=_color(arch), linestyle=LINESTYLES[index % len(LINESTYLES)],
+                    marker=MARKERS[index % len(MARKERS)], label=f"{model_label(arch, model)} {form}")
             oom = curve[curve["status"] == "oom"]
             if len(oom):
                 ax.plot(oom["seq_len"], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",

@@ -1,8 +1,11 @@
 """Figures of training sweeps: Fig. 4 (scaling) and Fig. 9 (ablation), from CSV logs or W&B.
 
-Runs are told apart by what they logged (the ``choices`` of Hydra's config groups and the
-seed, in each run's config), never by directory names. Each curve is the mean over
-seeds with a min-max band, smoothed (EMA) over the raw mean drawn faintly.
+Runs are told apart by what they logged (the model node, the ``choices`` of Hydra's config
+groups and the seed, in each run's config), never by directory names: a run's architecture
+and variant come from its model node through the registry (``_target_`` and the fields
+that the architecture's variants set), so that logs written before a rename still group.
+Each curve is the mean over seeds with a min-max band, smoothed (EMA) over the raw mean
+drawn faintly.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.models import registry  # noqa: E402
 
 METRICS = ("train/loss", "val/loss", "val/ppl")
-VARIANT_ORDER = ["full", "slope_only", "decay_only", "double_slope", "double_decay", "transformer_baseline"]
+LINESTYLES = ["-", "--", "-.", ":"]
 SIZE_ORDER = ["tiny", "small", "base", "1.6b", "3b", "10b"]
 SMOOTHING = 0.6  # EMA weight of the past (as TensorBoard's default)
 
@@ -48,8 +52,11 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
         frames.append(pd.DataFrame({"run": run, "metric": metric, "tokens": points["trainer/tokens"].astype(float),
                                     "value": points[metric].astype(float)}))
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    for key in ("model", "size", "ablation"):
-        rows[key] = choices.get(key) or ""
+    model = config.get("model") or {}
+    architecture = registry.of_target(model.get("_target_"))
+    rows["arch"] = architecture.name if architecture else choices.get("model") or ""
+    rows["variant"] = architecture.variant_of(model) if architecture else choices.get("ablation") or ""
+    rows["size"] = choices.get("size") or ""
     files = (config.get("data") or {}).get("paths") or []  # local corpora are named by their files
     rows["data"] = (choices.get("data") or "") + (": " + ", ".join(Path(f).name for f in files) if files else "")
     rows["seed"] = config.get("seed")
@@ -91,24 +98,30 @@ def load_wandb_runs(path: str, group: str) -> pd.DataFrame:
 
 
 def _curve_key(kind: str, rows: pd.DataFrame) -> pd.Series:
-    if kind == "scaling":
-        return rows["model"] + " " + rows["size"]
-    return rows["ablation"].where(rows["ablation"] != "", rows["model"] + " (default)")
+    """One curve per (architecture, size) for scaling, per (architecture, variant) for ablation."""
+    return rows["arch"] + "|" + rows["size" if kind == "scaling" else "variant"]
+
+
+def _arch_label(arch: str) -> str:
+    return registry.get(arch).label if arch in registry.architectures() else arch
 
 
 def _label(kind: str, key: str, params: float | None) -> str:
+    arch, detail = key.split("|", 1)
     if kind == "scaling":
-        model, size = key.split(" ", 1)
-        name = {"mcsd": "MCSD", "transformer": "Transformer"}.get(model, model)
-        return f"{name} {size}" + (f" ({params / 1e6:.1f}M)" if params else "")
-    return {"transformer_baseline": "Transformer (baseline)"}.get(key, key)
+        return f"{_arch_label(arch)} {detail}" + (f" ({params / 1e6:.1f}M)" if params else "")
+    return _arch_label(arch) if detail in ("default", "") else f"{_arch_label(arch)} {detail}"
 
 
 def _order(kind: str, key: str) -> tuple:
+    """Registry order of architectures, then sizes small to large or the registry's variant order."""
+    arch, detail = key.split("|", 1)
+    names = registry.architectures()
+    arch_rank = names.index(arch) if arch in names else len(names)
     if kind == "scaling":
-        model, size = key.split(" ", 1)
-        return (model != "mcsd", SIZE_ORDER.index(size) if size in SIZE_ORDER else 99, size)
-    return (VARIANT_ORDER.index(key) if key in VARIANT_ORDER else 99, key)
+        return (arch_rank, arch, SIZE_ORDER.index(detail) if detail in SIZE_ORDER else 99, detail)
+    variants = list(registry.get(arch).variants) if arch in names else []
+    return (arch_rank, arch, variants.index(detail) if detail in variants else 99, detail)
 
 
 def _band(points: pd.DataFrame, smooth: bool) -> pd.DataFrame:
@@ -154,19 +167,23 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
     rows = rows.assign(curve=_curve_key(kind, rows))
     keys = sorted(rows["curve"].unique(), key=lambda key: _order(kind, key))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    arches = list(dict.fromkeys(key.split("|", 1)[0] for key in keys))
+    details = list(dict.fromkeys(key.split("|", 1)[1] for key in keys))
+    one_curve_each = len(arches) == len(keys)
     figure, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(13, 4.8))
     labels = []
     for index, key in enumerate(keys):
         curve = rows[rows["curve"] == key]
         label = _label(kind, key, curve["params"].max())
         labels.append(label)
-        if kind == "scaling":
-            sizes = [k.split(" ", 1)[1] for k in keys]
-            color = colors[sorted(set(sizes), key=lambda s: SIZE_ORDER.index(s) if s in SIZE_ORDER else 99)
-                           .index(key.split(" ", 1)[1]) % len(colors)]
-            style = "-" if key.startswith("mcsd") else "--"
-        else:
-            color, style = ("0.3", "--") if "transformer" in key else (colors[index % len(colors)], "-")
+        arch, detail = key.split("|", 1)
+        style = LINESTYLES[arches.index(arch) % len(LINESTYLES)]  # one line style per architecture
+        if kind == "scaling":  # one colour per size
+            color = colors[details.index(detail) % len(colors)]
+        elif one_curve_each and arch in registry.architectures():  # architectures side by side
+            color, style = registry.get(arch).color, "-"
+        else:  # variants: one colour each
+            color = colors[index % len(colors)]
         train = curve[curve["metric"] == "train/loss"]
         if len(train):
             raw, smooth = _band(train, smooth=False), _band(train, smooth=True)

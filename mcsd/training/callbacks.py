@@ -1,4 +1,5 @@
-"""Callbacks of ours: the final model as safetensors, and the W&B run to resume."""
+"""Callbacks of ours: the saved-model format (tokenizer in every checkpoint, the final model
+folder), and the W&B run to resume."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-import mcsd
+from mcsd import saved_model
 
 WANDB_RUN_KEY = "wandb_run_id"
 
@@ -27,18 +28,26 @@ def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 
 class SaveFinalModel(L.Callback):
-    """At the end of training write ``model.safetensors``, ``config.json`` and the
-    tokenizer to ``dirpath``, the folder that ``mcsd.load`` and ``mcsd-generate`` read."""
+    """The saved-model format (:mod:`mcsd.saved_model`) of a run: the tokenizer goes into
+    every checkpoint, so that a step checkpoint loads, scores and generates by itself; at
+    the end of training the model folder (weights, config, tokenizer) is written to
+    ``dirpath``."""
 
     def __init__(self, dirpath: str) -> None:
         self.dirpath = Path(dirpath)
 
+    @staticmethod
+    def _tokenizer(trainer: L.Trainer) -> Any:
+        return getattr(trainer.datamodule, "tokenizer", None)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        tokenizer = self._tokenizer(trainer)
+        if tokenizer is not None:
+            checkpoint[saved_model.CHECKPOINT_TOKENIZER_KEY] = tokenizer.to_str()
+
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        mcsd.save(pl_module.model, self.dirpath)
-        tokenizer = getattr(trainer.datamodule, "tokenizer", None)
-        if tokenizer is not None:
-            tokenizer.save(str(self.dirpath / "tokenizer.json"))
+        saved_model.save(pl_module.model, self.dirpath, self._tokenizer(trainer))
 
 
 class RememberWandbRun(L.Callback):

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchmetrics.text import Perplexity
 
 import mcsd
+from mcsd.models import registry
 
 
 class LanguageModelModule(L.LightningModule):
@@ -49,6 +50,13 @@ class LanguageModelModule(L.LightningModule):
         total = sum(p.numel() for p in self.model.parameters())
         embedding = self.model.embed.weight.numel()
         return {"model/params": total, "model/params_non_embedding": total - embedding}
+
+    def describe(self) -> dict[str, Any]:
+        """What the run trains, for its logged config: architecture, variant, sizes."""
+        architecture = registry.of_config(self.model.config)
+        return {"model/arch": architecture.name,
+                "model/variant": architecture.variant_of(self.hparams["model"]),
+                "model/mlp_hidden_size": self.model.config.mlp_hidden_size, **self.parameter_counts()}
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids = batch["input_ids"]

@@ -1,14 +1,16 @@
-"""The Transformer baseline: MCSD's skeleton with RoPE multi-head causal attention.
+"""RoPE multi-head causal self-attention with a KV cache (the Transformer baseline's mixer).
 
 Heads = ``num_channels``, head width = Dc, attention through
 ``torch.nn.functional.scaled_dot_product_attention``. Its three forms:
 
-- parallel: one causal SDPA call over the whole sequence;
+- parallel: one causal SDPA call over the whole sequence (``is_causal=True``, no mask
+  tensor: the training form, which allows the flash kernels on a GPU);
 - chunk: queries in blocks of ``chunk_size`` against the KV cache (chunked prefill);
 - recurrent: one query at a time against the KV cache (decoding).
 
-The KV cache is preallocated for the prompt plus ``max_new_tokens`` and written in place:
-decoding appends nothing and copies nothing per token.
+The KV cache is preallocated for the prompt plus ``max_new_tokens`` and written in place.
+When a write would pass its end it grows to twice its capacity (or to what the write
+needs), so decoding any number of tokens costs amortised O(1) copies per token.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcsd.models.common import CausalLM, TokenMixer
-from mcsd.models.config import TransformerConfig
+from mcsd.models.common import TokenMixer
+from mcsd.models.transformer.config import TransformerConfig
 
 
 @dataclasses.dataclass
@@ -33,6 +35,18 @@ class KVCache:
     @property
     def capacity(self) -> int:
         return self.keys.shape[2]
+
+    def reserve(self, end: int, filled: int) -> None:
+        """Make room for positions up to ``end``: grow geometrically, keeping the ``filled``
+        positions written so far."""
+        if end <= self.capacity:
+            return
+        capacity = max(end, 2 * self.capacity)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_empty(*old.shape[:2], capacity, old.shape[3])
+            new[:, :, :filled] = old[:, :, :filled]
+            setattr(self, name, new)
 
 
 def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
@@ -48,7 +62,9 @@ def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
 
 
 class CausalSelfAttention(TokenMixer):
-    """Multi-head causal self-attention with RoPE and a preallocated KV cache."""
+    """Multi-head causal self-attention with RoPE and a KV cache. Initialisation: Normal(0,
+    init_std) projections; ``out_proj`` writes into the residual stream (the skeleton draws
+    it at init_std / sqrt(2 L))."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -56,8 +72,16 @@ class CausalSelfAttention(TokenMixer):
         self.head_width = config.channel_width
         self.chunk_size = config.chunk_size
         self.rope_base = config.rope_base
+        self.init_std = config.init_std
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.qkv_proj.weight, std=self.init_std)
+        nn.init.normal_(self.out_proj.weight, std=self.init_std)
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return [self.out_proj.weight]
 
     def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> KVCache:
         shape = (batch_size, self.num_heads, capacity, self.head_width)
@@ -86,11 +110,7 @@ class CausalSelfAttention(TokenMixer):
         """Write keys/values into the cache, then attend query blocks to everything before them."""
         length = query.shape[2]
         end = position + length
-        if end > cache.capacity:
-            raise ValueError(
-                f"the KV cache holds {cache.capacity} tokens but position {end} was asked for: "
-                "pass a larger max_new_tokens to prefill"
-            )
+        cache.reserve(end, filled=position)
         cache.keys[:, :, position:end] = key.to(cache.keys.dtype)
         cache.values[:, :, position:end] = value.to(cache.values.dtype)
         outputs = []
@@ -105,10 +125,3 @@ class CausalSelfAttention(TokenMixer):
                 mask = rows[:, None] >= torch.arange(visible, device=query.device)[None, :]
             outputs.append(F.scaled_dot_product_attention(query[:, :, start:stop], keys, values, attn_mask=mask))
         return torch.cat(outputs, dim=2)
-
-
-class TransformerForCausalLM(CausalLM):
-    """Transformer language model: the shared skeleton with :class:`CausalSelfAttention`."""
-
-    def make_mixer(self, config: TransformerConfig) -> TokenMixer:
-        return CausalSelfAttention(config)

@@ -29,8 +29,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mcsd.models.common import CausalLM, ChannelRMSNorm, GroupedLinear, TokenMixer
-from mcsd.models.config import MCSDConfig
+from mcsd.models.common import ChannelRMSNorm, GroupedLinear, TokenMixer
+from mcsd.models.mcsd.config import MCSDConfig
 from mcsd.ops.exp_filter import exp_filter, exp_filter_matrix, exp_filter_step
 
 
@@ -103,8 +103,13 @@ class Section(torch.nn.Module):
         self.num_channels = config.num_channels
         self.chunk_size = config.chunk_size
         width = config.channel_width
-        self.proj = GroupedLinear(config.num_channels, width, 2 * width)  # (U, V) or (F, E)
+        self.proj = GroupedLinear(config.num_channels, width, 2 * width, config.init_std)  # (U, V) or (F, E)
         self.norm = ChannelRMSNorm(config.num_channels, width, config.norm_eps) if kind == "decay" else None
+
+    def reset_parameters(self) -> None:
+        self.proj.reset_parameters()
+        if self.norm is not None:
+            self.norm.reset_parameters()
 
     def log_decay(self, device: torch.device) -> torch.Tensor:
         return section_log_decay(self.kind, self.num_channels, device)
@@ -164,14 +169,27 @@ class Section(torch.nn.Module):
 
 
 class MCSDBlock(TokenMixer):
-    """The MCSD block: its sections side by side, fused and projected back to D."""
+    """The MCSD block: its sections side by side, fused and projected back to D.
+
+    Initialisation: Normal(0, init_std) projections, unit RMSNorm gains; ``out_proj`` writes
+    into the residual stream (the skeleton draws it at init_std / sqrt(2 L)).
+    """
 
     def __init__(self, config: MCSDConfig) -> None:
         super().__init__()
         self.fusion = config.fusion
+        self.init_std = config.init_std
         self.sections = torch.nn.ModuleList(Section(kind, config) for kind in config.sections)
         fused_width = config.hidden_size * (len(config.sections) if config.fusion == "concat" else 1)
         self.out_proj = torch.nn.Linear(fused_width, config.hidden_size, bias=False)
+
+    def reset_parameters(self) -> None:
+        for section in self.sections:
+            section.reset_parameters()
+        torch.nn.init.normal_(self.out_proj.weight, std=self.init_std)
+
+    def residual_weights(self) -> list[torch.nn.Parameter]:
+        return [self.out_proj.weight]
 
     def forward(
         self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int, form: str
@@ -189,10 +207,3 @@ class MCSDBlock(TokenMixer):
         else:  # Eq. 20: element-wise sum
             fused = torch.stack(thetas).sum(0).reshape(batch, length, hidden)
         return self.out_proj(fused), new_states
-
-
-class MCSDForCausalLM(CausalLM):
-    """MCSD language model: the shared skeleton with :class:`MCSDBlock` as token mixer."""
-
-    def make_mixer(self, config: MCSDConfig) -> TokenMixer:
-        return MCSDBlock(config)

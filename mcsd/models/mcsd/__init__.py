@@ -1,0 +1,39 @@
+"""MCSD: the multi-channel slope and decay block in the shared skeleton (Section 2)."""
+
+from mcsd.models.common import CausalLM
+from mcsd.models.mcsd.block import (
+    MCSDBlock,
+    Section,
+    decay_matrix,
+    decay_rates,
+    section_log_decay,
+    slope_matrix,
+    slope_rates,
+)
+from mcsd.models.mcsd.config import MCSDConfig
+from mcsd.models.registry import Architecture, register
+
+
+class MCSDForCausalLM(CausalLM):
+    """MCSD language model: the shared skeleton with :class:`MCSDBlock` as every layer's mixer."""
+
+
+register(Architecture(
+    name="mcsd",
+    config_class=MCSDConfig,
+    model_class=MCSDForCausalLM,
+    label="MCSD",
+    color="tab:blue",
+    train_form="chunk",
+    variants={  # Section 3.5's ablations (conf/ablation/) and Eq. 20's fusion
+        "full": {},
+        "slope_only": {"sections": ["slope"]},
+        "decay_only": {"sections": ["decay"]},
+        "double_slope": {"sections": ["slope", "slope"]},
+        "double_decay": {"sections": ["decay", "decay"]},
+        "sum_fusion": {"fusion": "sum"},
+    },
+))
+
+__all__ = ["MCSDBlock", "MCSDConfig", "MCSDForCausalLM", "Section", "decay_matrix", "decay_rates",
+           "section_log_decay", "slope_matrix", "slope_rates"]

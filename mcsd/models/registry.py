@@ -1,0 +1,144 @@
+"""The architecture registry: every architecture registers itself once, and everything that
+lists architectures (building and loading, ``mcsd-bench``, ``mcsd-plot``, lm-eval, the
+tests) reads it from here.
+
+An architecture is a folder under ``mcsd/models/`` whose ``__init__`` calls :func:`register`
+(the built-in folders are imported by ``mcsd.models``); code elsewhere may register more.
+An architecture without a ``mcsd/conf/model/<name>.yaml`` gets a Hydra node ``model/<name>``
+built from its config class's defaults when it registers, so ``mcsd-train model=<name>``
+works for it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from mcsd.models.config import FORMS, ConfigError, LMConfig, class_path
+
+if TYPE_CHECKING:
+    from mcsd.models.common import CausalLM
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """One registered architecture.
+
+    - ``forms``: the forms its mixers compute (all of ``parallel``, ``chunk``, ``recurrent``
+      for an exact architecture);
+    - ``train_form``: the form that training and scoring use (its fastest exact form);
+    - ``variants``: named settings of its own fields (MCSD's ablations, switches), each run
+      by the conformance tests; the first is the architecture's default.
+    """
+
+    name: str
+    config_class: type[LMConfig]
+    model_class: type[CausalLM]
+    label: str
+    color: str
+    forms: tuple[str, ...] = FORMS
+    train_form: str = "chunk"
+    variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: {"default": {}})
+
+    def __post_init__(self) -> None:
+        unknown = [form for form in (*self.forms, self.train_form) if form not in FORMS]
+        if unknown or self.train_form not in self.forms:
+            raise ConfigError(f"architecture {self.name}: forms {self.forms} / train_form {self.train_form!r} "
+                              f"must be among {', '.join(FORMS)} (train_form one of its forms)")
+
+    def variant_of(self, values: Mapping[str, Any]) -> str:
+        """The name of the variant a model node (or config dict) is, by the fields variants set.
+
+        A node that matches none is described by the fields that differ from the default.
+        """
+        keys = sorted({key for overrides in self.variants.values() for key in overrides})
+        defaults = {field.name: field.default if field.default_factory is dataclasses.MISSING
+                    else field.default_factory() for field in dataclasses.fields(self.config_class)}
+
+        def setting(overrides: Mapping[str, Any]) -> dict[str, Any]:
+            return {key: _plain(overrides.get(key, defaults.get(key))) for key in keys}
+
+        actual = {key: _plain(values.get(key, defaults.get(key))) for key in keys}
+        for name, overrides in self.variants.items():
+            if setting(overrides) == actual:
+                return name
+        default = setting(next(iter(self.variants.values())))
+        return ", ".join(f"{key}={_describe(actual[key])}" for key in keys if actual[key] != default[key])
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig" else value
+
+
+def _describe(value: Any) -> str:
+    return "+".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+_ARCHITECTURES: dict[str, Architecture] = {}
+
+
+def register(architecture: Architecture) -> Architecture:
+    """Add ``architecture`` (its name must be new); without a model YAML of its name, store a
+    Hydra model node of its config class's defaults."""
+    from hydra.core.config_store import ConfigStore
+
+    if architecture.name in _ARCHITECTURES:
+        raise ConfigError(f"architecture {architecture.name!r} is registered already: choose another name")
+    _ARCHITECTURES[architecture.name] = architecture
+    architecture.model_class.architecture = architecture
+    if (importlib.resources.files("mcsd.conf") / "model" / f"{architecture.name}.yaml").is_file():
+        return architecture
+    node = {"_target_": class_path(architecture.config_class)}
+    for field in dataclasses.fields(architecture.config_class):
+        if field.default is not dataclasses.MISSING:
+            node[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            node[field.name] = field.default_factory()
+    ConfigStore.instance().store(group="model", name=architecture.name, node=node)
+    return architecture
+
+
+def unregister(name: str) -> None:
+    """Remove an architecture (tests that register one of their own clean up with it)."""
+    from hydra.core.config_store import ConfigStore
+
+    _ARCHITECTURES.pop(name)
+    ConfigStore.instance().repo.get("model", {}).pop(f"{name}.yaml", None)
+
+
+def architectures() -> list[str]:
+    """The registered architectures' names, in registration order."""
+    return list(_ARCHITECTURES)
+
+
+def get(name: str) -> Architecture:
+    """The architecture called ``name``; a one-line error lists the known ones."""
+    if name not in _ARCHITECTURES:
+        raise ConfigError(f"architecture {name!r} is not registered: use one of {', '.join(_ARCHITECTURES)}")
+    return _ARCHITECTURES[name]
+
+
+def of_config(config: LMConfig | type[LMConfig]) -> Architecture:
+    """The architecture whose config class ``config`` is (or is an instance of)."""
+    cls = config if isinstance(config, type) else type(config)
+    for architecture in _ARCHITECTURES.values():
+        if architecture.config_class is cls:
+            return architecture
+    raise ConfigError(f"{cls.__qualname__} is not the config class of a registered architecture: register it")
+
+
+def of_target(target: str | None) -> Architecture | None:
+    """The architecture whose config class a ``_target_`` names: its full path, or a path that
+    ends in the same class name (configs saved before the class moved, e.g.
+    ``mcsd.models.config.MCSDConfig``)."""
+    if not target:
+        return None
+    for architecture in _ARCHITECTURES.values():
+        if class_path(architecture.config_class) == target:
+            return architecture
+    for architecture in _ARCHITECTURES.values():
+        if target.rsplit(".", 1)[-1] == architecture.config_class.__qualname__:
+            return architecture
+    return None

@@ -1,0 +1,24 @@
+"""The Transformer baseline's configuration: the shared skeleton plus RoPE's base."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mcsd.models.common import TokenMixer
+from mcsd.models.config import LMConfig
+
+
+@dataclasses.dataclass
+class TransformerConfig(LMConfig):
+    """The baseline: the same skeleton with RoPE causal attention, heads = ``num_channels``.
+
+    ``chunk_size`` is the query block of its chunkwise form (chunked prefill through the
+    KV cache).
+    """
+
+    rope_base: float = 10000.0
+
+    def make_mixer(self, layer_index: int) -> TokenMixer:
+        from mcsd.models.transformer.attention import CausalSelfAttention
+
+        return CausalSelfAttention(self)

@@ -1,0 +1,122 @@
+"""The saved-model format, in one place: what a model folder holds, and how a model and its
+tokenizer are found in a model folder, an ``mcsd-train`` run directory or any Lightning
+checkpoint of a run.
+
+A model folder holds ``model.safetensors`` (the weights), ``config.json`` (the resolved
+model config with its ``_target_``) and, when written by ``mcsd-train``, the run's
+``tokenizer.json``. A run directory holds its final model folder in ``model/`` and its
+checkpoints in ``checkpoints/`` (``step-XXXXXX.ckpt``, ``last.ckpt``); every checkpoint
+carries the model config (``hyper_parameters.model``), the weights (``state_dict``, under
+``model.``) and the tokenizer (``tokenizer``, as JSON), so an intermediate checkpoint
+loads, scores and generates like a final model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_model, save_model
+from tokenizers import Tokenizer
+
+from mcsd.api import build_model
+from mcsd.models import CausalLM, LMConfig, make_config
+
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+MODEL_DIR = "model"  # a run's final model folder
+CHECKPOINT_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+CHECKPOINT_TOKENIZER_KEY = "tokenizer"
+STATE_DICT_PREFIX = "model."  # the LightningModule's attribute that holds the model
+
+
+@dataclasses.dataclass(frozen=True)
+class SavedModel:
+    """Where a model lies: a model ``folder`` or a Lightning ``checkpoint`` file."""
+
+    kind: str
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """A short name: the run directory's name (or the folder's / the checkpoint's)."""
+        if self.kind == "checkpoint":
+            run = self.path.parent.parent if self.path.parent.name == CHECKPOINT_DIR else self.path.parent
+            return f"{run.name}/{self.path.stem}"
+        return self.path.parent.name if self.path.name == MODEL_DIR else self.path.name
+
+
+def locate(path: str | Path) -> SavedModel:
+    """The saved model at ``path``: a model folder, a run directory (its ``model/`` folder,
+    else its ``checkpoints/last.ckpt``) or a ``.ckpt`` file."""
+    path = Path(path).expanduser()
+    fix = "point to a model folder (mcsd.save), an mcsd-train run directory or one of its .ckpt files"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: {fix}")
+    if path.is_file():
+        if path.suffix != ".ckpt":
+            raise FileNotFoundError(f"{path} is not a .ckpt file: {fix}")
+        return SavedModel("checkpoint", path)
+    for folder in (path, path / MODEL_DIR):
+        if (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file():
+            return SavedModel("folder", folder)
+    if (path / CHECKPOINT_DIR / LAST_CHECKPOINT).is_file():
+        return SavedModel("checkpoint", path / CHECKPOINT_DIR / LAST_CHECKPOINT)
+    raise FileNotFoundError(f"{path} holds no {CONFIG_FILE} + {WEIGHTS_FILE} nor {CHECKPOINT_DIR}/{LAST_CHECKPOINT}: "
+                            f"{fix}")
+
+
+def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = None) -> Path:
+    """Write ``model.safetensors``, ``config.json`` (the resolved model config) and, if
+    given, ``tokenizer.json`` to ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(directory / WEIGHTS_FILE))
+    (directory / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    if tokenizer is not None:
+        tokenizer.save(str(directory / TOKENIZER_FILE))
+    return directory
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+
+
+def read_config(saved: SavedModel) -> LMConfig:
+    """The resolved config of a saved model, without loading its weights."""
+    if saved.kind == "folder":
+        return make_config(json.loads((saved.path / CONFIG_FILE).read_text()))
+    return make_config(_read_checkpoint(saved.path)["hyper_parameters"]["model"])
+
+
+def load(path: str | Path, device: str | torch.device = "cpu") -> CausalLM:
+    """Load the model at ``path`` (see :func:`locate`) onto ``device``, in eval mode."""
+    saved = locate(path)
+    model = build_model(read_config(saved))
+    if saved.kind == "folder":
+        load_model(model, str(saved.path / WEIGHTS_FILE), device=str(device))
+        return model.to(device).eval()
+    checkpoint = _read_checkpoint(saved.path)
+    weights = {key.removeprefix(STATE_DICT_PREFIX): value for key, value in checkpoint["state_dict"].items()
+               if key.startswith(STATE_DICT_PREFIX)}
+    model.load_state_dict(weights)
+    return model.to(device).eval()
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer saved with the model at ``path`` (``tokenizer.json`` or the checkpoint's)."""
+    saved = locate(path)
+    if saved.kind == "checkpoint":
+        text = _read_checkpoint(saved.path).get(CHECKPOINT_TOKENIZER_KEY)
+        if text is None:
+            raise FileNotFoundError(f"{saved.path} carries no tokenizer: it was saved without one")
+        return Tokenizer.from_str(text)
+    file = saved.path / TOKENIZER_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist: this model was saved without its tokenizer")
+    return Tokenizer.from_file(str(file))

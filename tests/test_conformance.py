@@ -1,0 +1,152 @@
+"""The conformance suite: every registered architecture, in each of its variants, is one
+function in its parallel, chunkwise and recurrent forms, decodes any number of tokens after
+a prefill, keeps its gradients across forms, survives bf16 at N = 4096, round-trips through
+save/load and counts its parameters on the meta device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import mcsd
+from conftest import relative_rms_error, tiny_config, tiny_model, variant_cases
+from mcsd.models import registry
+
+TOLERANCE = 1e-5
+LENGTHS = [1, 2, 63, 64, 65, 301]
+CASES = variant_cases()
+ARCHITECTURES = registry.architectures()
+
+
+def decode_all(model: mcsd.CausalLM, input_ids: torch.Tensor, split: int, hint: bool = True) -> torch.Tensor:
+    """Prefill ``input_ids[:, :split]`` then step through the rest; logits of positions split-1..
+    With ``hint=False`` the prefill is not told how many tokens follow."""
+    length = input_ids.shape[1]
+    logits, state = model.prefill(input_ids[:, :split], max_new_tokens=length - split if hint else 0)
+    outputs = [logits]
+    for position in range(split, length):
+        logits, state = model.step(input_ids[:, position], state)
+        outputs.append(logits)
+    return torch.stack(outputs, dim=1)
+
+
+def test_registry_lists_the_built_in_architectures() -> None:
+    assert mcsd.architectures() == ARCHITECTURES and {"mcsd", "transformer"} <= set(ARCHITECTURES)
+    for name in ARCHITECTURES:
+        architecture = registry.get(name)
+        assert architecture.model_class.architecture is architecture
+        assert architecture.train_form in architecture.forms
+        assert registry.of_config(architecture.config_class) is architecture
+    with pytest.raises(mcsd.ConfigError, match="architecture 'nope' is not registered: use one of mcsd, transformer"):
+        registry.get("nope")
+    with pytest.raises(mcsd.ConfigError, match="is registered already"):
+        mcsd.register(registry.get("mcsd"))
+
+
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_forms_agree_at_every_length_and_chunk_size(case: str) -> None:
+    forms = registry.get(case.split("/")[0]).forms
+    for chunk_size in (16, 64):
+        model = tiny_model(case, chunk_size=chunk_size)
+        for length in LENGTHS:
+            input_ids = torch.randint(0, 101, (2, length))
+            reference = model(input_ids, form="parallel")
+            assert reference.shape == (2, length, 101)
+            assert torch.equal(model(input_ids), model(input_ids, form=model.default_form))
+            if "chunk" in forms:
+                assert relative_rms_error(model(input_ids, form="chunk"), reference) < TOLERANCE, (chunk_size, length)
+            if chunk_size == 16:  # token-by-token forms do not depend on the chunk size
+                if "recurrent" in forms:
+                    recurrent = model(input_ids, form="recurrent")
+                    assert relative_rms_error(recurrent, reference) < TOLERANCE, length
+                decoded = decode_all(model, input_ids, split=1)
+                assert relative_rms_error(decoded, reference) < TOLERANCE, length
+
+
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_prompt_split_anywhere_decodes_like_one_pass(case: str) -> None:
+    model = tiny_model(case)
+    input_ids = torch.randint(0, 101, (3, 90))
+    reference = model(input_ids, form="parallel")
+    for split in (1, 2, 15, 16, 17, 64, 89, 90):
+        decoded = decode_all(model, input_ids, split)
+        assert relative_rms_error(decoded, reference[:, split - 1 :]) < TOLERANCE, split
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+@torch.no_grad()
+def test_decoding_never_needs_its_length_in_advance(name: str) -> None:
+    """prefill(ids) with no hint, then any number of steps, equals one pass."""
+    model = tiny_model(name)
+    input_ids = torch.randint(0, 101, (2, 150))
+    reference = model(input_ids, form="parallel")
+    for split in (1, 7, 64):
+        decoded = decode_all(model, input_ids, split, hint=False)
+        assert relative_rms_error(decoded, reference[:, split - 1 :]) < TOLERANCE, split
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+@torch.no_grad()
+def test_prefill_continues_a_state(name: str) -> None:
+    """A state prefilled in pieces, at once, or token by token decodes the same next tokens
+    (the initial state of each later call is the final state of the one before)."""
+    model = tiny_model(name)
+    input_ids = torch.randint(0, 101, (2, 80))
+    reference = model(input_ids, form="parallel")[:, 74:]
+    _, whole = model.prefill(input_ids[:, :75])
+    _, pieces = model.prefill(input_ids[:, :33], max_new_tokens=3)
+    _, pieces = model.prefill(input_ids[:, 33:70], state=pieces)
+    _, pieces = model.prefill(input_ids[:, 70:75], state=pieces)
+    _, stepped = model.prefill(input_ids[:, :1])
+    for position in range(1, 75):
+        _, stepped = model.step(input_ids[:, position], stepped)
+    for state in (whole, pieces, stepped):
+        assert state.position == 75
+        logits, _ = model.prefill(input_ids[:, 75:], state=state)
+        assert relative_rms_error(logits, reference[:, -1]) < TOLERANCE
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gradients_agree_between_forms(case: str) -> None:
+    model = tiny_model(case)
+    input_ids = torch.randint(0, 101, (2, 70))
+
+    def gradients(form: str) -> list[torch.Tensor]:
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(input_ids, form=form).flatten(0, 1), input_ids.flatten()).backward()
+        return [param.grad.clone() for param in model.parameters()]
+
+    reference = gradients("parallel")
+    for form in set(registry.get(case.split("/")[0]).forms) - {"parallel", "recurrent"}:
+        for actual, expected in zip(gradients(form), reference):
+            assert relative_rms_error(actual, expected) < TOLERANCE, form
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+@torch.no_grad()
+def test_bf16_autocast_at_4096_tokens(name: str) -> None:
+    model = tiny_model(name, vocab_size=257, hidden_size=40, num_channels=10, mlp_hidden_size=64, chunk_size=64)
+    input_ids = torch.randint(0, 257, (1, 4096))
+    reference = model(input_ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = model.prefill(input_ids)
+        full = model(input_ids)
+    assert torch.isfinite(full).all()
+    assert relative_rms_error(full.float(), reference) < 5e-2
+    assert relative_rms_error(logits.float(), reference[:, -1]) < 5e-2
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_save_load_round_trip_and_meta_count(case: str, tmp_path: Path) -> None:
+    model = tiny_model(case)
+    mcsd.save(model, tmp_path / "model")
+    loaded = mcsd.load(tmp_path / "model")
+    assert loaded.config == model.config and not loaded.training
+    input_ids = torch.randint(0, 101, (2, 20))
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids), model(input_ids))
+    assert mcsd.count_parameters(tiny_config(case)) == sum(p.numel() for p in model.parameters())
