@@ -1,0 +1,98 @@
+"""A new architecture is one registration: a toy defined in this file (a mixer that passes on
+the previous token) builds, passes the form checks, trains through mcsd-train, benches one
+point and gets its plot labels, with no file of the package touched."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import mcsd
+from conftest import relative_rms_error
+from harness import FAST, compose_train, read_metrics, series
+from mcsd.models import CausalLM, LMConfig, TokenMixer, registry
+from mcsd.plots.cost import model_label, plot_inference
+from mcsd.plots.runs import load_csv_runs, plot_sweep
+from mcsd.train import train
+from test_bench import TINY_INFERENCE, run_bench
+from test_conformance import decode_all
+
+
+class PreviousToken(TokenMixer):
+    """``y_n = W x_{n-1}`` (``x_{-1}``: the state, zeros at the start); the state is the last token."""
+
+    def __init__(self, config: ToyConfig) -> None:
+        super().__init__()
+        self.init_std = config.init_std
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.out_proj.weight, std=self.init_std)
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return [self.out_proj.weight]
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str) -> tuple[Any, Any]:
+        previous = torch.zeros_like(x[:, :1]) if state is None else state[:, None].to(x.dtype)
+        shifted = torch.cat([previous, x[:, :-1]], dim=1)
+        return self.out_proj(shifted), x[:, -1].float()
+
+
+@dataclasses.dataclass
+class ToyConfig(LMConfig):
+    def make_mixer(self, layer_index: int) -> TokenMixer:
+        return PreviousToken(self)
+
+
+class ToyForCausalLM(CausalLM):
+    """The skeleton with :class:`PreviousToken` mixers."""
+
+
+@pytest.fixture(scope="module")
+def toy() -> Iterator[registry.Architecture]:
+    architecture = mcsd.register(mcsd.Architecture(name="toy", config_class=ToyConfig, model_class=ToyForCausalLM,
+                                                   label="Toy", color="tab:green", train_form="parallel"))
+    try:
+        yield architecture
+    finally:
+        registry.unregister("toy")
+    assert "toy" not in mcsd.architectures()
+
+
+def test_the_toy_is_registered_without_a_config_file(toy: registry.Architecture) -> None:
+    assert mcsd.architectures()[-1] == "toy"
+    assert not (importlib.resources.files("mcsd.conf") / "model" / "toy.yaml").is_file()
+    model = mcsd.build_model({"_target_": f"{__name__}.ToyConfig", "vocab_size": 50, "hidden_size": 16,
+                              "num_channels": 2, "num_layers": 2, "mlp_hidden_size": 32}).eval()
+    assert isinstance(model, ToyForCausalLM) and model.default_form == "parallel"
+    ids = torch.randint(0, 50, (2, 40))
+    with torch.no_grad():
+        reference = model(ids, form="parallel")
+        assert relative_rms_error(decode_all(model, ids, split=10, hint=False), reference[:, 9:]) < 1e-6
+        assert relative_rms_error(model(ids, form="recurrent"), reference) < 1e-6
+
+
+def test_the_toy_trains_benches_and_plots(toy: registry.Architecture, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    train(compose_train(run_dir, "model=toy", *FAST, "logger=csv"))
+    assert len(series(read_metrics(run_dir), "train/loss")) == 6
+    loaded = mcsd.load(run_dir)
+    assert isinstance(loaded.config, ToyConfig) and loaded.config.hidden_size == 64  # size=tiny
+    params = sum(p.numel() for p in loaded.parameters())
+    assert plot_sweep("scaling", load_csv_runs(run_dir), tmp_path / "plots").labels == [
+        f"Toy tiny ({params / 1e6:.1f}M)"]
+
+    # One point, in this process: a fresh benchmark process would not have the toy registered.
+    csv_path = run_bench(tmp_path / "bench", *TINY_INFERENCE, "models=[toy]", "inference.batch_sizes=[1]",
+                         "inference.gen_lengths=[4]", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["arch"]) == ["toy"] and (frame["status"] == "ok").all()
+    assert model_label("toy", "toy") == "Toy" and len(plot_inference(csv_path)) == 8
