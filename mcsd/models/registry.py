@@ -16,6 +16,8 @@ import importlib.resources
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import ListConfig
+
 from mcsd.models.config import FORMS, ConfigError, LMConfig, class_path
 
 if TYPE_CHECKING:
@@ -69,7 +71,8 @@ class Architecture:
 
 
 def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig" else value
+    """Lists, tuples and OmegaConf lists compare as plain lists."""
+    return list(value) if isinstance(value, (list, tuple, ListConfig)) else value
 
 
 def _describe(value: Any) -> str:

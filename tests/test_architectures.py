@@ -1,9 +1,11 @@
-"""What each architecture's decoding state is: MCSD's is fixed-size fp32, the Transformer's KV
-cache is written in place and grows geometrically when it is full."""
+"""What is particular to each built-in architecture: MCSD's decoding state is fixed-size fp32;
+the Transformer trains through one causal SDPA call per layer, and its KV cache is written
+in place and grows geometrically when it is full."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from conftest import relative_rms_error, tiny_model
 
@@ -46,3 +48,19 @@ def test_kv_cache_grows_geometrically_without_a_hint() -> None:
     for grown, expected in zip(state.layers, whole.layers):
         assert relative_rms_error(grown.keys[:, :, :310], expected.keys) < 1e-6
         assert relative_rms_error(grown.values[:, :, :310], expected.values) < 1e-6
+
+
+def test_transformer_trains_through_one_causal_sdpa_call_per_layer(monkeypatch) -> None:
+    """No mask tensor (which would rule out the flash kernels on a GPU): ``is_causal=True``."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append((args[0].shape, kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    model = tiny_model("transformer").train()
+    model(torch.randint(0, 101, (2, 200))).sum().backward()
+    assert model.default_form == "parallel"
+    assert calls == [(torch.Size([2, 3, 200, 8]), None, True)] * 2  # one per layer, the whole sequence
