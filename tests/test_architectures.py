@@ -15,20 +15,22 @@ def test_mcsd_state_is_fixed_size_fp32() -> None:
     model = tiny_model("mcsd")
     _, short = model.prefill(torch.randint(0, 101, (2, 5)))
     _, long = model.prefill(torch.randint(0, 101, (2, 500)))
-    assert [s.shape for layer in short.layers for s in layer] == [s.shape for layer in long.layers for s in layer]
-    assert all(s.shape == (2, 3, 8) and s.dtype == torch.float32 for layer in long.layers for s in layer)
+    assert [s.shape for layer in short.layers for s in layer.mixer] == [
+        s.shape for layer in long.layers for s in layer.mixer]
+    assert all(s.shape == (2, 3, 8) and s.dtype == torch.float32 for layer in long.layers for s in layer.mixer)
+    assert all(layer.mlp is None for layer in long.layers)  # the GeGLU MLP keeps no state
 
 
 @torch.no_grad()
 def test_kv_cache_is_preallocated_and_written_in_place() -> None:
     model = tiny_model("transformer")
     _, state = model.prefill(torch.randint(0, 101, (2, 10)), max_new_tokens=5)
-    cache = state.layers[0]
+    cache = state.layers[0].mixer
     storage = cache.keys.data_ptr()
     assert cache.keys.shape == (2, 3, 15, 8)
     for _ in range(5):
         _, state = model.step(torch.zeros(2, dtype=torch.long), state)
-    assert state.layers[0].keys.data_ptr() == storage and state.position == 15
+    assert state.layers[0].mixer.keys.data_ptr() == storage and state.position == 15
 
 
 @torch.no_grad()
@@ -38,14 +40,14 @@ def test_kv_cache_grows_geometrically_without_a_hint() -> None:
     model = tiny_model("transformer")
     input_ids = torch.randint(0, 101, (2, 310))
     _, state = model.prefill(input_ids[:, :10])
-    capacities = [state.layers[0].capacity]
+    capacities = [state.layers[0].mixer.capacity]
     for position in range(10, 310):
         _, state = model.step(input_ids[:, position], state)
-        if state.layers[0].capacity != capacities[-1]:
-            capacities.append(state.layers[0].capacity)
+        if state.layers[0].mixer.capacity != capacities[-1]:
+            capacities.append(state.layers[0].mixer.capacity)
     assert capacities == [10, 20, 40, 80, 160, 320]
     _, whole = model.prefill(input_ids)
-    for grown, expected in zip(state.layers, whole.layers):
+    for grown, expected in ((g.mixer, e.mixer) for g, e in zip(state.layers, whole.layers)):
         assert relative_rms_error(grown.keys[:, :, :310], expected.keys) < 1e-6
         assert relative_rms_error(grown.values[:, :, :310], expected.values) < 1e-6
 

@@ -1,6 +1,7 @@
 """A new architecture is one registration: a toy defined in this file (a mixer that passes on
-the previous token) builds, passes the form checks, trains through mcsd-train, benches one
-point and gets its plot labels, with no file of the package touched."""
+the previous token, and as its MLP a channel mixer with a state of its own, as RWKV-4's)
+builds, passes the form checks, trains through mcsd-train, benches one point and gets its
+plot labels, with no file of the package touched."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ class ToyConfig(LMConfig):
     def make_mixer(self, layer_index: int) -> TokenMixer:
         return PreviousToken(self)
 
+    def make_mlp(self, layer_index: int) -> TokenMixer:
+        return PreviousToken(self)  # a channel mixer that keeps the last token as its state
+
 
 class ToyForCausalLM(CausalLM):
     """The skeleton with :class:`PreviousToken` mixers."""
@@ -75,6 +79,8 @@ def test_the_toy_is_registered_without_a_config_file(toy: registry.Architecture)
     assert isinstance(model, ToyForCausalLM) and model.default_form == "parallel"
     ids = torch.randint(0, 50, (2, 40))
     with torch.no_grad():
+        _, state = model.prefill(ids[:, :5])
+        assert all(layer.mlp.shape == layer.mixer.shape == (2, 16) for layer in state.layers)  # the MLP's own state
         reference = model(ids, form="parallel")
         assert relative_rms_error(decode_all(model, ids, split=10, hint=False), reference[:, 9:]) < 1e-6
         assert relative_rms_error(model(ids, form="recurrent"), reference) < 1e-6

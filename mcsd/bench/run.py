@@ -45,6 +45,11 @@ COLUMNS = {
 OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
+def models_of(cfg: DictConfig) -> list[str]:
+    """The ``models`` entries to bench: as listed, or every registered architecture."""
+    return list(cfg.models) if cfg.models else registry.architectures()
+
+
 def model_source(entry: str, size: str, ablation: str | None) -> tuple[str, dict[str, Any] | str]:
     """An entry of ``models``: a registered architecture -> (its name, the ``model`` node that
     ``mcsd-train model=NAME size=SIZE [ablation=...]`` builds); a saved model -> (its
@@ -96,11 +101,12 @@ def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_
 def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The points in their run order: (row labels, measurement arguments)."""
     common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
-    sources = {entry: model_source(entry, cfg.model_size, cfg.mcsd_ablation) for entry in cfg.models}
+    models = models_of(cfg)
+    sources = {entry: model_source(entry, cfg.model_size, cfg.mcsd_ablation) for entry in models}
     points = []
     if cfg.mode == "inference":
         grid_cfg = cfg.inference
-        for name, batch, gen_len in itertools.product(cfg.models, grid_cfg.batch_sizes, grid_cfg.gen_lengths):
+        for name, batch, gen_len in itertools.product(models, grid_cfg.batch_sizes, grid_cfg.gen_lengths):
             arch, source = sources[name]
             labels = {"model": name, "arch": arch, "size": cfg.model_size if name == arch else "saved",
                       "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
@@ -109,7 +115,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
             points.append((labels, arguments))
     else:
         grid_cfg = cfg.train
-        variants = [(name, form) for name in cfg.models for form in train_forms(cfg, sources[name][0])]
+        variants = [(name, form) for name in models for form in train_forms(cfg, sources[name][0])]
         for (name, form), seq_len in itertools.product(variants, grid_cfg.seq_lens):
             arch, source = sources[name]
             labels = {"model": name, "arch": arch, "form": form, "size": cfg.model_size if name == arch else "saved",
@@ -127,7 +133,7 @@ def _check(cfg: DictConfig) -> None:
         raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use one of {', '.join(measure.DTYPES)}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise MCSDError(f"device={cfg.device} but no GPU is visible: use device=cpu (e.g. bench=cpu_quick)")
-    for entry in cfg.models:
+    for entry in models_of(cfg):
         if entry not in registry.architectures() and not Path(entry).expanduser().exists():
             raise MCSDError(f"models: {entry!r} is neither a registered architecture ({', '.join(registry.architectures())}) "
                             "nor a saved model (a model folder, an mcsd-train run directory or a .ckpt)")

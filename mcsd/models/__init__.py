@@ -7,7 +7,7 @@ itself (:func:`mcsd.models.registry.register`); nothing here lists them by hand.
 import importlib
 import pkgutil
 
-from mcsd.models.common import CausalLM, DecodingState, TokenMixer
+from mcsd.models.common import CausalLM, DecodingState, LayerState, TokenMixer
 from mcsd.models.config import ConfigError, LMConfig, make_config
 from mcsd.models.registry import Architecture, architectures, register
 
@@ -20,6 +20,7 @@ __all__ = [
     "CausalLM",
     "ConfigError",
     "DecodingState",
+    "LayerState",
     "LMConfig",
     "TokenMixer",
     "architectures",

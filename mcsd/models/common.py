@@ -2,9 +2,10 @@
 
 ``h = x + Mixer(RMSNorm(x)); out = h + MLP(RMSNorm(h))``, with token embedding in, final
 RMSNorm and LM head out. Each layer's mixer (a :class:`TokenMixer`) and MLP come from the
-architecture's config, given the layer index, so a hybrid can choose per layer. Every
-module initialises itself (``reset_parameters``); the skeleton only scales the
-projections that write into the residual stream.
+architecture's config, given the layer index, so a hybrid can choose per layer; an MLP
+that carries a decoding state of its own (RWKV-4's channel mixer and its token shift) is a
+:class:`TokenMixer` too. Every module initialises itself (``reset_parameters``); the
+skeleton only scales the projections that write into the residual stream.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,13 @@ if TYPE_CHECKING:
     from mcsd.models.registry import Architecture
 
 
+class LayerState(NamedTuple):
+    """One layer's decoding state: its mixer's, and its MLP's (``None`` for a plain MLP)."""
+
+    mixer: Any
+    mlp: Any
+
+
 @dataclasses.dataclass
 class DecodingState:
     """What decoding carries between calls: the number of tokens seen and each layer's state.
@@ -33,7 +41,7 @@ class DecodingState:
     """
 
     position: int
-    layers: list[Any]
+    layers: list[LayerState | None]
 
 
 class GroupedLinear(nn.Module):
@@ -122,6 +130,11 @@ class Layer(nn.Module):
         self.mixer = config.make_mixer(layer_index)
         self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = config.make_mlp(layer_index)
+        self.mlp_has_state = isinstance(self.mlp, TokenMixer)
+
+    def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> LayerState:
+        mlp = self.mlp.init_state(batch_size, capacity, device, dtype) if self.mlp_has_state else None
+        return LayerState(self.mixer.init_state(batch_size, capacity, device, dtype), mlp)
 
     def reset_parameters(self) -> None:
         for module in (self.mixer_norm, self.mixer, self.mlp_norm, self.mlp):
@@ -130,10 +143,17 @@ class Layer(nn.Module):
     def residual_weights(self) -> list[nn.Parameter]:
         return [*self.mlp.residual_weights(), *self.mixer.residual_weights()]
 
-    def forward(self, x: torch.Tensor, layer_state: Any, position: int, form: str) -> tuple[torch.Tensor, Any]:
-        mixed, layer_state = self.mixer(self.mixer_norm(x), layer_state, position, form)
+    def forward(
+        self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str
+    ) -> tuple[torch.Tensor, LayerState]:
+        mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)
+        mixed, mixer_state = self.mixer(self.mixer_norm(x), mixer_state, position, form)
         h = x + mixed
-        return h + self.mlp(self.mlp_norm(h)), layer_state
+        if self.mlp_has_state:
+            out, mlp_state = self.mlp(self.mlp_norm(h), mlp_state, position, form)
+        else:
+            out = self.mlp(self.mlp_norm(h))
+        return h + out, LayerState(mixer_state, mlp_state)
 
 
 class CausalLM(nn.Module):
@@ -185,7 +205,7 @@ class CausalLM(nn.Module):
     def init_state(self, batch_size: int, capacity: int = 0) -> DecodingState:
         """A fresh decoding state for ``batch_size`` rows and up to ``capacity`` tokens."""
         device, dtype = self.embed.weight.device, self.embed.weight.dtype
-        layers = [layer.mixer.init_state(batch_size, capacity, device, dtype) for layer in self.layers]
+        layers = [layer.init_state(batch_size, capacity, device, dtype) for layer in self.layers]
         return DecodingState(position=0, layers=layers)
 
     def _run(self, input_ids: torch.Tensor, state: DecodingState, form: str) -> tuple[torch.Tensor, DecodingState]:

@@ -82,7 +82,8 @@ class LMConfig:
         raise NotImplementedError(f"{type(self).__qualname__} must define make_mixer")
 
     def make_mlp(self, layer_index: int) -> nn.Module:
-        """The MLP of layer ``layer_index``: GeGLU unless the architecture has its own."""
+        """The MLP of layer ``layer_index``: GeGLU unless the architecture has its own (one
+        with a decoding state of its own is a :class:`TokenMixer`)."""
         from mcsd.models.common import GatedMLP
 
         return GatedMLP(self.hidden_size, self.mlp_hidden_size, self.init_std)
