@@ -56,8 +56,7 @@ class Architecture:
         A node that matches none is described by the fields that differ from the default.
         """
         keys = sorted({key for overrides in self.variants.values() for key in overrides})
-        defaults = {field.name: field.default if field.default_factory is dataclasses.MISSING
-                    else field.default_factory() for field in dataclasses.fields(self.config_class)}
+        defaults = field_defaults(self.config_class)
 
         def setting(overrides: Mapping[str, Any]) -> dict[str, Any]:
             return {key: _plain(overrides.get(key, defaults.get(key))) for key in keys}
@@ -68,6 +67,17 @@ class Architecture:
                 return name
         default = setting(next(iter(self.variants.values())))
         return ", ".join(f"{key}={_describe(actual[key])}" for key in keys if actual[key] != default[key])
+
+
+def field_defaults(config_class: type[LMConfig]) -> dict[str, Any]:
+    """The fields of a config class that have defaults, with their default values."""
+    defaults = {}
+    for field in dataclasses.fields(config_class):
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory()
+    return defaults
 
 
 def _plain(value: Any) -> Any:
@@ -93,12 +103,7 @@ def register(architecture: Architecture) -> Architecture:
     architecture.model_class.architecture = architecture
     if (importlib.resources.files("mcsd.conf") / "model" / f"{architecture.name}.yaml").is_file():
         return architecture
-    node = {"_target_": class_path(architecture.config_class)}
-    for field in dataclasses.fields(architecture.config_class):
-        if field.default is not dataclasses.MISSING:
-            node[field.name] = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            node[field.name] = field.default_factory()
+    node = {"_target_": class_path(architecture.config_class), **field_defaults(architecture.config_class)}
     ConfigStore.instance().store(group="model", name=architecture.name, node=node)
     return architecture
 
