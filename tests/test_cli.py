@@ -54,6 +54,23 @@ def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
     assert (run / "model" / "model.safetensors").is_file()
 
 
+def test_ddp_resume_continues_exactly(tmp_path: Path) -> None:
+    """Under DDP (two CPU processes, each its share of every epoch) a run resumed from step 3
+    logs the losses of the uninterrupted run for every remaining step."""
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv", *QUICK,
+           "trainer.max_steps=8", "callbacks.model_checkpoint.every_n_train_steps=1"]
+    whole = run_cli("mcsd-train", *ddp, "paths.log_dir=whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (run,) = (tmp_path / "whole" / "train" / "runs").iterdir()
+    checkpoint = run / "checkpoints" / "step-000003.ckpt"
+    resumed = run_cli("mcsd-train", *ddp, "paths.log_dir=resumed", f"ckpt_path={checkpoint}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (resumed_run,) = (tmp_path / "resumed" / "train" / "runs").iterdir()
+    whole_loss, resumed_loss = series(read_metrics(run), "train/loss"), series(read_metrics(resumed_run), "train/loss")
+    assert sorted(resumed_loss) == [3, 4, 5, 6, 7]
+    assert resumed_loss == {step: whole_loss[step] for step in resumed_loss}
+
+
 def _snapshot(directory: Path) -> dict[str, str]:
     return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
             for path in sorted(directory.rglob("*")) if path.is_file()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
@@ -79,18 +80,43 @@ def test_embedded_corpus_needs_no_network(tmp_path: Path) -> None:
     assert batch["input_ids"].shape == (16, 129)
 
 
-def test_train_loader_resumes_where_it_stopped(tmp_path: Path) -> None:
-    data = LanguageModelDataModule(source="embedded", vocab_size=512, seq_len=128, batch_size=8, cache_dir=str(tmp_path))
+def lightning_epochs(loader, epochs: int, first: Iterator | None = None, skip: int = 0) -> list[torch.Tensor]:
+    """Batches as Lightning draws them: ``len(loader)`` per epoch from a fresh iterator, never
+    draining it (``first``: the iterator of a restored epoch, ``skip`` batches into it)."""
+    batches = []
+    for epoch in range(epochs):
+        iterator = first if epoch == 0 and first is not None else iter(loader)
+        batches += [next(iterator)["input_ids"] for _ in range(len(loader) - (skip if epoch == 0 else 0))]
+    return batches
+
+
+def test_train_order_is_a_function_of_seed_and_pass_and_resumes_anywhere(tmp_path: Path) -> None:
+    """Every pass is a new order; a loader restored from the state after any batch (mid-epoch,
+    on an epoch's last batch, epochs later) continues the same stream."""
+    (tmp_path / "a.txt").write_text("".join(make_text(index, 150) for index in range(12)))
+    data = module(tmp_path, paths=[str(tmp_path / "a.txt")], batch_size=5)
     data.build()
+    per_epoch = len(data.train_dataloader())
+    assert per_epoch >= 4 and len(data.splits["train"]) % 5  # a partial last batch is dropped
     loader = data.train_dataloader()
-    iterator = iter(loader)
-    [next(iterator) for _ in range(3)]
-    state = loader.state_dict()
-    expected = [next(iterator)["input_ids"] for _ in range(2)]
-    resumed = data.train_dataloader()
-    resumed.load_state_dict(state)
-    iterator = iter(resumed)
-    assert all(torch.equal(next(iterator)["input_ids"], batch) for batch in expected)
+    stream, states = [], []
+    for _ in range(3):
+        iterator = iter(loader)
+        for _ in range(per_epoch):
+            stream.append(next(iterator)["input_ids"])
+            states.append(loader.state_dict())
+    first, second = (torch.cat(stream[k * per_epoch:(k + 1) * per_epoch]) for k in (0, 1))
+    assert first.shape == second.shape and not torch.equal(first, second)
+    again = lightning_epochs(data.train_dataloader(), 3)
+    assert all(torch.equal(a, b) for a, b in zip(again, stream))  # a function of the seed
+    for stop in (2, per_epoch - 1, per_epoch, per_epoch + 1, 2 * per_epoch):
+        resumed = data.train_dataloader()
+        resumed.load_state_dict(states[stop - 1])
+        epoch, done = divmod(stop, per_epoch)
+        restored = iter(resumed)
+        rest = lightning_epochs(resumed, 3 - epoch, first=restored if done else None, skip=done)
+        assert len(rest) == len(stream) - stop
+        assert all(torch.equal(a, b) for a, b in zip(rest, stream[stop:])), stop
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import shutil
 from pathlib import Path
 
@@ -98,20 +99,34 @@ def test_any_checkpoint_of_a_run_is_a_saved_model(trained_run: tuple[Path, float
         assert torch.equal(mcsd.load(stopped)(ids), latest(ids))
 
 
-def test_resume_continues_exactly(tmp_path: Path) -> None:
-    """Stopped at step 3 and resumed from its checkpoint, a run logs the losses of an
-    uninterrupted one at steps 4..6, in the same W&B run."""
+def test_resume_is_exact_from_any_stop_point(tmp_path: Path) -> None:
+    """A 20-step run (data.token_budget) over a corpus of about 6 steps per epoch, and runs
+    resumed from its checkpoints mid-epoch, on an epoch's last batch and two epochs later:
+    every remaining step logs the loss and tokens of the uninterrupted run, in the same W&B run."""
+    rng = random.Random(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)))
+    common = [*FAST, "data=text_files", f"data.paths=[{corpus}]", "data.token_budget=10240",
+              "callbacks.model_checkpoint.every_n_train_steps=1", "trainer.val_check_interval=100",
+              "test_after_training=false"]
     whole = tmp_path / "whole"
-    train(compose_train(whole, *FAST))
-    resumed = tmp_path / "resumed"
-    checkpoint = whole / "checkpoints" / "step-000003.ckpt"
-    train(compose_train(resumed, *FAST, f"ckpt_path={checkpoint}"))
-    whole_loss, resumed_loss = series(read_metrics(whole), "train/loss"), series(read_metrics(resumed), "train/loss")
-    assert sorted(resumed_loss) == [3, 4, 5]
-    assert [resumed_loss[step] for step in (3, 4, 5)] == [whole_loss[step] for step in (3, 4, 5)]
-    assert series(read_metrics(resumed), "trainer/tokens")[5] == series(read_metrics(whole), "trainer/tokens")[5]
-    run_ids = {path.name.rsplit("-", 1)[1] for path in [*whole.glob("wandb/offline-run-*"),
-                                                          *resumed.glob("wandb/offline-run-*")]}
+    train(compose_train(whole, *common))
+    rows = read_metrics(whole)
+    whole_loss, whole_tokens = series(rows, "train/loss"), series(rows, "trainer/tokens")
+    epochs = {int(row["step"]): int(row["epoch"]) for row in rows if row.get("train/loss")}
+    assert sorted(whole_loss) == list(range(20)) and max(epochs.values()) >= 3
+    epoch_end = max(step for step, epoch in epochs.items() if epoch == 0) + 1  # steps done when epoch 0 ends
+    for stop in (2, epoch_end, 2 * epoch_end + 2):
+        resumed = tmp_path / f"resumed-{stop}"
+        checkpoint = whole / "checkpoints" / f"step-{stop:06d}.ckpt"
+        train(compose_train(resumed, *common, f"ckpt_path={checkpoint}"))
+        rows = read_metrics(resumed)
+        loss, tokens = series(rows, "train/loss"), series(rows, "trainer/tokens")
+        assert sorted(loss) == list(range(stop, 20)), stop
+        assert loss == {step: whole_loss[step] for step in range(stop, 20)}, stop
+        assert all(tokens[step] == whole_tokens[step] for step in loss), stop
+    run_ids = {path.name.rsplit("-", 1)[1] for path in tmp_path.glob("*/wandb/offline-run-*")}
     assert len(run_ids) == 1
 
 

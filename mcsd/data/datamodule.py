@@ -5,13 +5,16 @@ Documents are tokenized with ``datasets.map`` (cached as Arrow files), each prec
 into blocks of ``seq_len + 1`` tokens (inputs and shifted targets). Blocks are split into train/val/test by a permutation drawn from ``seed``, so a
 corpus of one long document splits as well as one of many. Everything derived is cached
 under ``cache_dir/<corpus fingerprint>/``: the tokenizer (``tokenizer-<vocab>.json``), the
-token and block files. The train loader is a ``torchdata`` ``StatefulDataLoader``:
-Lightning saves its position in checkpoints, so a resumed run sees the same batches.
+token and block files. The train loader is a ``torchdata`` ``StatefulDataLoader`` whose
+order is a function of ``(seed, epoch)``: Lightning saves its position in checkpoints, so a
+resumed run sees the same batches, in this epoch and every later one.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +23,59 @@ import lightning as L
 import numpy as np
 import torch
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 from mcsd.data.corpus import DataError, embedded_corpus, hub_dataset, text_files
 from mcsd.data.tokenizer import eos_id, load_tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
 SOURCES = ("embedded", "text_files", "hub")
+
+
+class EpochShuffleSampler(StatefulDistributedSampler):
+    """Pass ``k`` over the data is in the order ``DistributedSampler`` draws from
+    ``(seed, k)``; the checkpointed state is the pass and the samples yielded in it.
+
+    The sampler counts its own passes (a new one starts once the previous one yielded
+    every sample that whole batches of ``batch_size`` use) and ignores ``set_epoch``:
+    Lightning's epoch number is no key to the data stream of a resumed run (resumed from a
+    checkpoint taken on an epoch's last batch, it starts its next epoch without iterating
+    the one it counted in between), and the loader rebuilds its iterator as soon as its
+    state is loaded, before any ``set_epoch``.
+    """
+
+    def __init__(self, *args: Any, batch_size: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.used_per_pass = self.num_samples // batch_size * batch_size  # the last partial batch is dropped
+
+    def set_epoch(self, epoch: int) -> None:
+        """Ignored: see the class docstring."""
+
+    def __iter__(self) -> Iterator[int]:
+        """Continue the restored pass, or start the next one if the last is complete (decided
+        when the iterator is made, not when it is first read)."""
+        if self.next_yielded is not None:
+            start, self.next_yielded = self.next_yielded, None
+        else:
+            if self.yielded >= self.used_per_pass:
+                self.epoch += 1
+            start = 0
+        self.yielded = start
+        return self._pass(start)
+
+    def _pass(self, start: int) -> Iterator[int]:
+        for index in itertools.islice(DistributedSampler.__iter__(self), start, None):
+            self.yielded += 1
+            yield index
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "epoch": self.epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.epoch = state_dict["epoch"]
 
 
 class LanguageModelDataModule(L.LightningDataModule):
@@ -72,6 +120,8 @@ class LanguageModelDataModule(L.LightningDataModule):
                             "fractions in [0, 1) that leave room for training (val_fraction > 0)")
         if token_budget is not None and token_budget < 1:
             raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
+        # Plain types only (an OmegaConf list is refused by weights-only checkpoint loading).
+        paths = [str(path) for path in paths] if paths is not None else None
         self.save_hyperparameters(logger=False)
         self.tokenizer: Tokenizer | None = None
         self.splits: dict[str, datasets.Dataset] = {}
@@ -164,10 +214,17 @@ class LanguageModelDataModule(L.LightningDataModule):
         return {f"data/{name}_tokens": len(split) * self.hparams.seq_len for name, split in self.splits.items()}
 
     def train_dataloader(self) -> StatefulDataLoader:
-        return StatefulDataLoader(
-            self.splits["train"], batch_size=self.hparams.batch_size, shuffle=True, drop_last=True,
-            num_workers=self.hparams.num_workers, generator=torch.Generator().manual_seed(self.hparams.seed),
+        """Shuffled blocks in an order that is a function of ``(seed, epoch)`` alone, split over
+        the processes of a distributed run; the epoch and the position within it are in every
+        checkpoint, so a resumed run sees the batches the uninterrupted one would."""
+        trainer = self.trainer
+        sampler = EpochShuffleSampler(
+            self.splits["train"], num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0, shuffle=True, seed=self.hparams.seed, drop_last=True,
+            batch_size=self.hparams.batch_size,
         )
+        return StatefulDataLoader(self.splits["train"], batch_size=self.hparams.batch_size, sampler=sampler,
+                                  drop_last=True, num_workers=self.hparams.num_workers)
 
     def _eval_loader(self, split: str) -> DataLoader:
         return DataLoader(self.splits[split], batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
