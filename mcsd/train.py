@@ -24,8 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from mcsd.cli import run_or_exit
 from mcsd.errors import MCSDError
-from mcsd.training.callbacks import SaveFinalModel, wandb_run_of
+from mcsd.training.callbacks import SaveFinalModel
 from mcsd.training.module import LanguageModelModule
+from mcsd.training.resume import WANDB_RUN_KEY, RememberRun, read_checkpoint, resume_config
 
 log = logging.getLogger("mcsd.train")
 CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
@@ -38,13 +39,11 @@ def _check(cfg: DictConfig) -> None:
         if not isinstance(max_steps, int) or max_steps < 1:
             raise MCSDError(f"trainer.max_steps={max_steps} must be a positive number of steps "
                             "(or set data.token_budget=TOKENS)")
-    if cfg.ckpt_path is not None and not Path(cfg.ckpt_path).is_file():
-        raise MCSDError(f"ckpt_path={cfg.ckpt_path} does not exist: point it at a .ckpt under a run's checkpoints/")
 
 
 def _loggers(cfg: DictConfig) -> list[Logger]:
     loggers = []
-    run_id = wandb_run_of(cfg.ckpt_path) if cfg.ckpt_path else None
+    run_id = read_checkpoint(cfg.ckpt_path).get(WANDB_RUN_KEY) if cfg.ckpt_path else None
     for name, node in (cfg.get("logger") or {}).items():
         if node is None:
             continue
@@ -74,6 +73,7 @@ def train(cfg: DictConfig) -> float:
                                  scheduler=instantiate(cfg.scheduler), compile=cfg.compile)
     loggers = _loggers(cfg)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
+    callbacks.append(RememberRun(HydraConfig.get().overrides.task))
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -134,7 +134,7 @@ def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callbac
 def main(cfg: DictConfig) -> float:
     """Entry point of ``mcsd-train``: one line and exit status 2 for a setting that cannot work."""
     try:
-        return run_or_exit("mcsd-train", lambda: train(cfg))
+        return run_or_exit("mcsd-train", lambda: train(resume_config(cfg)))
     finally:
         wandb.finish()  # multirun jobs must not share a run
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness import FAST, read_metrics, run_cli, series
 
@@ -71,6 +72,57 @@ def test_ddp_resume_continues_exactly(tmp_path: Path) -> None:
     assert resumed_loss == {step: whole_loss[step] for step in resumed_loss}
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 4-step run of the tiny model (checkpoints at step 3 and last.ckpt): (cwd, run dir)."""
+    cwd = tmp_path_factory.mktemp("stopped")
+    result = run_cli("mcsd-train", *QUICK, "trainer.max_steps=4", "logger=csv", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (cwd / "logs" / "train" / "runs").iterdir()
+    return cwd, run
+
+
+def newest_run(cwd: Path, before: set[Path]) -> Path:
+    (run,) = set((cwd / "logs" / "train" / "runs").iterdir()) - before
+    return run
+
+
+@pytest.mark.parametrize("how", ["ckpt_path", "resume"])
+def test_resume_needs_no_overrides_repeated(stopped_run: tuple[Path, Path], how: str) -> None:
+    """`ckpt_path=RUN/checkpoints/last.ckpt` or `resume=RUN` alone: the run's own overrides come
+    back (size=tiny, its data and logger settings); this command's go on top (max_steps)."""
+    cwd, run = stopped_run
+    before = set((cwd / "logs" / "train" / "runs").iterdir())
+    target = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}" if how == "ckpt_path" else f"resume={run}"
+    result = run_cli("mcsd-train", target, "trainer.max_steps=6", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = newest_run(cwd, before)
+    assert sorted(series(read_metrics(resumed), "train/loss")) == [3, 4, 5]
+    hparams = yaml.safe_load((resumed / "csv" / "version_0" / "hparams.yaml").read_text())
+    assert hparams["choices"]["size"] == "tiny" and hparams["model"]["hidden_size"] == 64
+    assert hparams["data"]["seq_len"] == 64 and not (resumed / "wandb").exists()  # logger=csv came back
+    assert hparams["ckpt_path"] == str(run / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.hidden_size=128"], "the overrides change the model (embed.weight: (512, 64) in the checkpoint, "
+                                    "(512, 128) now); a resumed run keeps its model: drop the model/size overrides"),
+        (["ablation=slope_only"], "the overrides change the model (layers.0.mixer.sections.1.proj.weight"),
+    ],
+)
+def test_resume_refuses_a_different_model_in_one_line(stopped_run: tuple[Path, Path], overrides: list[str],
+                                                      message: str) -> None:
+    cwd, run = stopped_run
+    before = _snapshot(run)
+    result = run_cli("mcsd-train", f"resume={run}", *overrides, cwd=cwd)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert _snapshot(run) == before
+
+
 def _snapshot(directory: Path) -> dict[str, str]:
     return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
             for path in sorted(directory.rglob("*")) if path.is_file()}
@@ -99,6 +151,7 @@ def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
         (["model=transformer", "ablation=slope_only"], "model.sections is a setting of mcsd, not of transformer"),
         (["+logger.extra.save_dir=x"], "logger.extra has no _target_"),
         (["ckpt_path=nowhere.ckpt"], "ckpt_path=nowhere.ckpt does not exist"),
+        (["resume=nowhere"], "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run directory"),
     ],
 )
 def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(

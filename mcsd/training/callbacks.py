@@ -1,5 +1,5 @@
 """Callbacks of ours: the saved-model format (tokenizer in every checkpoint, the final model
-folder), and the W&B run to resume."""
+folder). What a checkpoint remembers for resuming: :mod:`mcsd.training.resume`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from mcsd import saved_model
 
-WANDB_RUN_KEY = "wandb_run_id"
 
 
 def batch_size(batch: dict[str, torch.Tensor]) -> int:
@@ -48,18 +46,3 @@ class SaveFinalModel(L.Callback):
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         saved_model.save(pl_module.model, self.dirpath, self._tokenizer(trainer))
-
-
-class RememberWandbRun(L.Callback):
-    """Store the W&B run id in every checkpoint, so that resuming continues the same run."""
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                checkpoint[WANDB_RUN_KEY] = logger.version
-
-
-def wandb_run_of(ckpt_path: str) -> str | None:
-    """The W&B run id stored in a checkpoint by :class:`RememberWandbRun` (memory-mapped read)."""
-    checkpoint = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)
-    return checkpoint.get(WANDB_RUN_KEY)
