@@ -1,17 +1,21 @@
-"""What the command-line apps share: config resolvers, the arms sweeper and one-line errors."""
+"""What the command-line apps share: config resolvers, the arms sweeper, and the bad-input
+rules (one line on stderr, exit status 2, no run folder left behind)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
+import hydra
 from hydra.core.plugins import Plugins
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from mcsd.errors import MCSDError
 
@@ -34,14 +38,108 @@ def _register_arms_sweeper() -> None:
 _register_arms_sweeper()
 
 
+def fail(app: str, message: str) -> NoReturn:
+    """End the app with one line on stderr and exit status 2."""
+    print(f"{app}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
 def run_or_exit(app: str, function: Callable[[], Result]) -> Result:
     """Run ``function``; a setting or file that cannot work ends the app with one line on
     stderr and exit status 2 instead of a traceback."""
     try:
         return function()
     except (MCSDError, FileNotFoundError) as error:
-        print(f"{app}: error: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        fail(app, str(error))
+
+
+def require_values(cfg: DictConfig) -> None:
+    """Every ``???`` of the config has been given a value."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise MCSDError(f"{missing[0]} is missing: give it on the command line ({missing[0]}=...)")
+
+
+def require_wandb_login(setting: str) -> None:
+    """Online W&B needs an API key: say how to get one (or stay offline) instead of W&B's traceback."""
+    import wandb
+
+    if not wandb.login(prompt=False):
+        raise MCSDError(f"{setting} uses W&B online but no W&B API key is set: run `wandb login` (or set "
+                        "WANDB_API_KEY), or stay offline (unset WANDB_MODE; logger.wandb.offline=true)")
+
+
+def _group_options(config_name: str, argv: list[str]) -> Iterator[tuple[str, str, list[str]]]:
+    """``(group, value, options)`` for each ``group=value`` of ``argv`` whose group is a config group."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for argument in argv:
+            if argument.startswith("-") or "=" not in argument:
+                continue
+            key, value = argument.split("=", 1)
+            key = key.lstrip("+~")
+            if "(" in value or "." in key or not loader.repository.group_exists(key):
+                continue  # a value, or a sweep function (range, glob, ...)
+            options = loader.get_group_options(key, results_filter=ObjectType.CONFIG)
+            yield key, value, [option for option in options if not option.startswith("_")]
+
+
+def check_command_line(app: str, config_name: str, argv: list[str]) -> None:
+    """Refuse, in one line and before Hydra makes a run folder, a group option that does not
+    exist and a launcher that cannot start here."""
+    for group, value, options in _group_options(config_name, argv):
+        for choice in value.split(","):
+            if choice not in options and choice != "null":
+                fail(app, f"{group}={choice} is not an option of {group}: use one of {', '.join(options)}")
+            if group == "hydra/launcher" and "slurm" in choice and shutil.which("sbatch") is None:
+                fail(app, f"hydra/launcher={choice} submits to SLURM, but there is no sbatch here: run on a SLURM "
+                          "login node, or use hydra/launcher=local_parallel (or basic)")
+
+
+def _remove_empty_run_dir() -> None:
+    """A run that failed before writing anything leaves no folder (Hydra's own ``.hydra/`` and
+    log file do not count)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    written = [path for path in run_dir.rglob("*") if path.is_file()
+               and ".hydra" not in path.relative_to(run_dir).parts and path.suffix != ".log"]
+    if run_dir.is_dir() and not written:
+        shutil.rmtree(run_dir)
+
+
+def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Result]], Callable[[], Result]]:
+    """``@hydra.main`` on ``mcsd.conf/<config_name>``, with this project's bad-input rules: a
+    bad group option or launcher is refused before Hydra starts, a missing value or a
+    setting that cannot work ends the app in one line (exit status 2), and a run that
+    failed before writing anything leaves no run folder."""
+
+    def decorate(task: Callable[[DictConfig], Result]) -> Callable[[], Result]:
+        @functools.wraps(task)
+        def checked_task(cfg: DictConfig) -> Result:
+            try:
+                return run_or_exit(app, lambda: (require_values(cfg), task(cfg))[1])
+            except SystemExit:
+                _remove_empty_run_dir()
+                raise
+
+        hydra_main = hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name=config_name)(
+            checked_task)
+
+        @functools.wraps(task)
+        def entry() -> Result:
+            check_command_line(app, config_name, sys.argv[1:])
+            return hydra_main()
+
+        return entry
+
+    return decorate
 
 
 def git_commit() -> str:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import sys
 
-import hydra
 import torch
 from omegaconf import DictConfig
 
 import mcsd
-from mcsd.cli import run_or_exit
+from mcsd.cli import hydra_app
 from mcsd.data.tokenizer import EOS_TOKEN
 
 
@@ -44,10 +43,10 @@ def generate(cfg: DictConfig) -> str:
     return cfg.prompt + tokenizer.decode(new_ids)
 
 
-@hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="generate")
+@hydra_app("mcsd-generate", "generate")
 def main(cfg: DictConfig) -> None:
     """Entry point of ``mcsd-generate``."""
-    run_or_exit("mcsd-generate", lambda: generate(cfg))
+    generate(cfg)
 
 
 if __name__ == "__main__":

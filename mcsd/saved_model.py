@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from safetensors.torch import load_model, save_model
 from tokenizers import Tokenizer
 
 from mcsd.api import build_model
+from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, LMConfig, make_config
 
 WEIGHTS_FILE = "model.safetensors"
@@ -83,15 +86,21 @@ def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = N
     return directory
 
 
-def _read_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A run's Lightning checkpoint, memory-mapped (weights are read only when used); a file
+    that is not one (truncated, corrupt) is named in one line."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):
+        raise MCSDError(f"{path} is not a readable checkpoint (truncated or corrupt): use another checkpoint "
+                        "of the run") from None
 
 
 def read_config(saved: SavedModel) -> LMConfig:
     """The resolved config of a saved model, without loading its weights."""
     if saved.kind == "folder":
         return make_config(json.loads((saved.path / CONFIG_FILE).read_text()))
-    return make_config(_read_checkpoint(saved.path)["hyper_parameters"]["model"])
+    return make_config(read_checkpoint(saved.path)["hyper_parameters"]["model"])
 
 
 def load(path: str | Path, device: str | torch.device = "cpu") -> CausalLM:
@@ -101,7 +110,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> CausalLM:
     if saved.kind == "folder":
         load_model(model, str(saved.path / WEIGHTS_FILE), device=str(device))
         return model.to(device).eval()
-    checkpoint = _read_checkpoint(saved.path)
+    checkpoint = read_checkpoint(saved.path)
     weights = {key.removeprefix(STATE_DICT_PREFIX): value for key, value in checkpoint["state_dict"].items()
                if key.startswith(STATE_DICT_PREFIX)}
     model.load_state_dict(weights)
@@ -112,7 +121,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """The tokenizer saved with the model at ``path`` (``tokenizer.json`` or the checkpoint's)."""
     saved = locate(path)
     if saved.kind == "checkpoint":
-        text = _read_checkpoint(saved.path).get(CHECKPOINT_TOKENIZER_KEY)
+        text = read_checkpoint(saved.path).get(CHECKPOINT_TOKENIZER_KEY)
         if text is None:
             raise FileNotFoundError(f"{saved.path} carries no tokenizer: it was saved without one")
         return Tokenizer.from_str(text)

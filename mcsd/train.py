@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning as L
 import wandb
 from hydra.core.hydra_config import HydraConfig
@@ -22,11 +21,12 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from mcsd.cli import run_or_exit
+from mcsd.cli import hydra_app, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.training.callbacks import SaveFinalModel
 from mcsd.training.module import LanguageModelModule
-from mcsd.training.resume import WANDB_RUN_KEY, RememberRun, read_checkpoint, resume_config
+from mcsd.saved_model import read_checkpoint
+from mcsd.training.resume import WANDB_RUN_KEY, RememberRun, resume_config
 
 log = logging.getLogger("mcsd.train")
 CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
@@ -49,6 +49,8 @@ def _loggers(cfg: DictConfig) -> list[Logger]:
             continue
         if "_target_" not in node:
             raise MCSDError(f"logger.{name} has no _target_: give it one or remove it (logger=none for no logging)")
+        if "Wandb" in node._target_ and not node.get("offline", False):
+            require_wandb_login(f"logger.{name}")
         extra = {"id": run_id, "resume": "allow"} if run_id and "Wandb" in node._target_ else {}
         loggers.append(instantiate(node, **extra))
     return loggers
@@ -130,11 +132,11 @@ def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callbac
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="train")
+@hydra_app("mcsd-train", "train")
 def main(cfg: DictConfig) -> float:
     """Entry point of ``mcsd-train``: one line and exit status 2 for a setting that cannot work."""
     try:
-        return run_or_exit("mcsd-train", lambda: train(resume_config(cfg)))
+        return train(resume_config(cfg))
     finally:
         wandb.finish()  # multirun jobs must not share a run
 

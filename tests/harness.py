@@ -41,10 +41,12 @@ def compose_train(output_dir: Path, *overrides: str) -> DictConfig:
     return cfg
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run an mcsd console script (``mcsd-train``, ...) as a user would, capturing its output."""
+def run_cli(*args: str, cwd: Path, env: dict[str, str | None] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run an mcsd console script (``mcsd-train``, ...) as a user would, capturing its output
+    (``env``: variables to set, or to remove where the value is None)."""
     script = Path(sys.executable).parent / args[0]
     full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {key: value for key, value in full_env.items() if value is not None}
     return subprocess.run([str(script), *args[1:]], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,14 @@ def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
         (["model=transformer", "ablation=slope_only"], "model.sections is a setting of mcsd, not of transformer"),
         (["+logger.extra.save_dir=x"], "logger.extra has no _target_"),
         (["ckpt_path=nowhere.ckpt"], "ckpt_path=nowhere.ckpt does not exist"),
+        (["ckpt_path=garbage.ckpt"], "garbage.ckpt is not a readable checkpoint (truncated or corrupt): use another"),
+        (["ckpt_path=truncated.ckpt"], "truncated.ckpt is not a readable checkpoint (truncated or corrupt)"),
+        (["data=text_files", "data.paths=[latin1.txt]"], "latin1.txt is not UTF-8 text (byte 6: b'\\xe9'): convert it"),
+        (["data=text_files"], "data.paths is missing: give it on the command line (data.paths=...)"),
+        (["size=huge"], "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
+        (["-m", "model=mcsd,rnn"], "model=rnn is not an option of model: use one of mcsd, transformer"),
+        pytest.param(["hydra/launcher=slurm"], "hydra/launcher=slurm submits to SLURM, but there is no sbatch here",
+                     marks=pytest.mark.skipif(shutil.which("sbatch") is not None, reason="SLURM is here: it can start")),
         (["resume=nowhere"], "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run directory"),
     ],
 )
@@ -160,6 +169,11 @@ def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
     cwd, before = earlier_run
     (cwd / "empty.txt").write_text("  \n")
     (cwd / "small.txt").write_text("a few words, far fewer than one block of 512 tokens.\n" * 5)
+    (cwd / "latin1.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("latin-1") * 50)
+    (cwd / "garbage.ckpt").write_bytes(bytes(range(256)) * 20)
+    (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
+    checkpoint = (earlier / "checkpoints" / "last.ckpt").read_bytes()
+    (cwd / "truncated.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
     # A closed local port stands in for the Hub, so that this test never reaches the network.
     result = run_cli("mcsd-train", *FAST, *overrides, cwd=cwd, env={"HF_ENDPOINT": "http://127.0.0.1:9"},
                      timeout=300)
@@ -167,5 +181,22 @@ def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
     errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    runs = sorted((cwd / "logs" / "train" / "runs").iterdir())
-    assert _snapshot(runs[0]) == before
+    assert list((cwd / "logs" / "train" / "runs").iterdir()) == [earlier]  # no run folder left behind
+    assert _snapshot(earlier) == before
+
+
+def test_online_wandb_without_a_key_and_missing_ckpt_fail_in_one_line(tmp_path: Path) -> None:
+    no_key = {"WANDB_MODE": "online", "WANDB_API_KEY": None, "HOME": str(tmp_path)}  # no ~/.netrc either
+    cases = [
+        (run_cli("mcsd-train", *QUICK, cwd=tmp_path, env=no_key), "mcsd-train",
+         "logger.wandb uses W&B online but no W&B API key is set: run `wandb login`"),
+        (run_cli("mcsd-plot", "ablation", "--wandb", "me/mcsd", "--group", "g", cwd=tmp_path, env=no_key), "mcsd-plot",
+         "--wandb uses W&B online but no W&B API key is set"),
+        (run_cli("mcsd-generate", cwd=tmp_path), "mcsd-generate", "ckpt is missing: give it on the command line"),
+        (run_cli("mcsd-eval", "tasks=local", cwd=tmp_path), "mcsd-eval", "ckpt is missing: give it on the command line"),
+    ]
+    for result, app, message in cases:
+        assert result.returncode == 2, result.stderr[-2000:]
+        errors = [line for line in result.stderr.splitlines() if line.startswith(f"{app}: error:")]
+        assert len(errors) == 1 and message in errors[0] and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.yaml"))  # no run folders

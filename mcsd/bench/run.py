@@ -21,14 +21,13 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from mcsd.bench import measure
-from mcsd.cli import git_commit, run_or_exit
+from mcsd.cli import git_commit, hydra_app, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.saved_model import locate, read_config
@@ -133,6 +132,8 @@ def _check(cfg: DictConfig) -> None:
         raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use one of {', '.join(measure.DTYPES)}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise MCSDError(f"device={cfg.device} but no GPU is visible: use device=cpu (e.g. bench=cpu_quick)")
+    if cfg.wandb.enabled and not cfg.wandb.offline:
+        require_wandb_login("wandb")
     for entry in models_of(cfg):
         if entry not in registry.architectures() and not Path(entry).expanduser().exists():
             raise MCSDError(f"models: {entry!r} is neither a registered architecture ({', '.join(registry.architectures())}) "
@@ -198,10 +199,10 @@ def bench(cfg: DictConfig) -> Path:
     return csv_path
 
 
-@hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="bench")
+@hydra_app("mcsd-bench", "bench")
 def main(cfg: DictConfig) -> None:
     """Entry point of ``mcsd-bench``."""
-    run_or_exit("mcsd-bench", lambda: bench(cfg))
+    bench(cfg)
 
 
 if __name__ == "__main__":

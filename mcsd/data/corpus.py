@@ -6,6 +6,7 @@ and has a fingerprint that names it in the cache.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import socket
@@ -64,9 +65,32 @@ def text_files(paths: list[str], text_field: str, cache_dir: Path) -> tuple[data
     parts = []
     for loader, files in groups.items():
         options = {"sample_by": "document"} if loader == "text" else {}
+        if loader != "parquet":
+            _require_utf8(files)
         part = datasets.load_dataset(loader, data_files=files, split="train", cache_dir=str(cache_dir), **options)
         parts.append(_text_column(part, "text" if loader == "text" else text_field, files[0]))
     return datasets.concatenate_datasets(parts), "files-" + _digest(text_field, *sorted(identity))
+
+
+def _require_utf8(files: list[str], chunk_bytes: int = 1 << 24) -> None:
+    """Name the first file (and byte offset) that is not UTF-8 text, before ``datasets`` reads it."""
+    for file in files:
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(file, "rb") as handle:
+            while chunk := handle.read(chunk_bytes):
+                try:
+                    decoder.decode(chunk)
+                except UnicodeDecodeError as error:
+                    raise DataError(f"data.paths: {file} is not UTF-8 text (byte {offset + error.start}: "
+                                    f"{chunk[error.start:error.start + 1]!r}): convert it, e.g. "
+                                    "iconv -f latin1 -t utf-8") from None
+                offset += len(chunk)
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError:
+                raise DataError(f"data.paths: {file} is not UTF-8 text (it ends inside a character, byte "
+                                f"{offset - 1}): convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def hub_is_reachable(timeout: float = 5.0) -> bool:

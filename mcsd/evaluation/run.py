@@ -15,11 +15,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import mcsd
-from mcsd.cli import run_or_exit
+from mcsd.cli import hydra_app, require_wandb_login
 from mcsd.data.corpus import hub_is_reachable
 from mcsd.errors import MCSDError
 from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
@@ -78,9 +77,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
     from mcsd.evaluation.lm import MCSDEvalModel
 
+    if cfg.wandb.enabled and not cfg.wandb.offline:
+        require_wandb_login("wandb")
+    saved = mcsd.locate(cfg.ckpt)
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    saved = mcsd.locate(cfg.ckpt)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
     manager = check_tasks(tasks, include_path)
     lm = MCSDEvalModel(str(saved.path), batch_size=cfg.batch_size, device=cfg.device, max_length=cfg.max_length,
@@ -122,10 +123,10 @@ def _log_to_wandb(cfg: DictConfig, results: dict[str, Any], output_dir: Path) ->
     wandb.finish()
 
 
-@hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name="eval")
+@hydra_app("mcsd-eval", "eval")
 def main(cfg: DictConfig) -> None:
     """Entry point of ``mcsd-eval``."""
-    run_or_exit("mcsd-eval", lambda: evaluate(cfg))
+    evaluate(cfg)
 
 
 if __name__ == "__main__":

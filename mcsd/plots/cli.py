@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from mcsd.cli import run_or_exit
+from mcsd.cli import require_wandb_login, run_or_exit
 from mcsd.errors import MCSDError
 from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_table, plot_sweep
@@ -28,6 +28,7 @@ def _plot(args: argparse.Namespace) -> list:
     if args.wandb:
         if not args.group:
             raise MCSDError("--wandb needs --group: the W&B group of the sweep (its experiment_name)")
+        require_wandb_login("--wandb")
         rows, default_out = load_wandb_runs(args.wandb, args.group), "."
     elif args.source:
         rows, default_out = load_csv_runs(args.source), args.source

@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mcsd.errors import MCSDError
-from mcsd.saved_model import CHECKPOINT_DIR, LAST_CHECKPOINT
+from mcsd.saved_model import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
 
 WANDB_RUN_KEY = "wandb_run_id"
 OVERRIDES_KEY = "mcsd_overrides"
@@ -39,11 +39,6 @@ class RememberRun(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 checkpoint[WANDB_RUN_KEY] = logger.version
-
-
-def read_checkpoint(ckpt_path: str | Path) -> dict[str, Any]:
-    """A run's checkpoint (memory-mapped: the weights are not read unless used)."""
-    return torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=True)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
