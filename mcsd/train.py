@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from mcsd.cli import hydra_app, require_wandb_login
 from mcsd.errors import MCSDError
+from mcsd.saved_model import read_checkpoint
 from mcsd.training.callbacks import SaveFinalModel
 from mcsd.training.module import LanguageModelModule
-from mcsd.saved_model import read_checkpoint
-from mcsd.training.resume import WANDB_RUN_KEY, RememberRun, resume_config
+from mcsd.training.resume import WANDB_RUN_KEY, RememberRun, StopOnInterrupt, resume_config
 
 log = logging.getLogger("mcsd.train")
 CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
@@ -75,7 +76,8 @@ def train(cfg: DictConfig) -> float:
                                  scheduler=instantiate(cfg.scheduler), compile=cfg.compile)
     loggers = _loggers(cfg)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
-    callbacks.append(RememberRun(HydraConfig.get().overrides.task))
+    interrupt = StopOnInterrupt()
+    callbacks += [RememberRun(HydraConfig.get().overrides.task), interrupt]
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -99,6 +101,14 @@ def train(cfg: DictConfig) -> float:
     if cfg.validate_before_training and cfg.ckpt_path is None:
         trainer.validate(module, datamodule=datamodule, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    if interrupt.checkpoint is not None:
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        wandb.finish()
+        if trainer.is_global_zero:
+            print(f"mcsd-train: interrupted at step {trainer.global_step}: checkpoint {interrupt.checkpoint}; resume "
+                  f"with `mcsd-train resume={run_dir}` (the final model folder is written only for a finished run)",
+                  file=sys.stderr, flush=True)
+        raise SystemExit(130)
     if module.validated_at_step != trainer.global_step:  # the final model is always validated
         trainer.validate(module, datamodule=datamodule, verbose=False)
     val_loss = float(trainer.callback_metrics.get("val/loss", float("nan")))

@@ -27,9 +27,9 @@ def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 class SaveFinalModel(L.Callback):
     """The saved-model format (:mod:`mcsd.saved_model`) of a run: the tokenizer goes into
-    every checkpoint, so that a step checkpoint loads, scores and generates by itself; at
-    the end of training the model folder (weights, config, tokenizer) is written to
-    ``dirpath``."""
+    every checkpoint, so that a step checkpoint loads, scores and generates by itself; when
+    training finishes (reaches its last step) the model folder (weights, config, tokenizer)
+    is written to ``dirpath``."""
 
     def __init__(self, dirpath: str) -> None:
         self.dirpath = Path(dirpath)
@@ -45,4 +45,6 @@ class SaveFinalModel(L.Callback):
 
     @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step < trainer.max_steps:
+            return  # stopped early (interrupted): the model folder is for finished runs
         saved_model.save(pl_module.model, self.dirpath, self._tokenizer(trainer))

@@ -10,6 +10,9 @@ parameter is refused in one line.
 from __future__ import annotations
 
 import re
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,43 @@ class RememberRun(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 checkpoint[WANDB_RUN_KEY] = logger.version
+
+
+class StopOnInterrupt(L.Callback):
+    """Ctrl-C (SIGINT) stops training at the end of the step under way, with a checkpoint of
+    that step (so that resuming is exact); a second Ctrl-C stops at once. ``checkpoint`` is
+    the file written, ``None`` while uninterrupted."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.checkpoint: Path | None = None
+        self._previous_handler: Any = None
+
+    def _request(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nmcsd-train: stopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
+              file=sys.stderr, flush=True)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGINT, self._request)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+            return
+        folder = Path(trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else
+                      Path(trainer.default_root_dir) / CHECKPOINT_DIR)
+        self.checkpoint = folder / f"step-{trainer.global_step:06d}.ckpt"
+        trainer.save_checkpoint(self.checkpoint)
+        trainer.save_checkpoint(folder / LAST_CHECKPOINT)
+        trainer.should_stop = True
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGINT, self._previous_handler)
+            self._previous_handler = None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
