@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -20,6 +22,27 @@ from omegaconf import DictConfig, OmegaConf
 from mcsd.errors import MCSDError
 
 Result = TypeVar("Result")
+
+# Third-party warnings that say nothing about the user's settings, each matched by its text.
+THIRD_PARTY_WARNINGS = (
+    r"'set_vital' is deprecated",  # torchdata's StatefulDataLoader calls a deprecated torch function
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning's pytree helper on torch 2.13
+    r"`torch.jit.script_method` is deprecated",  # a dependency of lm-eval, at import
+)
+for _message in THIRD_PARTY_WARNINGS:
+    warnings.filterwarnings("ignore", message=_message)
+
+
+class _DropInfo(logging.Filter):
+    """Drops Lightning's advertising tips and its note that our model summary replaces its own."""
+
+    PREFIXES = ("\N{ELECTRIC LIGHT BULB} Tip:", "Trainer already configured with model summary callbacks")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.PREFIXES)
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropInfo())
 
 # ${mcsd.wandb_offline:} is true unless WANDB_MODE=online.
 OmegaConf.register_new_resolver("mcsd.wandb_offline", lambda: os.environ.get("WANDB_MODE", "offline") != "online",

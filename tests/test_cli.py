@@ -241,3 +241,14 @@ def test_ctrl_c_stops_with_a_checkpoint_and_says_how_to_resume(tmp_path: Path) -
     assert resumed_loss == {step: loss for step, loss in series(read_metrics(whole_run), "train/loss").items()
                             if step >= stopped_at}
     assert (resumed_run / "model" / "model.safetensors").is_file()
+
+
+def test_a_run_prints_no_third_party_warnings(tmp_path: Path) -> None:
+    """No deprecation notes of dependencies, no Lightning tips, no W&B note about a setting we
+    never set: what a run prints on stderr is progress and its own messages."""
+    result = run_cli("mcsd-train", *QUICK, cwd=tmp_path)  # W&B (offline) + CSV, the default loggers
+    assert result.returncode == 0, result.stderr[-3000:]
+    noise = [line for line in result.stderr.splitlines()
+             if "warn" in line.lower() or "deprecated" in line or "Tip:" in line or "anonymous" in line
+             or "was configured so 100%" in line or "weights_only" in line]
+    assert noise == []

@@ -59,7 +59,11 @@ def write_local_tasks(directory: str | Path, items: int = 40) -> Path:
         "task": "mcsd_local_ppl", **common,
         "dataset_kwargs": {"data_files": {"test": str(directory / "mcsd_local_ppl.jsonl")}},
         "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
-        "metric_list": [{"metric": "word_perplexity"}, {"metric": "byte_perplexity"}, {"metric": "bits_per_byte"}],
+        "metric_list": [  # lm-eval's own aggregations for these metrics, stated so that it need not warn
+            {"metric": "word_perplexity", "aggregation": "weighted_perplexity", "higher_is_better": False},
+            {"metric": "byte_perplexity", "aggregation": "weighted_perplexity", "higher_is_better": False},
+            {"metric": "bits_per_byte", "aggregation": "bits_per_byte", "higher_is_better": False},
+        ],
     }
     for config in (multiple_choice, rolling):
         (directory / f"{config['task']}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))

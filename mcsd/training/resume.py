@@ -71,8 +71,8 @@ class StopOnInterrupt(L.Callback):
         folder = Path(trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else
                       Path(trainer.default_root_dir) / CHECKPOINT_DIR)
         self.checkpoint = folder / f"step-{trainer.global_step:06d}.ckpt"
-        trainer.save_checkpoint(self.checkpoint)
-        trainer.save_checkpoint(folder / LAST_CHECKPOINT)
+        trainer.save_checkpoint(self.checkpoint, weights_only=False)  # the full state: resuming is exact
+        trainer.save_checkpoint(folder / LAST_CHECKPOINT, weights_only=False)
         trainer.should_stop = True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -44,19 +44,20 @@ def decay_rates(num_channels: int) -> list[float]:
     return [1.0 - 2.0 ** (-5 - i) for i in range(num_channels)]
 
 
+def log_decay_values(kind: str, num_channels: int) -> list[float]:
+    """Per-channel log-decay of a section, in float64: ``-beta_i`` (slope) or ``log(alpha_i)``
+    (decay; in bf16 ``alpha_i`` itself would round to 1.0 for i >= 4, so only the log is kept)."""
+    if kind == "slope":
+        return [-beta for beta in slope_rates(num_channels)]
+    return [math.log(alpha) for alpha in decay_rates(num_channels)]
+
+
 @functools.lru_cache(maxsize=None)
 def section_log_decay(kind: str, num_channels: int, device: torch.device) -> torch.Tensor:
-    """Per-channel log-decay ``[C]`` of a section, computed in float64 and kept in fp32.
-
-    Slope: ``-beta_i``; decay: ``log(alpha_i)`` (in bf16 ``alpha_i`` itself would round
-    to 1.0 for i >= 4, so only the log is ever stored). Cached so that it is built once
-    per device and is never cast by ``model.to(dtype)``.
-    """
-    if kind == "slope":
-        values = [-beta for beta in slope_rates(num_channels)]
-    else:
-        values = [math.log(alpha) for alpha in decay_rates(num_channels)]
-    return torch.tensor(values, dtype=torch.float64).to(device=device, dtype=torch.float32)
+    """:func:`log_decay_values` as an fp32 tensor ``[C]``, cached so that it is built once per
+    device and is never cast by ``model.to(dtype)``."""
+    return torch.tensor(log_decay_values(kind, num_channels), dtype=torch.float64).to(device=device,
+                                                                                     dtype=torch.float32)
 
 
 def geometric_sum(log_decay: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -101,6 +102,7 @@ class Section(torch.nn.Module):
         super().__init__()
         self.kind = kind
         self.num_channels = config.num_channels
+        self.log_decay_values = log_decay_values(kind, config.num_channels)
         self.chunk_size = config.chunk_size
         width = config.channel_width
         self.proj = GroupedLinear(config.num_channels, width, 2 * width, config.init_std)  # (U, V) or (F, E)
@@ -112,6 +114,8 @@ class Section(torch.nn.Module):
             self.norm.reset_parameters()
 
     def log_decay(self, device: torch.device) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # a constant of the graph (the cache is for eager calls)
+            return torch.tensor(self.log_decay_values, dtype=torch.float32, device=device)
         return section_log_decay(self.kind, self.num_channels, device)
 
     def forward(
