@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Run an experiment's sweep two jobs at a time, keep its CSV logs in the experiment's
 # folder (<experiment>/<corpus>/<job>/csv/version_0/{metrics.csv,hparams.yaml}) and draw it.
-#   experiments/sweep.sh EXPERIMENT PLOT_KIND [embedded|FILE.txt] [mcsd-train overrides...]
+#   experiments/sweep.sh EXPERIMENT PLOT_KIND [--replace] [embedded|FILE.txt] [mcsd-train overrides...]
+# The results go to <experiment>/trial/<corpus>/, or with --replace to <experiment>/<corpus>/
+# (the committed results), so that a trial run never overwrites them silently.
 set -euo pipefail
-experiment="$1"; kind="$2"; corpus="${3:-embedded}"; shift $(( $# < 3 ? $# : 3 ))
+experiment="$1"; kind="$2"; shift 2
+results=trial; if [ "${1:-}" = --replace ]; then results=.; shift; fi
+corpus="${1:-embedded}"; shift $(( $# < 1 ? $# : 1 ))
 here="$(cd "$(dirname "$0")" && pwd)/$experiment"
 if [ "$corpus" = embedded ]; then
   data=(data=embedded); name=embedded
@@ -14,11 +18,12 @@ export OMP_NUM_THREADS=1  # two jobs side by side, one core each
 mcsd-train -m experiment="$experiment" "${data[@]}" hydra/launcher=local_parallel \
   paths.log_dir="$here/logs/$name" "$@"
 sweep="$(ls -td "$here/logs/$name/train/multiruns/"*/ | head -n 1)"
-rm -rf "${here:?}/$name"
+out="$here/$results/$name"
+rm -rf "${out:?}"
 for job in "$sweep"*/; do
   logs="$job/csv/version_0"
   [ -f "$logs/metrics.csv" ] || continue
-  mkdir -p "$here/$name/$(basename "$job")/csv/version_0"
-  cp "$logs/metrics.csv" "$logs/hparams.yaml" "$here/$name/$(basename "$job")/csv/version_0/"
+  mkdir -p "$out/$(basename "$job")/csv/version_0"
+  cp "$logs/metrics.csv" "$logs/hparams.yaml" "$out/$(basename "$job")/csv/version_0/"
 done
-mcsd-plot "$kind" "$here/$name"
+mcsd-plot "$kind" "$out"

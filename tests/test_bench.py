@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -117,3 +121,25 @@ def test_a_saved_model_benches_beside_an_architecture(tmp_path: Path) -> None:
     assert list(frame["arch"]) == ["mcsd", "transformer"] and list(frame["size"]) == ["tiny", "saved"]
     assert frame["params"].iloc[1] == sum(p.numel() for p in model.parameters())
     assert model_label("transformer", frame["model"].iloc[1]) == "Transformer (run)"
+
+
+def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path) -> None:
+    """experiments/*/run.sh never overwrites the committed results silently."""
+    script = tmp_path / "fig" / "run.sh"
+    script.parent.mkdir()
+    shutil.copy(Path(__file__).parent.parent / "experiments" / "fig5-8_inference" / "run.sh", script)
+    committed = tmp_path / "fig" / "cpu_quick" / "results.csv"
+    committed.parent.mkdir()
+    committed.write_text("committed\n")
+    tiny = [*TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[4]", "models=[mcsd]",
+            "isolate=false", "wandb.enabled=false"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
+    for extra in ([], ["--replace"]):
+        result = subprocess.run(["bash", str(script), *extra, "cpu_quick", *tiny], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        trial = tmp_path / "fig" / "trial" / "cpu_quick"
+        if not extra:
+            assert (trial / "results.csv").is_file() and (trial / "fig5_memory_vs_length.png").is_file()
+            assert committed.read_text() == "committed\n"
+    assert len(pd.read_csv(committed)) == 1 and (committed.parent / "fig8_throughput_vs_batch.png").is_file()

@@ -9,7 +9,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from harness import run_cli
+from harness import compose_train, read_metrics, run_cli, series
+from mcsd.train import train
 from mcsd.training.schedule import warmup_cosine
 
 
@@ -64,3 +65,11 @@ def test_generate_names_a_missing_model(tmp_path: Path) -> None:
     result = run_cli("mcsd-generate", f"ckpt={tmp_path / 'nothing'}", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().startswith("mcsd-generate: error:") and "nothing does not exist: point to a model folder" in result.stderr
+
+
+def test_debug_overfit_drives_the_training_loss_to_about_zero(tmp_path: Path) -> None:
+    """What debug=overfit claims: on the same 2 batches the default model's loss falls to ~0."""
+    train(compose_train(tmp_path / "run", "debug=overfit", "logger=csv", "callbacks.progress_bar.refresh_rate=0",
+                        "test_after_training=false"))
+    losses = series(read_metrics(tmp_path / "run"), "train/loss")
+    assert losses[0] > 8 and losses[149] < 0.1
