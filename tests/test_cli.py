@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -41,12 +38,12 @@ def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
 def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
     """Two runs started in the same second write to different run directories."""
     script = Path(sys.executable).parent / "mcsd-train"
-    processes = [subprocess.Popen([str(script), "trainer.max_steps=-5"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for _ in range(2)]
+    processes = [subprocess.Popen([str(script), *QUICK, "logger=none", "validate_before_training=false"], cwd=tmp_path,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
     for process in processes:
-        assert process.wait(timeout=300) == 2
+        assert process.wait(timeout=300) == 0
     runs = list((tmp_path / "logs" / "train" / "runs").iterdir())
-    assert len(runs) == 2
+    assert len(runs) == 2 and all((run / "model" / "model.safetensors").is_file() for run in runs)
 
 
 def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
@@ -203,44 +200,6 @@ def test_online_wandb_without_a_key_and_missing_ckpt_fail_in_one_line(tmp_path: 
         errors = [line for line in result.stderr.splitlines() if line.startswith(f"{app}: error:")]
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.yaml"))  # no run folders
-
-
-def test_ctrl_c_stops_with_a_checkpoint_and_says_how_to_resume(tmp_path: Path) -> None:
-    """SIGINT during training: the run stops at the end of that step with a checkpoint, exits
-    130 with one line naming the checkpoint and the command, writes no model folder; resumed,
-    it logs the losses of an uninterrupted run."""
-    slow = ["size=small", "data.seq_len=128", "data.batch_size=8", "trainer.max_steps=30", "logger=csv",
-            "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.progress_bar.refresh_rate=0",
-            "trainer.val_check_interval=100", "trainer.log_every_n_steps=1", "test_after_training=false"]
-    script = Path(sys.executable).parent / "mcsd-train"
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([str(script), *slow, "paths.log_dir=interrupted"], cwd=tmp_path, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not list(tmp_path.glob("interrupted/train/runs/*/checkpoints/step-000002.ckpt")):
-        assert process.poll() is None and time.monotonic() < deadline, "training did not start"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    stderr = process.communicate(timeout=300)[1]
-    assert process.returncode == 130, stderr[-2000:]
-    (run,) = (tmp_path / "interrupted" / "train" / "runs").iterdir()
-    hint = [line for line in stderr.splitlines() if line.startswith("mcsd-train: interrupted at step ")]
-    assert len(hint) == 1 and f"resume with `mcsd-train resume={run}`" in hint[0] and "Traceback" not in stderr
-    stopped_at = int(hint[0].split("step ")[1].split(":")[0])
-    assert 2 <= stopped_at < 30 and (run / "checkpoints" / f"step-{stopped_at:06d}.ckpt").is_file()
-    assert not (run / "model").exists()
-
-    resumed = run_cli("mcsd-train", f"resume={run}", "paths.log_dir=resumed", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    whole = run_cli("mcsd-train", *slow, "paths.log_dir=whole", cwd=tmp_path)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    (resumed_run,) = (tmp_path / "resumed" / "train" / "runs").iterdir()
-    (whole_run,) = (tmp_path / "whole" / "train" / "runs").iterdir()
-    resumed_loss = series(read_metrics(resumed_run), "train/loss")
-    assert sorted(resumed_loss) == list(range(stopped_at, 30))
-    assert resumed_loss == {step: loss for step, loss in series(read_metrics(whole_run), "train/loss").items()
-                            if step >= stopped_at}
-    assert (resumed_run / "model" / "model.safetensors").is_file()
 
 
 def test_a_run_prints_no_third_party_warnings(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ import datasets
 import lightning as L
 import numpy as np
 import torch
+from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -146,7 +147,11 @@ class LanguageModelDataModule(L.LightningDataModule):
             raise DataError(f"data={h.name}: the corpus has no text (every document is empty): give it files with text")
         cache = cache_root / fingerprint
         cache.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(cache / "build.lock")):  # runs sharing a cache build it once, one after another
+            return self._build_cached(corpus, cache)
 
+    def _build_cached(self, corpus: datasets.Dataset, cache: Path) -> dict[str, datasets.Dataset]:
+        h = self.hparams
         if h.tokenizer_path:
             self.tokenizer = load_tokenizer(h.tokenizer_path)
             tokenizer_file = cache / f"tokenizer-{Path(h.tokenizer_path).name}.json"

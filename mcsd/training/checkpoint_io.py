@@ -1,0 +1,36 @@
+"""Checkpoints written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Write each checkpoint to a temporary file in its own folder, flush it to disk, then
+    rename it into place (``os.replace`` is atomic within a folder): a write that fails (a
+    full disk) or is killed leaves the previous checkpoint of that name whole (a killed write
+    leaves its hidden temporary file, removed by the next write of that name). Lightning's
+    own writer stages the file in the system's temporary folder and moves it, which across
+    filesystems is a copy into place."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        if "://" in str(path):  # remote storage: Lightning's writer
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(temporary, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process that was killed mid-write
+            stale.unlink(missing_ok=True)
