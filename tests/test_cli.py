@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -158,8 +157,7 @@ def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
         (["data=text_files"], "data.paths is missing: give it on the command line (data.paths=...)"),
         (["size=huge"], "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
         (["-m", "model=mcsd,rnn"], "model=rnn is not an option of model: use one of mcsd, transformer"),
-        pytest.param(["hydra/launcher=slurm"], "hydra/launcher=slurm submits to SLURM, but there is no sbatch here",
-                     marks=pytest.mark.skipif(shutil.which("sbatch") is not None, reason="SLURM is here: it can start")),
+
         (["resume=nowhere"], "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run directory"),
     ],
 )
@@ -183,6 +181,16 @@ def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
     assert "Traceback" not in result.stderr
     assert list((cwd / "logs" / "train" / "runs").iterdir()) == [earlier]  # no run folder left behind
     assert _snapshot(earlier) == before
+
+
+def test_slurm_launcher_without_sbatch_fails_in_one_line(tmp_path: Path) -> None:
+    """A PATH without sbatch (only the venv's bin/) stands for a machine without SLURM."""
+    result = run_cli("mcsd-train", "hydra/launcher=slurm", *QUICK, cwd=tmp_path,
+                     env={"PATH": str(Path(sys.executable).parent)})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+    assert len(errors) == 1 and "hydra/launcher=slurm submits to SLURM, but there is no sbatch here" in errors[0]
+    assert "Traceback" not in result.stderr and not (tmp_path / "logs").exists()
 
 
 def test_online_wandb_without_a_key_and_missing_ckpt_fail_in_one_line(tmp_path: Path) -> None:
