@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Run an experiment's sweep two jobs at a time, keep its CSV logs in the experiment's
 # folder (<experiment>/<corpus>/<job>/csv/version_0/{metrics.csv,hparams.yaml}) and draw it.
-#   experiments/sweep.sh EXPERIMENT PLOT_KIND [--replace] [embedded|FILE.txt] [mcsd-train overrides...]
+#   experiments/sweep.sh EXPERIMENT "PLOT_KIND [mcsd-plot options]" [--replace] [embedded|FILE.txt] [mcsd-train overrides...]
 # The results go to <experiment>/trial/<corpus>/, or with --replace to <experiment>/<corpus>/
 # (the committed results), so that a trial run never overwrites them silently.
 set -euo pipefail
-experiment="$1"; kind="$2"; shift 2
+experiment="$1"; read -ra plot <<< "$2"; shift 2
 results=trial; if [ "${1:-}" = --replace ]; then results=.; shift; fi
 corpus="${1:-embedded}"; shift $(( $# < 1 ? $# : 1 ))
 here="$(cd "$(dirname "$0")" && pwd)/$experiment"
@@ -26,4 +26,4 @@ for job in "$sweep"*/; do
   mkdir -p "$out/$(basename "$job")/csv/version_0"
   cp "$logs/metrics.csv" "$logs/hparams.yaml" "$out/$(basename "$job")/csv/version_0/"
 done
-mcsd-plot "$kind" "$out"
+mcsd-plot "${plot[@]}" "$out" --name "$experiment"

@@ -64,13 +64,14 @@ class ChannelRMSNorm(nn.Module):
     """RMSNorm over each channel's ``Dc`` features separately, with a gain per feature
     (as RetNet's per-head GroupNorm); input ``[..., C, Dc]``."""
 
-    def __init__(self, num_channels: int, width: int, eps: float) -> None:
+    def __init__(self, num_channels: int, width: int, eps: float, gain_init: float = 1.0) -> None:
         super().__init__()
         self.eps = eps
+        self.gain_init = gain_init
         self.weight = nn.Parameter(torch.empty(num_channels, width))
 
     def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        nn.init.constant_(self.weight, self.gain_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.weight

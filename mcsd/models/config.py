@@ -72,6 +72,12 @@ class LMConfig:
                 f"{self.num_channels}: choose a hidden_size that is num_channels * channel width"
             )
 
+    @classmethod
+    def settings_in_effect(cls, values: Mapping[str, Any]) -> list[str]:
+        """The settings (fields marked ``metadata={"setting": True}``: choices the paper leaves
+        open) that change a model of these field ``values``; plots name the runs that move one."""
+        return [field.name for field in dataclasses.fields(cls) if field.metadata.get("setting")]
+
     @property
     def channel_width(self) -> int:
         """Dc (MCSD) or the head dimension (attention)."""

@@ -51,9 +51,11 @@ class Architecture:
                               f"must be among {', '.join(FORMS)} (train_form one of its forms)")
 
     def variant_of(self, values: Mapping[str, Any]) -> str:
-        """The name of the variant a model node (or config dict) is, by the fields variants set.
-
-        A node that matches none is described by the fields that differ from the default.
+        """The name of the variant a model node (or config dict) is, by the fields variants set,
+        followed by the settings in effect that differ from their defaults (``full,
+        decay_norm_gain_init=1.0``). A node that matches no variant is described by the fields
+        that differ from the default variant. A setting the node lacks is a log from before the
+        setting existed: it takes the field's ``legacy`` value.
         """
         keys = sorted({key for overrides in self.variants.values() for key in overrides})
         defaults = field_defaults(self.config_class)
@@ -62,11 +64,17 @@ class Architecture:
             return {key: _plain(overrides.get(key, defaults.get(key))) for key in keys}
 
         actual = {key: _plain(values.get(key, defaults.get(key))) for key in keys}
-        for name, overrides in self.variants.items():
-            if setting(overrides) == actual:
-                return name
-        default = setting(next(iter(self.variants.values())))
-        return ", ".join(f"{key}={_describe(actual[key])}" for key in keys if actual[key] != default[key])
+        name = next((name for name, overrides in self.variants.items() if setting(overrides) == actual), None)
+        if name is None:
+            default = setting(next(iter(self.variants.values())))
+            name = ", ".join(f"{key}={_describe(actual[key])}" for key in keys if actual[key] != default[key])
+        legacy = {field.name: field.metadata.get("legacy", defaults.get(field.name))
+                  for field in dataclasses.fields(self.config_class)}
+        completed = {**legacy, **values}
+        changed = [f"{key}={_describe(_plain(completed[key]))}"
+                   for key in self.config_class.settings_in_effect(completed)
+                   if _plain(completed[key]) != _plain(defaults.get(key))]
+        return ", ".join([name, *changed])
 
 
 def field_defaults(config_class: type[LMConfig]) -> dict[str, Any]:

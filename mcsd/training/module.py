@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +57,7 @@ class LanguageModelModule(L.LightningModule):
         """What the run trains, for its logged config: architecture, variant, sizes."""
         architecture = registry.of_config(self.model.config)
         return {"model/arch": architecture.name,
-                "model/variant": architecture.variant_of(self.hparams["model"]),
+                "model/variant": architecture.variant_of(dataclasses.asdict(self.model.config)),
                 "model/mlp_hidden_size": self.model.config.mlp_hidden_size, **self.parameter_counts()}
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

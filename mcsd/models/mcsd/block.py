@@ -9,7 +9,9 @@ and a current branch:
   token 0 itself), ``Theta_s = SiLU(V') * U``;
 - decay (Eqs. 7-12): ``E' = RMSNorm(W_d E)`` with ``W_d[n, j] = alpha_i^(n-j)`` for
   ``j < n`` (row 0: token 0 itself), RMSNorm over each channel's Dc features (the paper's
-  epsilon; Eq. 20 applies it to the decay state), ``Theta_d = E' * sigmoid(F)``.
+  epsilon; Eq. 20 applies it to the decay state), ``Theta_d = E' * sigmoid(F)``. The
+  RMSNorm's initial gain (``decay_norm_gain_init``) and the normalisation itself
+  (``decay_norm: rmsnorm | sum``) are settings: the paper specifies neither.
 
 Both history branches are the exponential filter of :mod:`mcsd.ops.exp_filter` with a
 fixed per-channel decay (``exp(-beta_i)`` resp. ``alpha_i``); the slope's softmax
@@ -69,8 +71,9 @@ def geometric_sum(log_decay: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     return torch.expm1(count.float()[None, :] * log_decay) / torch.expm1(log_decay)
 
 
-def slope_denominator(log_decay: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The softmax denominator of Eq. 3 at absolute position n: ``sum_{k=1}^{n} a^k``.
+def history_weight_sum(log_decay: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The sum of row n's history weights, ``sum_{k=1}^{n} a^k``: the softmax denominator of
+    Eq. 3 (slope), or the decay's divisor under ``decay_norm: sum``.
 
     Position 0 (whose row is token 0 itself) gets 1 so that dividing there is harmless.
     """
@@ -82,14 +85,18 @@ def slope_matrix(length: int, num_channels: int) -> torch.Tensor:
     """``W_s`` of Eqs. 3-4, ``[C, N, N]``: the matrix the slope section applies to V."""
     log_decay = section_log_decay("slope", num_channels, torch.device("cpu"))
     matrix = exp_filter_matrix(log_decay, length)
-    matrix = matrix / slope_denominator(log_decay, torch.arange(length))[:, :, None]
+    matrix = matrix / history_weight_sum(log_decay, torch.arange(length))[:, :, None]
     matrix[:, 0, 0] = 1.0
     return matrix
 
 
-def decay_matrix(length: int, num_channels: int) -> torch.Tensor:
-    """``W_d`` of Eqs. 9-10 before the RMSNorm, ``[C, N, N]``."""
-    matrix = exp_filter_matrix(section_log_decay("decay", num_channels, torch.device("cpu")), length)
+def decay_matrix(length: int, num_channels: int, decay_norm: str = "rmsnorm") -> torch.Tensor:
+    """``W_d`` of Eqs. 9-10 before the RMSNorm, ``[C, N, N]``; with ``decay_norm="sum"`` each
+    row divided by its sum (the weighted average that replaces the RMSNorm)."""
+    log_decay = section_log_decay("decay", num_channels, torch.device("cpu"))
+    matrix = exp_filter_matrix(log_decay, length)
+    if decay_norm == "sum":
+        matrix = matrix / history_weight_sum(log_decay, torch.arange(length))[:, :, None]
     matrix[:, 0, 0] = 1.0
     return matrix
 
@@ -106,7 +113,9 @@ class Section(torch.nn.Module):
         self.chunk_size = config.chunk_size
         width = config.channel_width
         self.proj = GroupedLinear(config.num_channels, width, 2 * width, config.init_std)  # (U, V) or (F, E)
-        self.norm = ChannelRMSNorm(config.num_channels, width, config.norm_eps) if kind == "decay" else None
+        self.norm = (ChannelRMSNorm(config.num_channels, width, config.norm_eps, config.decay_norm_gain_init)
+                     if kind == "decay" and config.decay_norm == "rmsnorm" else None)
+        self.average_decay = kind == "decay" and config.decay_norm == "sum"
 
     def reset_parameters(self) -> None:
         self.proj.reset_parameters()
@@ -125,7 +134,8 @@ class Section(torch.nn.Module):
         mixed, state = self.mix(history, state, position, form)
         if self.kind == "slope":
             return F.silu(mixed) * current, state  # Eq. 6
-        return self.norm(mixed) * torch.sigmoid(current), state  # Eq. 12
+        normalised = self.norm(mixed) if self.norm is not None else mixed  # averaged in mix() otherwise
+        return normalised * torch.sigmoid(current), state  # Eq. 12
 
     def mix(
         self, values: torch.Tensor, state: torch.Tensor | None, position: int, form: str
@@ -140,13 +150,16 @@ class Section(torch.nn.Module):
         initial = state
         if self.kind == "slope" and state is not None:
             # The state is the normalised average; the filter carries the raw sum.
-            initial = state * slope_denominator(log_decay, torch.tensor([position], device=values.device))[None]
+            initial = state * history_weight_sum(log_decay, torch.tensor([position], device=values.device))[None]
         filtered, final = exp_filter(channels_first, log_decay, initial, form, self.chunk_size)
         if self.kind == "slope":
             positions = torch.arange(position, position + length + 1, device=values.device)
-            denominator = slope_denominator(log_decay, positions)[None, :, :, None]
+            denominator = history_weight_sum(log_decay, positions)[None, :, :, None]
             filtered = filtered / denominator[:, :, :length]
             final = final / denominator[:, :, length]
+        elif self.average_decay:  # the state stays the raw sum of Eq. 19; only the output is divided
+            positions = torch.arange(position, position + length, device=values.device)
+            filtered = filtered / history_weight_sum(log_decay, positions)[None, :, :, None]
         if position == 0:  # row 0 of Eqs. 3 and 9: token 0 itself (the paper's "first number 1")
             filtered = torch.cat([channels_first[:, :, :1].to(filtered.dtype), filtered[:, :, 1:]], dim=2)
         return filtered.transpose(1, 2), final
@@ -168,6 +181,9 @@ class Section(torch.nn.Module):
                 state = state + (value.float() - state) * weight[None]
             else:
                 output, state = exp_filter_step(value, log_decay, state)
+                if self.average_decay:
+                    divisor = history_weight_sum(log_decay, torch.tensor([absolute], device=value.device))
+                    output = (output / divisor[None]).to(output.dtype)
             outputs.append(value if absolute == 0 else output)
         return torch.stack(outputs, dim=1), state
 
@@ -175,7 +191,8 @@ class Section(torch.nn.Module):
 class MCSDBlock(TokenMixer):
     """The MCSD block: its sections side by side, fused and projected back to D.
 
-    Initialisation: Normal(0, init_std) projections, unit RMSNorm gains; ``out_proj`` writes
+    Initialisation: Normal(0, init_std) projections, decay RMSNorm gains at
+    ``decay_norm_gain_init``; ``out_proj`` writes
     into the residual stream (the skeleton draws it at init_std / sqrt(2 L)).
     """
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from mcsd.models.common import TokenMixer
 from mcsd.models.config import ConfigError, LMConfig
 
 SECTION_KINDS = ("slope", "decay")
 FUSIONS = ("concat", "sum")
+DECAY_NORMS = ("rmsnorm", "sum")
 
 
 @dataclasses.dataclass
@@ -22,6 +25,15 @@ class MCSDConfig(LMConfig):
 
     sections: list[str] = dataclasses.field(default_factory=lambda: ["slope", "decay"])
     fusion: str = "concat"
+    # Choices the paper leaves open in the decay section (a "setting": plots name runs that
+    # change one; "legacy": the value of runs logged before the field existed).
+    decay_norm: str = dataclasses.field(default="rmsnorm", metadata={"setting": True, "legacy": "rmsnorm"})
+    """How the decay history ``W_d E`` is normalised: ``rmsnorm`` (Eq. 12 as written: an RMSNorm
+    over each channel's features, with a learned gain) or ``sum`` (each row of ``W_d`` divided by
+    its sum, a weighted average as the slope section's softmax; no gain)."""
+    decay_norm_gain_init: float = dataclasses.field(default=1.0, metadata={"setting": True, "legacy": 1.0})
+    """Initial value of the decay RMSNorm's gain (``decay_norm: rmsnorm``). At 1 the decay branch
+    starts at unit scale per feature while the slope branch starts near 0.002."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -35,6 +47,18 @@ class MCSDConfig(LMConfig):
                 )
         if self.fusion not in FUSIONS:
             raise ConfigError(f"model.fusion={self.fusion!r} is unknown: use {' or '.join(FUSIONS)}")
+        if self.decay_norm not in DECAY_NORMS:
+            raise ConfigError(f"model.decay_norm={self.decay_norm!r} is unknown: use {' or '.join(DECAY_NORMS)}")
+        if not self.decay_norm_gain_init > 0:
+            raise ConfigError(f"model.decay_norm_gain_init={self.decay_norm_gain_init} must be positive "
+                              "(a zero gain blocks the decay branch's gradient): use e.g. 0.01")
+
+    @classmethod
+    def settings_in_effect(cls, values: Mapping[str, Any]) -> list[str]:
+        """The decay settings matter only with a decay section; the gain only with the RMSNorm."""
+        if "decay" not in values.get("sections", ["slope", "decay"]):
+            return []
+        return ["decay_norm"] + (["decay_norm_gain_init"] if values.get("decay_norm", "rmsnorm") == "rmsnorm" else [])
 
     def make_mixer(self, layer_index: int) -> TokenMixer:
         from mcsd.models.mcsd.block import MCSDBlock
