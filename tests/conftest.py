@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from mcsd import build_model
 from mcsd.models import CausalLM, registry
@@ -21,16 +22,27 @@ def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def variant_cases() -> list[str]:
-    """``arch/variant`` for every registered architecture and each of its variants."""
-    return [f"{name}/{variant}" for name in registry.architectures() for variant in registry.get(name).variants]
+    """``arch/variant`` for every registered architecture and each of its variants, then
+    ``arch/default_variant+key=value`` for each of its setting cases."""
+    cases = []
+    for name in registry.architectures():
+        architecture = registry.get(name)
+        cases += [f"{name}/{variant}" for variant in architecture.variants]
+        default = next(iter(architecture.variants))
+        cases += [f"{name}/{default}+" + "+".join(f"{key}={value}" for key, value in setting.items())
+                  for setting in architecture.setting_cases]
+    return cases
 
 
 def tiny_config(case: str, **fields: Any) -> dict[str, Any]:
-    """A tiny model node for ``arch`` or ``arch/variant`` (the default variant if none)."""
+    """A tiny model node for ``arch``, ``arch/variant`` (the default variant if none) or
+    ``arch/variant+key=value+...`` (settings on top)."""
     name, _, variant = case.partition("/")
+    variant, *settings = variant.split("+")
     architecture = registry.get(name)
     overrides = architecture.variants[variant or next(iter(architecture.variants))]
-    return {"_target_": class_path(architecture.config_class), **TINY, "chunk_size": 16, **overrides, **fields}
+    extra = {key: yaml.safe_load(value) for key, value in (setting.split("=", 1) for setting in settings)}
+    return {"_target_": class_path(architecture.config_class), **TINY, "chunk_size": 16, **overrides, **extra, **fields}
 
 
 def tiny_model(case: str, **fields: Any) -> CausalLM:

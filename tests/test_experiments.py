@@ -4,6 +4,7 @@ of their logs, and the figures notebook executes."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,10 @@ import yaml
 from nbclient import NotebookClient
 
 from harness import run_cli
-from mcsd.plots.runs import load_csv_runs, load_wandb_runs, plot_sweep
+from mcsd.errors import MCSDError
+from mcsd.models import registry
+from mcsd.models.mcsd import MCSDConfig
+from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, plot_sweep, seed_table
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "figures.ipynb"
 TINY_SWEEP = ["data.seq_len=32", "data.batch_size=4", "data.token_budget=384", "trainer.val_check_interval=2",
@@ -84,11 +88,50 @@ def test_arms_cannot_also_be_overridden(tmp_path: Path) -> None:
 
 
 def test_logs_written_before_the_registry_still_group(tmp_path: Path) -> None:
-    """The committed Fig. 9 logs name the old config paths and an ablation=transformer_baseline
-    run: they group by the architecture and variant they logged all the same."""
-    rows = load_csv_runs(EXPERIMENTS / "fig9_ablation" / "tinyshakespeare")
+    """Fig. 9 logs of the first CPU sweep (tests/data/legacy_fig9_logs/, from Tiny Shakespeare)
+    name the old config paths, an ablation=transformer_baseline run and no decay settings: they
+    group by the architecture and variant they logged all the same, and the variants with a
+    decay section are named by the gain they were made with (1.0, today's legacy value)."""
+    rows = load_csv_runs(Path(__file__).parent / "data" / "legacy_fig9_logs")
     figure_labels = plot_sweep("ablation", rows, tmp_path).labels
-    assert figure_labels == ABLATION_LABELS
+    assert figure_labels == ["MCSD full, decay_norm_gain_init=1.0", "MCSD slope_only",
+                             "MCSD decay_only, decay_norm_gain_init=1.0", "MCSD double_slope",
+                             "MCSD double_decay, decay_norm_gain_init=1.0", "Transformer"]
+
+
+def test_runs_are_labelled_by_the_decay_settings_in_effect() -> None:
+    """A setting is named only where it changes the model; a logged node without a setting
+    (written before it existed) takes the value runs used then."""
+    mcsd_arch = registry.get("mcsd")
+    node = {"sections": ["slope", "decay"], "decay_norm": "rmsnorm"}
+    assert mcsd_arch.variant_of({**node, "decay_norm_gain_init": 0.3}) == "full, decay_norm_gain_init=0.3"
+    assert mcsd_arch.variant_of({**node, "decay_norm": "sum", "decay_norm_gain_init": 0.3}) == "full, decay_norm=sum"
+    assert mcsd_arch.variant_of({"sections": ["slope"], "decay_norm_gain_init": 0.3}) == "slope_only"
+    assert mcsd_arch.variant_of({"sections": ["decay"], "fusion": "concat"}) == "decay_only, decay_norm_gain_init=1.0"
+    assert mcsd_arch.variant_of({**node, "decay_norm_gain_init": MCSDConfig.decay_norm_gain_init}) == "full"
+
+
+def seed_rows(values: dict[tuple[str, int], float]) -> pd.DataFrame:
+    """Logged rows with one final val/ppl (and val/loss) per (architecture, seed)."""
+    return pd.DataFrame([{"run": f"{arch}-{seed}", "metric": metric, "tokens": 100.0, "value": value,
+                          "arch": arch, "size": "small", "data": "",
+                          "variant": registry.get(arch).variant_of(registry.field_defaults(registry.get(arch).config_class)),
+                          "seed": seed, "params": 1e6}
+                         for (arch, seed), ppl in values.items()
+                         for metric, value in (("val/ppl", ppl), ("val/loss", math.log(ppl)))])
+
+
+def test_seed_table_pairs_each_curve_with_the_reference_by_seed(tmp_path: Path) -> None:
+    rows = seed_rows({("mcsd", 0): 110.0, ("mcsd", 1): 90.0, ("transformer", 0): 100.0, ("transformer", 1): 100.0})
+    table = seed_table("ablation", rows, reference="Transformer")
+    assert list(table.index) == ["MCSD full", "Transformer"]
+    assert table.loc["MCSD full", ["seed 0", "seed 1", "mean"]].tolist() == [110.0, 90.0, 100.0]
+    assert table.loc["MCSD full", ["ratio", "ratio_min", "ratio_max"]].tolist() == pytest.approx([1.0, 0.9, 1.1])
+    assert "| MCSD full | 110.0 | 90.0 | 100.0 | +0.0% (-10.0% to +10.0%) |" in markdown_seed_table(table)
+    figure = plot_sweep("ablation", rows, tmp_path, name="study", reference="Transformer")
+    assert [path.name for path in figure.paths] == ["study.png", "study.pdf", "study_table.md", "study_by_seed.md"]
+    with pytest.raises(MCSDError, match="--reference 'RWKV' is not a curve of this sweep: use one of MCSD full, "):
+        seed_table("ablation", rows, reference="RWKV")
 
 
 def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_path: Path) -> None:
@@ -155,9 +198,10 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     experiments = tmp_path / "experiments"
     shutil.copytree(ablation_sweep, experiments / "fig9_ablation" / "tiny")
+    shutil.copytree(ablation_sweep, experiments / "decay_init_study" / "tiny")  # it has a Transformer curve
     shutil.copytree(scaling_sweep, experiments / "fig4_scaling" / "tiny")
     for folder, name in (("fig5-8_inference", "inference"), ("train_throughput", "train")):
-        source = Path(__file__).parent.parent / "experiments" / folder / "cpu_quick"
+        source = EXPERIMENTS / folder / "cpu_quick"
         (experiments / folder / "cpu_quick").mkdir(parents=True)
         shutil.copy(source / "results.csv", experiments / folder / "cpu_quick" / "results.csv")
     (experiments / "table2_downstream" / "tiny").mkdir(parents=True)
@@ -169,9 +213,10 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
                    resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     images = sum(1 for cell in notebook.cells for output in cell.get("outputs", [])
                  if "image/png" in output.get("data", {}))
-    assert images == 1 + 4 + 1 + 1  # Fig. 4, Figs. 5-8, training cost, Fig. 9
+    assert images == 1 + 4 + 1 + 1 + 1  # Fig. 4, Figs. 5-8, training cost, Fig. 9, decay study
     markdown = "".join(output["data"].get("text/markdown", "") for cell in notebook.cells
                        for output in cell.get("outputs", []) if "data" in output)
     assert "| **tiny** (ours, measured) | 0.2M | - | 35.0 | - | - | - | - |" in markdown  # Table 2
     assert (experiments / "fig9_ablation" / "tiny" / "fig9_ablation_table.md").is_file()
+    assert "| Transformer |" in (experiments / "decay_init_study" / "tiny" / "decay_init_study_by_seed.md").read_text()
     assert (experiments / "fig5-8_inference" / "cpu_quick" / "fig8_throughput_vs_batch.pdf").is_file()

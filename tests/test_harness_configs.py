@@ -10,6 +10,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 from harness import compose_train, read_metrics, run_cli, series
+from mcsd.models import registry
 from mcsd.train import train
 from mcsd.training.schedule import warmup_cosine
 
@@ -47,6 +48,22 @@ def test_experiment_sweeps_both_models() -> None:
     cfg = compose_with_hydra("experiment=mcsd_vs_transformer")
     assert cfg.hydra.sweeper.params.model == "mcsd,transformer"
     assert cfg.experiment_name == "mcsd_vs_transformer" and cfg.model.hidden_size == 128
+
+
+def test_decay_init_study_runs_fig9_settings_over_its_arms() -> None:
+    """Its arms are the decay settings, slope_only and the Transformer, each on Fig. 9's data,
+    budget and schedule; each arm's run is labelled by what it changes."""
+    study, fig9 = compose_with_hydra("experiment=decay_init_study"), compose_with_hydra("experiment=fig9_ablation")
+    assert study.experiment_name == "decay_init_study"
+    for key in ("data", "scheduler", "trainer", "optimizer"):
+        assert study[key] == fig9[key], key
+    labels = []
+    for arm in study.hydra.sweeper.arms:
+        model = compose_with_hydra("experiment=decay_init_study", *arm.split()).model
+        architecture = registry.of_target(model._target_)
+        labels.append(f"{architecture.name}: {architecture.variant_of(model)}")
+    assert labels == ["mcsd: full, decay_norm_gain_init=1.0", "mcsd: full, decay_norm_gain_init=0.1", "mcsd: full",
+                      "mcsd: full, decay_norm=sum", "mcsd: slope_only", "transformer: default"]
 
 
 @pytest.mark.parametrize("debug", ["default", "fdr", "overfit", "profiler"])

@@ -1,12 +1,15 @@
-"""The fixed slope and decay weights are the paper's Eqs. 2, 3, 8 and 9."""
+"""The fixed slope and decay weights are the paper's Eqs. 2, 3, 8 and 9; the decay settings
+(``decay_norm``, ``decay_norm_gain_init``) do what they say."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
+import mcsd
 from conftest import relative_rms_error
 from mcsd import build_model
 from mcsd.models.mcsd import MCSDConfig, decay_matrix, decay_rates, section_log_decay, slope_matrix, slope_rates
@@ -67,15 +70,74 @@ def test_log_decays_are_fp32_and_distinct_from_one() -> None:
     assert torch.allclose(log_alpha.double(), expected, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("kind", ["slope", "decay"])
+MATRICES = {"slope": lambda: slope_matrix(21, 3), "decay": lambda: decay_matrix(21, 3),
+            "decay+sum": lambda: decay_matrix(21, 3, "sum")}
+
+
+@pytest.mark.parametrize("case", MATRICES)
 @pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
-def test_section_history_branch_applies_the_matrix(kind: str, form: str) -> None:
-    """The model's mixing of V (slope) or E (decay) is exactly W_s V or W_d E, in every form."""
+def test_section_history_branch_applies_the_matrix(case: str, form: str) -> None:
+    """The model's mixing of V (slope) or E (decay) is exactly W_s V or W_d E (rows divided by
+    their sums under ``decay_norm: sum``), in every form."""
+    kind, _, decay_norm = case.partition("+")
     config = MCSDConfig(vocab_size=11, hidden_size=12, num_channels=3, num_layers=1, mlp_hidden_size=8,
-                        chunk_size=8, sections=[kind])
+                        chunk_size=8, sections=[kind], decay_norm=decay_norm or "rmsnorm")
     section = build_model(config).layers[0].mixer.sections[0]
     values = torch.randn(2, 21, 3, 4)  # [B, N, C, Dc]
     mixed, _ = section.mix(values, None, 0, form)
-    matrix = (slope_matrix if kind == "slope" else decay_matrix)(21, 3)
-    expected = torch.einsum("cnj,bjcd->bncd", matrix, values)
+    expected = torch.einsum("cnj,bjcd->bncd", MATRICES[case](), values)
     assert relative_rms_error(mixed, expected) < 1e-6
+
+
+def test_sum_normalised_decay_rows_are_weighted_averages() -> None:
+    matrix = decay_matrix(40, 4, "sum")
+    torch.testing.assert_close(matrix.sum(-1), torch.ones(4, 40))
+    assert torch.equal(matrix[:, 1, 0], torch.ones(4))  # row 1: token 0 alone
+    later = torch.ones(40, 40, dtype=torch.bool).triu()
+    later[0, 0] = False  # row 0 is token 0 itself
+    assert (matrix[:, later] == 0).all()  # otherwise strictly earlier tokens only
+
+
+def decay_config(**fields: object) -> MCSDConfig:
+    return MCSDConfig(vocab_size=11, hidden_size=12, num_channels=3, num_layers=2, mlp_hidden_size=8, **fields)
+
+
+@pytest.mark.parametrize("gain", [1.0, 0.1, 0.01])
+def test_decay_norm_gain_starts_at_its_setting(gain: float) -> None:
+    model = build_model(decay_config(sections=["slope", "decay", "decay"], decay_norm_gain_init=gain))
+    norms = [section.norm for layer in model.layers for section in layer.mixer.sections if section.kind == "decay"]
+    assert len(norms) == 4 and all(torch.equal(norm.weight, torch.full((3, 4), gain)) for norm in norms)
+    assert all(section.norm is None for layer in model.layers for section in layer.mixer.sections
+               if section.kind == "slope")
+
+
+@torch.no_grad()
+def test_decay_branch_output_scales_with_the_initial_gain() -> None:
+    """The same weights (same seed) with gain g: the decay branch is exactly g times the gain-1 one."""
+    x = torch.randn(2, 30, 3, 4)
+    outputs = {}
+    for gain in (1.0, 0.01):
+        torch.manual_seed(0)
+        section = build_model(decay_config(sections=["decay"], decay_norm_gain_init=gain)).layers[0].mixer.sections[0]
+        outputs[gain] = section(x, None, 0, "chunk")[0]
+    torch.testing.assert_close(outputs[0.01], 0.01 * outputs[1.0], rtol=1e-6, atol=0)
+    assert outputs[1.0].pow(2).mean().sqrt() > 0.3  # unit-scale features times sigmoid(F) ~ 0.5
+
+
+def test_sum_normalised_decay_has_no_gain_and_starts_small() -> None:
+    summed = build_model(decay_config(decay_norm="sum"))
+    assert mcsd.count_parameters(decay_config()) - mcsd.count_parameters(decay_config(decay_norm="sum")) == 2 * 12
+    # one gain of C * Dc per layer fewer
+    assert all(section.norm is None for layer in summed.layers for section in layer.mixer.sections)
+    x = torch.randn(2, 30, 3, 4)
+    theta = summed.layers[0].mixer.sections[1](x, None, 0, "chunk")[0]
+    assert theta.pow(2).mean().sqrt() < 0.05  # an average of E = W_e x (std 0.02 weights), gated
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"decay_norm": "layernorm"}, "model.decay_norm='layernorm' is unknown: use rmsnorm or sum"),
+    ({"decay_norm_gain_init": 0.0}, "model.decay_norm_gain_init=0.0 must be positive"),
+])
+def test_bad_decay_settings_are_named(fields: dict, message: str) -> None:
+    with pytest.raises(mcsd.ConfigError, match=re.escape(message)):
+        decay_config(**fields)

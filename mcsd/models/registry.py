@@ -33,6 +33,8 @@ class Architecture:
     - ``train_form``: the form that training and scoring use (its fastest exact form);
     - ``variants``: named settings of its own fields (MCSD's ablations, switches), each run
       by the conformance tests; the first is the architecture's default.
+    - ``setting_cases``: non-default values of its settings (config fields marked
+      ``setting``: choices the paper leaves open), each also run by the conformance tests.
     """
 
     name: str
@@ -43,6 +45,7 @@ class Architecture:
     forms: tuple[str, ...] = FORMS
     train_form: str = "chunk"
     variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: {"default": {}})
+    setting_cases: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         unknown = [form for form in (*self.forms, self.train_form) if form not in FORMS]

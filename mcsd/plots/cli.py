@@ -5,6 +5,7 @@
     mcsd-plot scaling logs/train/multiruns/<time>            # Fig. 4, from the sweep's CSV logs
     mcsd-plot ablation logs/train/multiruns/<time>           # Fig. 9
     mcsd-plot ablation --wandb ENTITY/mcsd --group fig9_ablation   # the same from W&B
+    mcsd-plot ablation DIR --name decay_init_study --reference Transformer   # + per-seed ratios
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 from mcsd.cli import require_wandb_login, run_or_exit
 from mcsd.errors import MCSDError
 from mcsd.plots.cost import plot_inference, plot_train
-from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_table, plot_sweep
+from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, markdown_table, plot_sweep
 
 COSTS = {"inference": plot_inference, "train": plot_train}
 SWEEPS = ("scaling", "ablation")
@@ -34,8 +35,10 @@ def _plot(args: argparse.Namespace) -> list:
         rows, default_out = load_csv_runs(args.source), args.source
     else:
         raise MCSDError(f"mcsd-plot {args.kind} needs a sweep folder, or --wandb ENTITY/PROJECT --group GROUP")
-    figure = plot_sweep(args.kind, rows, args.out or default_out)
+    figure = plot_sweep(args.kind, rows, args.out or default_out, args.name, args.reference)
     print(markdown_table(figure.table))
+    if figure.by_seed is not None:
+        print(markdown_seed_table(figure.by_seed))
     return figure.paths
 
 
@@ -47,6 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="folder for the figures (default: beside the source)")
     parser.add_argument("--wandb", default=None, metavar="ENTITY/PROJECT", help="read the sweep from W&B instead")
     parser.add_argument("--group", default=None, help="the W&B group of the sweep (with --wandb)")
+    parser.add_argument("--name", default=None, help="file stem and title of a sweep's figure (default: fig4_scaling "
+                        "or fig9_ablation)")
+    parser.add_argument("--reference", default=None, metavar="CURVE",
+                        help="a curve label (e.g. Transformer): the per-seed table gives every curve's ratio to it")
     args = parser.parse_args(argv)
     paths = run_or_exit("mcsd-plot", lambda: _plot(args))
     print("\n".join(str(path) for path in paths))

@@ -37,6 +37,7 @@ class SweepFigure:
     paths: list[Path]
     labels: list[str]
     table: pd.DataFrame
+    by_seed: pd.DataFrame | None = None
 
 
 def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.DataFrame:
@@ -121,7 +122,8 @@ def _order(kind: str, key: str) -> tuple:
     if kind == "scaling":
         return (arch_rank, arch, SIZE_ORDER.index(detail) if detail in SIZE_ORDER else 99, detail)
     variants = list(registry.get(arch).variants) if arch in names else []
-    return (arch_rank, arch, variants.index(detail) if detail in variants else 99, detail)
+    variant = detail.split(", ")[0]  # a variant with settings changed sorts after the variant itself
+    return (arch_rank, arch, variants.index(variant) if variant in variants else 99, detail)
 
 
 def _band(points: pd.DataFrame, smooth: bool) -> pd.DataFrame:
@@ -151,6 +153,44 @@ def summary_table(kind: str, rows: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def seed_table(kind: str, rows: pd.DataFrame, reference: str | None = None) -> pd.DataFrame:
+    """Final validation perplexity per curve (rows) and seed (columns), with the mean; with a
+    ``reference`` curve label, each curve's perplexity divided by the reference's of the same
+    seed (paired): the mean ratio and its min and max over the seeds both curves ran."""
+    rows = rows.assign(curve=_curve_key(kind, rows))
+    final = (rows[rows["metric"] == "val/ppl"].sort_values("tokens").groupby("run").tail(1))
+    labels = {key: _label(kind, key, group["params"].max()) for key, group in rows.groupby("curve")}
+    table = final.pivot_table(index="curve", columns="seed", values="value", aggfunc="mean")
+    table = table.loc[sorted(table.index, key=lambda key: _order(kind, key))]
+    table.index = [labels[key] for key in table.index]
+    table.columns = [f"seed {seed}" for seed in table.columns]
+    table["mean"] = table.mean(axis=1)
+    if reference is not None:
+        if reference not in table.index:
+            raise MCSDError(f"--reference {reference!r} is not a curve of this sweep: use one of {', '.join(table.index)}")
+        ratios = table.filter(like="seed ").div(table.filter(like="seed ").loc[reference], axis=1)
+        table["ratio"], table["ratio_min"], table["ratio_max"] = ratios.mean(axis=1), ratios.min(axis=1), ratios.max(axis=1)
+    table.attrs["reference"] = reference
+    return table
+
+
+def markdown_seed_table(table: pd.DataFrame) -> str:
+    """:func:`seed_table` as Markdown: perplexities to one decimal, ratios as percentages."""
+    seeds = [column for column in table.columns if column.startswith("seed ")]
+    reference = table.attrs.get("reference")
+    header = ["curve", *(f"val ppl {column}" for column in seeds), "mean"]
+    if reference:
+        header.append(f"vs {reference}, paired by seed: mean (min to max)")
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for curve, row in table.iterrows():
+        cells = [curve, *(f"{row[column]:.1f}" if pd.notna(row[column]) else "" for column in seeds),
+                 f"{row['mean']:.1f}"]
+        if reference:
+            cells.append(f"{row['ratio'] - 1:+.1%} ({row['ratio_min'] - 1:+.1%} to {row['ratio_max'] - 1:+.1%})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown_table(table: pd.DataFrame) -> str:
     lines = ["| curve | seeds | tokens | final val loss (min-max) | final val ppl |", "| --- | --- | --- | --- | --- |"]
     for row in table.itertuples():
@@ -159,9 +199,13 @@ def markdown_table(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str | None = None) -> SweepFigure:
+def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str | None = None,
+               reference: str | None = None) -> SweepFigure:
     """Training loss (smoothed mean, raw mean faint, min-max band over seeds) and validation
-    loss vs training tokens, one curve per size (``scaling``) or per variant (``ablation``)."""
+    loss vs training tokens, one curve per size (``scaling``) or per variant (``ablation``).
+
+    Writes ``<name>.png/.pdf``, ``<name>_table.md`` and, when a curve has several seeds or a
+    ``reference`` curve is named, ``<name>_by_seed.md`` (:func:`seed_table`)."""
     if kind not in ("scaling", "ablation"):
         raise MCSDError(f"unknown sweep kind {kind!r}: use scaling or ablation")
     rows = rows.assign(curve=_curve_key(kind, rows))
@@ -202,7 +246,8 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     data = ", ".join(sorted(set(rows["data"]) - {""}))
-    figure.suptitle(f"{'Fig. 4: scaling' if kind == 'scaling' else 'Fig. 9: ablation'} "
+    title = name.replace("_", " ") if name else "Fig. 4: scaling" if kind == "scaling" else "Fig. 9: ablation"
+    figure.suptitle(f"{title} "
                     f"(data: {data}; mean and min-max over {seeds} seed{'s' if seeds > 1 else ''})")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -214,4 +259,10 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
     table = summary_table(kind, rows)
     table_path = output_dir / f"{name}_table.md"
     table_path.write_text(markdown_table(table))
-    return SweepFigure(paths=[*paths, table_path], labels=labels, table=table)
+    paths.append(table_path)
+    by_seed = None
+    if seeds > 1 or reference is not None:
+        by_seed = seed_table(kind, rows, reference)
+        paths.append(output_dir / f"{name}_by_seed.md")
+        paths[-1].write_text(markdown_seed_table(by_seed))
+    return SweepFigure(paths=paths, labels=labels, table=table, by_seed=by_seed)

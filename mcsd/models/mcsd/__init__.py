@@ -33,6 +33,7 @@ register(Architecture(
         "double_decay": {"sections": ["decay", "decay"]},
         "sum_fusion": {"fusion": "sum"},
     },
+    setting_cases=({"decay_norm": "sum"}, {"decay_norm_gain_init": 1.0}),
 ))
 
 __all__ = ["MCSDBlock", "MCSDConfig", "MCSDForCausalLM", "Section", "decay_matrix", "decay_rates",
