@@ -18,6 +18,7 @@ from harness import run_cli
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.mcsd import MCSDConfig
+from mcsd.plots.cli import main as plot_main
 from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, plot_sweep, seed_table
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "figures.ipynb"
@@ -27,6 +28,7 @@ TINY_SWEEP = ["data.seq_len=32", "data.batch_size=4", "data.token_budget=384", "
 ABLATION_LABELS = ["MCSD full", "MCSD slope_only", "MCSD decay_only", "MCSD double_slope", "MCSD double_decay",
                    "Transformer"]
 EXPERIMENTS = Path(__file__).parent.parent / "experiments"
+LEGACY_LOGS = Path(__file__).parent / "data" / "legacy_fig9_logs"
 
 
 def sweep_dir(cwd: Path) -> Path:
@@ -92,11 +94,19 @@ def test_logs_written_before_the_registry_still_group(tmp_path: Path) -> None:
     name the old config paths, an ablation=transformer_baseline run and no decay settings: they
     group by the architecture and variant they logged all the same, and the variants with a
     decay section are named by the gain they were made with (1.0, today's legacy value)."""
-    rows = load_csv_runs(Path(__file__).parent / "data" / "legacy_fig9_logs")
+    rows = load_csv_runs(LEGACY_LOGS)
     figure_labels = plot_sweep("ablation", rows, tmp_path).labels
     assert figure_labels == ["MCSD full, decay_norm_gain_init=1.0", "MCSD slope_only",
                              "MCSD decay_only, decay_norm_gain_init=1.0", "MCSD double_slope",
                              "MCSD double_decay, decay_norm_gain_init=1.0", "Transformer"]
+
+
+def test_plot_cli_takes_options_before_the_sweep_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """As experiments/sweep.sh calls it: ``mcsd-plot ablation --reference CURVE DIR --name NAME``."""
+    plot_main(["ablation", "--reference", "Transformer", str(LEGACY_LOGS), "--name", "study", "--out", str(tmp_path)])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["study.pdf", "study.png", "study_by_seed.md",
+                                                                "study_table.md"]
+    assert "| Transformer | 118.5 | 118.5 | +0.0% (+0.0% to +0.0%) |" in capsys.readouterr().out
 
 
 def test_runs_are_labelled_by_the_decay_settings_in_effect() -> None:

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
                         "or fig9_ablation)")
     parser.add_argument("--reference", default=None, metavar="CURVE",
                         help="a curve label (e.g. Transformer): the per-seed table gives every curve's ratio to it")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before the source (sweep.sh)
     paths = run_or_exit("mcsd-plot", lambda: _plot(args))
     print("\n".join(str(path) for path in paths))
 
