@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -11,6 +12,17 @@ import yaml
 from mcsd import build_model
 from mcsd.models import CausalLM, registry
 from mcsd.models.config import class_path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, split the cores between the workers (torch and the CLIs the tests
+    start would otherwise each take every core and slow each other down)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
 
 TINY = dict(vocab_size=101, hidden_size=24, num_channels=3, num_layers=2, mlp_hidden_size=40)
 
