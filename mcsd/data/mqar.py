@@ -32,14 +32,12 @@ def mqar_examples(num_examples: int, seq_len: int, num_pairs: int, vocab_size: i
         raise DataError(f"data.power_a={power_a} must be in (0, 1] (1: gaps uniform)")
     rng = np.random.default_rng(seed)
     half = vocab_size // 2
-    # K distinct keys and values per example: the first K of a random permutation of each range.
-    keys = np.argsort(rng.random((num_examples, half - 1)), axis=1)[:, :num_pairs] + 1
-    values = np.argsort(rng.random((num_examples, vocab_size - half)), axis=1)[:, :num_pairs] + half
+    keys = _weighted_without_replacement(rng, num_examples, np.ones(half - 1), num_pairs) + 1
+    values = _weighted_without_replacement(rng, num_examples, np.ones(vocab_size - half), num_pairs) + half
     prefix = 2 * num_pairs
     slots = (seq_len - prefix) // 2
-    weights = np.arange(1, slots + 1, dtype=np.float64) ** (power_a - 1)
-    # Gaps without replacement, weighted: the K smallest of Exponential(1) / weight (Gumbel top-k).
-    gaps = np.argsort(rng.exponential(size=(num_examples, slots)) / weights, axis=1)[:, :num_pairs]
+    gap_weights = np.arange(1, slots + 1, dtype=np.float64) ** (power_a - 1)
+    gaps = _weighted_without_replacement(rng, num_examples, gap_weights, num_pairs)
 
     inputs = rng.integers(0, vocab_size, size=(num_examples, seq_len))
     inputs[:, 0:prefix:2], inputs[:, 1:prefix:2] = keys, values
@@ -48,6 +46,21 @@ def mqar_examples(num_examples: int, seq_len: int, num_pairs: int, vocab_size: i
     labels = np.full((num_examples, seq_len), IGNORE_INDEX, dtype=np.int64)
     np.put_along_axis(labels, query_positions, values, axis=1)
     return torch.from_numpy(inputs.astype(np.int64)), torch.from_numpy(labels)
+
+
+def _weighted_without_replacement(rng: np.random.Generator, rows: int, weights: np.ndarray, k: int) -> np.ndarray:
+    """``(rows, k)`` distinct indices into ``weights`` per row, in the order of drawing them one
+    after another with probability proportional to the weights of those left: the ``k``
+    smallest of Exponential(1) / weight, smallest first. Rows go in chunks, so a large
+    vocabulary costs bounded memory."""
+    chunk = max(1, 2**22 // len(weights))
+    picks = []
+    for start in range(0, rows, chunk):
+        scores = rng.exponential(size=(min(chunk, rows - start), len(weights))) / weights
+        smallest = np.argpartition(scores, k - 1, axis=1)[:, :k]
+        order = np.argsort(np.take_along_axis(scores, smallest, axis=1), axis=1)
+        picks.append(np.take_along_axis(smallest, order, axis=1))
+    return np.concatenate(picks)
 
 
 def mqar_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
