@@ -47,6 +47,9 @@ logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropInfo()
 # ${mcsd.wandb_offline:} is true unless WANDB_MODE=online.
 OmegaConf.register_new_resolver("mcsd.wandb_offline", lambda: os.environ.get("WANDB_MODE", "offline") != "online",
                                 replace=True)
+# ${mcsd.times:a,b} and ${mcsd.floordiv:a,b}: sizes that follow a swept one (an MLP twice the width).
+OmegaConf.register_new_resolver("mcsd.times", lambda a, b: int(a) * int(b), replace=True)
+OmegaConf.register_new_resolver("mcsd.floordiv", lambda a, b: int(a) // int(b), replace=True)
 
 
 def _register_arms_sweeper() -> None:

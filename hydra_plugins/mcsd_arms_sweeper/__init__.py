@@ -10,6 +10,15 @@ that belong together (an architecture and its variant), crossed with every other
 The cartesian product of plain sweeps cannot say "the five MCSD variants and the
 Transformer"; arms can. ``mcsd-train -m experiment=fig9_ablation seed=0,1,2`` runs every
 arm with every seed (arms outermost).
+
+``registry_variants`` adds arms from the architecture registry, so that an experiment over
+every architecture never lists them: for each registered architecture, one arm per variant
+named in the list (``default``: its first variant; ``all``: every variant), as
+``model=NAME`` plus the variant's fields (``model.sections=[slope]``).
+
+    hydra:
+      sweeper:
+        registry_variants: [default, slope_only]   # each architecture's default, and MCSD slope_only
 """
 
 from dataclasses import dataclass, field
@@ -27,6 +36,7 @@ class ArmsSweeperConf:
     max_batch_size: Optional[int] = None
     params: Optional[dict[str, str]] = None
     arms: list[Any] = field(default_factory=list)
+    registry_variants: Optional[list[str]] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="arms", node=ArmsSweeperConf, provider="mcsd")
@@ -37,13 +47,39 @@ def _arm_overrides(arm: Any) -> list[str]:
     return arm.split() if isinstance(arm, str) else [str(item) for item in arm]
 
 
+def _override_value(value: Any) -> str:
+    """A field value in Hydra's override grammar (lists as ``[a,b]``)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_value(item) for item in value) + "]"
+    return str(value)
+
+
+def registry_arms(variant_names: list[str]) -> list[list[str]]:
+    """One arm per registered architecture and variant named in ``variant_names`` (``default``:
+    the architecture's first variant; ``all``: every one), in registration order."""
+    from mcsd.models import registry
+
+    known = {"all", "default", *(variant for name in registry.architectures() for variant in registry.get(name).variants)}
+    unknown = [variant for variant in variant_names if variant not in known]
+    if unknown:
+        raise HydraException(f"hydra.sweeper.registry_variants names {unknown[0]!r}, a variant of no registered "
+                             f"architecture: use all, default or one of {', '.join(sorted(known - {'all', 'default'}))}")
+    arms = []
+    for name in registry.architectures():
+        variants = list(registry.get(name).variants.items())
+        for index, (variant, fields) in enumerate(variants):
+            if "all" in variant_names or variant in variant_names or (index == 0 and "default" in variant_names):
+                arms.append([f"model={name}", *(f"model.{key}={_override_value(value)}" for key, value in fields.items())])
+    return arms
+
+
 class ArmsSweeper(BasicSweeper):
     """Every job of the basic sweep, once per arm (no arms: the basic sweep itself)."""
 
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict[str, str]] = None,
-                 arms: Optional[list[Any]] = None) -> None:
+                 arms: Optional[list[Any]] = None, registry_variants: Optional[list[str]] = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
-        self.arms = [_arm_overrides(arm) for arm in (arms or [])]
+        self.arms = [_arm_overrides(arm) for arm in (arms or [])] + registry_arms(list(registry_variants or []))
 
     def split_arguments(self, overrides: list[Override], max_batch_size: Optional[int]) -> list[list[list[str]]]:
         jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]

@@ -11,10 +11,16 @@ tokens drawn uniformly from the whole vocabulary (zoology's ``random_non_queries
 
 from __future__ import annotations
 
+from typing import Any
+
+import lightning as L
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from mcsd.data.corpus import DataError
+from mcsd.data.datamodule import EpochShuffleSampler
 
 IGNORE_INDEX = -100  # the label of a position that is not scored (torch's cross_entropy default)
 
@@ -65,6 +71,88 @@ def _weighted_without_replacement(rng: np.random.Generator, rows: int, weights: 
 
 def mqar_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per example, the fraction of labelled positions whose argmax is the label: ``(batch,)``."""
+    return prediction_accuracy(logits.argmax(-1), labels)
+
+
+def prediction_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per example, the fraction of labelled positions where ``predictions`` (token ids, any
+    value where unlabelled) equal ``labels``: ``(batch,)``."""
     scored = labels != IGNORE_INDEX
-    correct = (logits.argmax(-1) == labels) & scored
+    correct = (predictions == labels) & scored
     return correct.sum(-1) / scored.sum(-1).clamp(min=1)
+
+
+class _Examples(Dataset):
+    """``{"input_ids", "labels"}`` rows of two aligned tensors."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
+        self.inputs, self.labels = inputs, labels
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.inputs[index], "labels": self.labels[index]}
+
+
+class MQARDataModule(L.LightningDataModule):
+    """MQAR examples for ``mcsd-train data=mqar``: ``num_train`` training and ``num_val``
+    validation and test examples of one ``(seq_len, num_pairs)``, each split drawn from its
+    own seed derived from ``seed``. Batches hold ``input_ids`` and aligned ``labels`` (the
+    model's output at position ``t`` is scored against ``labels[t]``; no tokenizer)."""
+
+    tokenizer = None  # MQAR's tokens are ids: nothing to save with the model
+
+    def __init__(self, vocab_size: int = 8192, seq_len: int = 64, num_pairs: int = 4, num_train: int = 20000,
+                 num_val: int = 1000, power_a: float = 0.01, batch_size: int = 64, seed: int = 0,
+                 num_workers: int = 0, token_budget: int | None = None, name: str = "mqar") -> None:
+        super().__init__()
+        for field, value in (("num_train", num_train), ("num_val", num_val), ("batch_size", batch_size)):
+            if not isinstance(value, int) or value < 1:
+                raise DataError(f"data.{field}={value!r} must be a positive integer")
+        if num_train < batch_size:
+            raise DataError(f"data.num_train={num_train} is fewer than data.batch_size={batch_size}: "
+                            "raise num_train or lower batch_size")
+        if token_budget is not None and token_budget < 1:
+            raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
+        self.save_hyperparameters(logger=False)
+        self.splits: dict[str, _Examples] = {}
+
+    def build(self) -> dict[str, _Examples]:
+        """Draw the three splits (idempotent; fails in one line on a (T, K, V) that cannot work)."""
+        if not self.splits:
+            h = self.hparams
+            seeds = np.random.SeedSequence(h.seed).spawn(3)
+            counts = {"train": h.num_train, "val": h.num_val, "test": h.num_val}
+            for (split, count), split_seed in zip(counts.items(), seeds):
+                examples = mqar_examples(count, h.seq_len, h.num_pairs, h.vocab_size,
+                                         int(split_seed.generate_state(1)[0]), h.power_a)
+                self.splits[split] = _Examples(*examples)
+        return self.splits
+
+    def prepare_data(self) -> None:
+        self.build()
+
+    def setup(self, stage: str | None = None) -> None:
+        self.build()
+
+    def describe(self) -> dict[str, Any]:
+        """Sizes for logs: tokens per split."""
+        return {f"data/{name}_tokens": len(split) * self.hparams.seq_len for name, split in self.splits.items()}
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        """Shuffled in an order that is a function of ``(seed, pass)`` (exact on resume)."""
+        trainer = self.trainer
+        sampler = EpochShuffleSampler(
+            self.splits["train"], num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0, shuffle=True, seed=self.hparams.seed, drop_last=True,
+            batch_size=self.hparams.batch_size,
+        )
+        return StatefulDataLoader(self.splits["train"], batch_size=self.hparams.batch_size, sampler=sampler,
+                                  drop_last=True, num_workers=self.hparams.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits["val"], batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.splits["test"], batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)

@@ -225,9 +225,24 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:
         """Logits ``[B, N, vocab]`` for every position (training and scoring)."""
+        return self.lm_head(self.hidden_states(input_ids, form))
+
+    def hidden_states(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:
+        """The final-normed hidden states ``[B, N, D]`` that the LM head reads (a loss on a few
+        positions applies ``lm_head`` to those alone)."""
         fresh = DecodingState(position=0, layers=[None] * len(self.layers))
         hidden, _ = self._run(input_ids, fresh, form or self.default_form)
-        return self.lm_head(hidden)
+        return hidden
+
+    def extend(self, input_ids: torch.Tensor, state: DecodingState | None = None,
+               form: str | None = None) -> tuple[torch.Tensor, DecodingState]:
+        """Logits ``[B, N, vocab]`` of every position of ``input_ids`` read after ``state`` (a fresh
+        sequence when ``None``), and the state after them. A KV cache is advanced in place:
+        ``copy.deepcopy`` a state that must be extended twice."""
+        if state is None:
+            state = self.init_state(input_ids.shape[0], input_ids.shape[1])
+        hidden, state = self._run(input_ids, state, form or self.default_form)
+        return self.lm_head(hidden), state
 
     def prefill(
         self, input_ids: torch.Tensor, state: DecodingState | None = None, max_new_tokens: int = 0

@@ -20,9 +20,10 @@ def batch_size(batch: dict[str, torch.Tensor]) -> int:
 
 
 def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Predicted tokens in a batch (the monitor's items: its items_per_sec is tokens/s)."""
+    """Tokens the model reads in a batch (the monitor's items: its items_per_sec is tokens/s):
+    all of them with ``labels`` (MQAR), all but the last of each row for next-token prediction."""
     ids = batch["input_ids"]
-    return ids.shape[0] * (ids.shape[1] - 1)
+    return ids.numel() if "labels" in batch else ids.shape[0] * (ids.shape[1] - 1)
 
 
 class SaveFinalModel(L.Callback):

@@ -11,16 +11,22 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
+from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
 import mcsd
+from mcsd.data.mqar import IGNORE_INDEX, prediction_accuracy
 from mcsd.models import registry
+from mcsd.training.callbacks import batch_tokens
 
 
 class LanguageModelModule(L.LightningModule):
     """Wraps a :class:`mcsd.CausalLM`: loss, perplexities, tokens seen, AdamW + schedule.
 
-    Every logged curve carries ``trainer/tokens`` (tokens consumed by the optimiser so
+    A batch of ``input_ids`` alone is next-token prediction (targets are the inputs shifted
+    by one). A batch that also has ``labels`` (MQAR) scores the output at each position
+    against ``labels`` at that position, ignoring ``IGNORE_INDEX``, and its evaluation also
+    logs ``mqar_acc`` (per example, then averaged). Every logged curve carries ``trainer/tokens`` (tokens consumed by the optimiser so
     far, over all processes), which the loggers use as the x-axis.
     """
 
@@ -43,6 +49,7 @@ class LanguageModelModule(L.LightningModule):
         self.flops_per_batch = 0  # read by Lightning's ThroughputMonitor (flops_per_sec)
         self.validated_at_step = -1  # the global step of the latest validation
         self.train_ppl, self.val_ppl, self.test_ppl = Perplexity(), Perplexity(), Perplexity()
+        self.val_mqar_acc, self.test_mqar_acc = MeanMetric(), MeanMetric()
 
     def configure_model(self) -> None:
         if self.compile:
@@ -62,15 +69,20 @@ class LanguageModelModule(L.LightningModule):
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids = batch["input_ids"]
-        inputs, targets = ids[:, :-1], ids[:, 1:]
-        logits = self.model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        if "labels" in batch:  # the LM head only where a label is (MQAR: K of T positions)
+            scored = batch["labels"] != IGNORE_INDEX
+            logits = self.model.lm_head(self.model.hidden_states(ids)[scored])[None]  # [1, scored, vocab]
+            targets = batch["labels"][scored][None]
+        else:
+            logits, targets = self.model(ids[:, :-1]), ids[:, 1:]
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
         return loss, logits, targets
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, logits, targets = self._loss(batch)
-        self.tokens_seen += targets.numel() * self.trainer.world_size
-        self.flops_per_batch = 6 * self.parameter_counts()["model/params_non_embedding"] * targets.numel()
+        tokens = batch_tokens(batch)
+        self.tokens_seen += tokens * self.trainer.world_size
+        self.flops_per_batch = 6 * self.parameter_counts()["model/params_non_embedding"] * tokens
         self.train_ppl(logits.detach().float(), targets)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", self.train_ppl)
@@ -82,6 +94,13 @@ class LanguageModelModule(L.LightningModule):
         metric(logits.float(), targets)
         self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=stage == "val")
         self.log(f"{stage}/ppl", metric, on_step=False, on_epoch=True, prog_bar=stage == "val")
+        if "labels" in batch:
+            accuracy = getattr(self, f"{stage}_mqar_acc")
+            labels = batch["labels"]
+            predictions = torch.full_like(labels, IGNORE_INDEX)
+            predictions[labels != IGNORE_INDEX] = logits[0].argmax(-1)
+            accuracy(prediction_accuracy(predictions, labels))
+            self.log(f"{stage}/mqar_acc", accuracy, on_step=False, on_epoch=True, prog_bar=stage == "val")
         self.log("trainer/tokens", self.tokens_seen.float(), on_step=False, on_epoch=True)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
