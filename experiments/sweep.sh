@@ -2,10 +2,11 @@
 # Run an experiment's sweep two jobs at a time, keep its CSV logs in the experiment's
 # folder (<experiment>/<corpus>/<job>/csv/version_0/{metrics.csv,hparams.yaml}) and draw it.
 #   experiments/sweep.sh EXPERIMENT "PLOT_KIND [mcsd-plot options]" [--replace] [--name NAME] \
-#     [embedded|FILE.txt] [mcsd-train overrides...]
+#     [embedded|FILE.txt|own] [mcsd-train overrides...]
 # The results go to <experiment>/trial/<corpus>/, or with --replace to <experiment>/<corpus>/
 # (the committed results), so that a trial run never overwrites them silently; --name NAME
-# puts them in <NAME>/ instead of <corpus>/ (another sweep on the same corpus).
+# puts them in <NAME>/ instead of <corpus>/ (another sweep on the same corpus). `own` keeps the
+# experiment's own data config (MQAR's synthetic examples) and names the folder `own` unless --name.
 set -euo pipefail
 experiment="$1"; read -ra plot <<< "$2"; shift 2
 results=trial; if [ "${1:-}" = --replace ]; then results=.; shift; fi
@@ -14,12 +15,14 @@ corpus="${1:-embedded}"; shift $(( $# < 1 ? $# : 1 ))
 here="$(cd "$(dirname "$0")" && pwd)/$experiment"
 if [ "$corpus" = embedded ]; then
   data=(data=embedded); name=embedded
+elif [ "$corpus" = own ]; then
+  data=(); name=own
 else
   data=(data=text_files "data.paths=[$(realpath "$corpus")]"); name="$(basename "${corpus%.*}")"
 fi
 name="${folder:-$name}"
 export OMP_NUM_THREADS=1  # two jobs side by side, one core each
-mcsd-train -m experiment="$experiment" "${data[@]}" hydra/launcher=local_parallel \
+mcsd-train -m experiment="$experiment" ${data[@]+"${data[@]}"} hydra/launcher=local_parallel \
   paths.log_dir="$here/logs/$name" "$@"
 sweep="$(ls -td "$here/logs/$name/train/multiruns/"*/ | head -n 1)"
 out="$here/$results/$name"
