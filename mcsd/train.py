@@ -126,6 +126,8 @@ def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callbac
             val_ppl: float, tokens: int) -> str:
     """The closing lines: the result and where every artefact is."""
     lines = [f"final validation perplexity: {val_ppl:.2f} (loss {val_loss:.4f}) after {tokens:,} tokens"]
+    if "val/mqar_acc" in trainer.callback_metrics:
+        lines.append(f"final validation MQAR accuracy: {float(trainer.callback_metrics['val/mqar_acc']):.4f}")
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             run = logger.experiment

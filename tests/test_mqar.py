@@ -1,12 +1,25 @@
-"""The MQAR generator against its definition, and its accuracy."""
+"""The MQAR generator against its definition, its accuracy, ``data=mqar`` training (loss
+and accuracy on the labelled positions only), ``experiment=mqar_recall`` and its figure."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
+from harness import FAST, compose_train, read_metrics, run_cli, series
+from hydra_plugins.mcsd_arms_sweeper import registry_arms
+from hydra.errors import HydraException
+from mcsd.data import MQARDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mqar import IGNORE_INDEX, mqar_accuracy, mqar_examples
+from mcsd.models import registry
+from mcsd.plots.mqar import load_mqar_runs, plot_mqar
+from mcsd.saved_model import load as load_model
+from mcsd.train import train
 
 VOCAB, T, K = 64, 48, 6
 
@@ -63,3 +76,80 @@ def test_impossible_settings_fail_in_one_line_naming_the_field(seq_len: int, num
                                                               field: str) -> None:
     with pytest.raises(DataError, match=f"data.{field}="):
         mqar_examples(4, seq_len, num_pairs, vocab_size, seed=0)
+
+
+def test_datamodule_splits_are_distinct_and_a_function_of_the_seed() -> None:
+    def splits(seed: int) -> dict:
+        return MQARDataModule(vocab_size=VOCAB, seq_len=T, num_pairs=K, num_train=64, num_val=16, batch_size=8,
+                              seed=seed).build()
+
+    first, again, other = splits(0), splits(0), splits(1)
+    assert [len(first[name]) for name in ("train", "val", "test")] == [64, 16, 16]
+    assert all(torch.equal(first[name].inputs, again[name].inputs) for name in first)
+    assert not torch.equal(first["val"].inputs, first["test"].inputs[:16])
+    assert not torch.equal(first["train"].inputs, other["train"].inputs)
+    batch = next(iter(first["train"]))
+    assert set(batch) == {"input_ids", "labels"} and batch["labels"].shape == (T,)
+
+
+def test_datamodule_refuses_fewer_examples_than_a_batch() -> None:
+    with pytest.raises(DataError, match="data.num_train=4 is fewer than data.batch_size=8"):
+        MQARDataModule(num_train=4, batch_size=8)
+
+
+MQAR_RUN = ["data=mqar", "model.num_layers=2", "data.seq_len=32", "data.num_pairs=4", "data.num_train=256",
+            "data.num_val=48", "data.batch_size=16"]
+
+
+def test_training_scores_the_labelled_positions_and_logs_accuracy(tmp_path: Path) -> None:
+    """The logged loss and accuracy of the final model are those of its logits at the labelled
+    positions of the validation split, computed here from the saved model."""
+    run_dir = tmp_path / "run"
+    cfg = compose_train(run_dir, *FAST, *MQAR_RUN, "trainer.limit_val_batches=null", "logger=csv",
+                        "test_after_training=false")
+    val_loss = train(cfg)
+    rows = read_metrics(run_dir)
+    logged_accuracy = series(rows, "val/mqar_acc")
+    assert sorted(logged_accuracy) == [0, 2, 5]  # before training, at step 3 and at the end
+    model = load_model(run_dir / "model").eval()
+    val = MQARDataModule(vocab_size=cfg.model.vocab_size, seq_len=32, num_pairs=4, num_train=256, num_val=48,
+                         batch_size=16, seed=cfg.seed).build()["val"]
+    with torch.no_grad():
+        logits = model(val.inputs)
+    scored = val.labels != IGNORE_INDEX
+    # Mean of per-batch losses (Lightning's epoch mean), each over that batch's labelled positions.
+    losses = [F.cross_entropy(logits[start:start + 16][scored[start:start + 16]], val.labels[start:start + 16][scored[start:start + 16]])
+              for start in range(0, 48, 16)]
+    assert val_loss == pytest.approx(torch.stack(losses).mean().item(), rel=1e-5)
+    assert logged_accuracy[5] == pytest.approx(mqar_accuracy(logits, val.labels).mean().item(), abs=1e-6)
+
+
+def test_registry_arms_name_every_architecture_and_the_variants_asked() -> None:
+    arms = registry_arms(["default", "slope_only"])
+    assert [arm[0] for arm in arms if len(arm) == 1] == [f"model={name}" for name in registry.architectures()]
+    assert ["model=mcsd", "model.sections=[slope]"] in arms and len(arms) == len(registry.architectures()) + 1
+    every = registry_arms(["all"])
+    assert len(every) == sum(len(registry.get(name).variants) for name in registry.architectures())
+    with pytest.raises(HydraException, match="registry_variants names 'slope_onyl'"):
+        registry_arms(["slope_onyl"])
+
+
+def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(tmp_path: Path) -> None:
+    result = run_cli("mcsd-train", "-m", "experiment=mqar_recall", "model.hidden_size=16,32", "data.seq_len=32",
+                     "optimizer.lr=1e-3,3e-3", "data.num_train=128", "data.num_val=32", "data.batch_size=16",
+                     "trainer.max_steps=2", "logger=csv", "test_after_training=false",
+                     "callbacks.progress_bar.refresh_rate=0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = load_mqar_runs(tmp_path / "logs")
+    assert len(runs) == 4 * (len(registry.architectures()) + 1)
+    assert set(runs["num_pairs"]) == {2} and set(runs["width"]) == {16, 32}  # K = T / 16
+    figure = plot_mqar(runs, tmp_path / "figure")
+    assert [path.name for path in figure.paths] == ["mqar_recall.png", "mqar_recall.pdf", "mqar_recall_table.md"]
+    assert figure.labels[:2] == ["MCSD full", "MCSD slope_only"] and len(figure.labels) == len(runs) // 4
+    # Each point is the best of its two learning rates.
+    best = runs.groupby(["curve", "width"])["accuracy"].max().reset_index()
+    merged = figure.table.merge(best, on=["curve", "width"], suffixes=("", "_best"))
+    assert len(merged) == len(figure.table) == 2 * len(figure.labels)
+    assert (merged["accuracy"] == merged["accuracy_best"]).all() and (figure.table["lrs_tried"] == 2).all()
+    table = figure.paths[2].read_text()
+    assert table.count("\n") == 2 + len(figure.table) and "| T=32, K=2 |" in table

@@ -6,6 +6,7 @@
     mcsd-plot ablation logs/train/multiruns/<time>           # Fig. 9
     mcsd-plot ablation --wandb ENTITY/mcsd --group fig9_ablation   # the same from W&B
     mcsd-plot ablation DIR --name decay_init_study --reference Transformer   # + per-seed ratios
+    mcsd-plot mqar logs/train/multiruns/<time>               # MQAR accuracy vs width
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import argparse
 from mcsd.cli import require_wandb_login, run_or_exit
 from mcsd.errors import MCSDError
 from mcsd.plots.cost import plot_inference, plot_train
+from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, markdown_table, plot_sweep
 
 COSTS = {"inference": plot_inference, "train": plot_train}
 SWEEPS = ("scaling", "ablation")
+RUN_TABLES = ("mqar",)
 
 
 def _plot(args: argparse.Namespace) -> list:
@@ -26,6 +29,12 @@ def _plot(args: argparse.Namespace) -> list:
         if args.source is None:
             raise MCSDError(f"mcsd-plot {args.kind} needs a results file: mcsd-plot {args.kind} RESULTS.csv")
         return COSTS[args.kind](args.source, args.out)
+    if args.kind == "mqar":
+        if args.source is None:
+            raise MCSDError("mcsd-plot mqar needs the folder of an experiment=mqar_recall sweep")
+        figure = plot_mqar(load_mqar_runs(args.source), args.out or args.source, args.name or "mqar_recall")
+        print(markdown_mqar_table(figure.table))
+        return figure.paths
     if args.wandb:
         if not args.group:
             raise MCSDError("--wandb needs --group: the W&B group of the sweep (its experiment_name)")
@@ -45,7 +54,7 @@ def _plot(args: argparse.Namespace) -> list:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``mcsd-plot``."""
     parser = argparse.ArgumentParser(prog="mcsd-plot", description="Draw the paper's figures from result files.")
-    parser.add_argument("kind", choices=[*COSTS, *SWEEPS], help="which figures")
+    parser.add_argument("kind", choices=[*COSTS, *SWEEPS, *RUN_TABLES], help="which figures")
     parser.add_argument("source", nargs="?", help="results.csv/json of mcsd-bench, or the folder of a training sweep")
     parser.add_argument("--out", default=None, help="folder for the figures (default: beside the source)")
     parser.add_argument("--wandb", default=None, metavar="ENTITY/PROJECT", help="read the sweep from W&B instead")

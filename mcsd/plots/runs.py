@@ -53,10 +53,7 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
         frames.append(pd.DataFrame({"run": run, "metric": metric, "tokens": points["trainer/tokens"].astype(float),
                                     "value": points[metric].astype(float)}))
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    model = config.get("model") or {}
-    architecture = registry.of_target(model.get("_target_"))
-    rows["arch"] = architecture.name if architecture else choices.get("model") or ""
-    rows["variant"] = architecture.variant_of(model) if architecture else choices.get("ablation") or ""
+    rows["arch"], rows["variant"] = run_identity(config)
     rows["size"] = choices.get("size") or ""
     files = (config.get("data") or {}).get("paths") or []  # local corpora are named by their files
     rows["data"] = (choices.get("data") or "") + (": " + ", ".join(Path(f).name for f in files) if files else "")
@@ -65,22 +62,38 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
     return rows
 
 
-def load_csv_runs(root: str | Path) -> pd.DataFrame:
-    """Every run under ``root`` that has ``csv/version_0/{metrics.csv,hparams.yaml}``."""
+def run_identity(config: dict[str, Any]) -> tuple[str, str]:
+    """``(architecture, variant)`` of a logged run, from its model node through the registry
+    (the ``choices`` of its config groups for a model the registry does not know)."""
+    choices = config.get("choices") or {}
+    model = config.get("model") or {}
+    architecture = registry.of_target(model.get("_target_"))
+    if architecture is None:
+        return choices.get("model") or "", choices.get("ablation") or ""
+    return architecture.name, architecture.variant_of(model)
+
+
+def run_logs(root: str | Path) -> list[tuple[str, dict[str, Any], pd.DataFrame]]:
+    """``(run, config, metrics)`` of every run under ``root`` that has
+    ``csv/version_0/{metrics.csv,hparams.yaml}`` (``run``: its folder relative to ``root``)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} does not exist: give the folder of a sweep (e.g. logs/train/multiruns/<time>)")
-    frames = []
+    logs = []
     for metrics_file in sorted(root.rglob("metrics.csv")):
         hparams_file = metrics_file.with_name("hparams.yaml")
-        if not hparams_file.is_file():
-            continue
-        config = yaml.safe_load(hparams_file.read_text()) or {}
-        frames.append(_run_rows(str(metrics_file.parent.relative_to(root)), config, pd.read_csv(metrics_file)))
-    if not frames:
+        if hparams_file.is_file():
+            config = yaml.safe_load(hparams_file.read_text()) or {}
+            logs.append((str(metrics_file.parent.relative_to(root)), config, pd.read_csv(metrics_file)))
+    if not logs:
         raise MCSDError(f"{root} holds no run logs (csv/version_0/metrics.csv with hparams.yaml): "
                         "point it at a sweep run with the csv logger")
-    return pd.concat(frames, ignore_index=True)
+    return logs
+
+
+def load_csv_runs(root: str | Path) -> pd.DataFrame:
+    """Every run under ``root`` that has ``csv/version_0/{metrics.csv,hparams.yaml}``, in long format."""
+    return pd.concat([_run_rows(run, config, metrics) for run, config, metrics in run_logs(root)], ignore_index=True)
 
 
 def load_wandb_runs(path: str, group: str) -> pd.DataFrame:
@@ -107,14 +120,14 @@ def _arch_label(arch: str) -> str:
     return registry.get(arch).label if arch in registry.architectures() else arch
 
 
-def _label(kind: str, key: str, params: float | None) -> str:
+def curve_label(kind: str, key: str, params: float | None) -> str:
     arch, detail = key.split("|", 1)
     if kind == "scaling":
         return f"{_arch_label(arch)} {detail}" + (f" ({params / 1e6:.1f}M)" if params else "")
     return _arch_label(arch) if detail in ("default", "") else f"{_arch_label(arch)} {detail}"
 
 
-def _order(kind: str, key: str) -> tuple:
+def curve_order(kind: str, key: str) -> tuple:
     """Registry order of architectures, then sizes small to large or the registry's variant order."""
     arch, detail = key.split("|", 1)
     names = registry.architectures()
@@ -145,7 +158,7 @@ def summary_table(kind: str, rows: pd.DataFrame) -> pd.DataFrame:
             last = points.sort_values("tokens").groupby("run").tail(1)
             final[metric] = last["value"]
         tokens = group[group["metric"] == "val/loss"]["tokens"].max()
-        records.append({"curve": _label(kind, curve, group["params"].max()), "order": _order(kind, curve),
+        records.append({"curve": curve_label(kind, curve, group["params"].max()), "order": curve_order(kind, curve),
                         "seeds": group["run"].nunique(), "tokens": int(tokens) if pd.notna(tokens) else None,
                         "val_loss": final["val/loss"].mean(), "val_loss_min": final["val/loss"].min(),
                         "val_loss_max": final["val/loss"].max(), "val_ppl": final["val/ppl"].mean()})
@@ -159,9 +172,9 @@ def seed_table(kind: str, rows: pd.DataFrame, reference: str | None = None) -> p
     seed (paired): the mean ratio and its min and max over the seeds both curves ran."""
     rows = rows.assign(curve=_curve_key(kind, rows))
     final = (rows[rows["metric"] == "val/ppl"].sort_values("tokens").groupby("run").tail(1))
-    labels = {key: _label(kind, key, group["params"].max()) for key, group in rows.groupby("curve")}
+    labels = {key: curve_label(kind, key, group["params"].max()) for key, group in rows.groupby("curve")}
     table = final.pivot_table(index="curve", columns="seed", values="value", aggfunc="mean")
-    table = table.loc[sorted(table.index, key=lambda key: _order(kind, key))]
+    table = table.loc[sorted(table.index, key=lambda key: curve_order(kind, key))]
     table.index = [labels[key] for key in table.index]
     table.columns = [f"seed {seed}" for seed in table.columns]
     table["mean"] = table.mean(axis=1)
@@ -209,7 +222,7 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
     if kind not in ("scaling", "ablation"):
         raise MCSDError(f"unknown sweep kind {kind!r}: use scaling or ablation")
     rows = rows.assign(curve=_curve_key(kind, rows))
-    keys = sorted(rows["curve"].unique(), key=lambda key: _order(kind, key))
+    keys = sorted(rows["curve"].unique(), key=lambda key: curve_order(kind, key))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     arches = list(dict.fromkeys(key.split("|", 1)[0] for key in keys))
     details = list(dict.fromkeys(key.split("|", 1)[1] for key in keys))
@@ -218,7 +231,7 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
     labels = []
     for index, key in enumerate(keys):
         curve = rows[rows["curve"] == key]
-        label = _label(kind, key, curve["params"].max())
+        label = curve_label(kind, key, curve["params"].max())
         labels.append(label)
         arch, detail = key.split("|", 1)
         style = LINESTYLES[arches.index(arch) % len(LINESTYLES)]  # one line style per architecture
