@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,23 @@ class EpochShuffleSampler(StatefulDistributedSampler):
         self.epoch = state_dict["epoch"]
 
 
+def load_corpus(data: Mapping[str, Any], hf_cache: Path) -> tuple[datasets.Dataset, str]:
+    """The documents (a ``text`` column) and a fingerprint of the corpus a data config names
+    (its ``source`` and that source's fields; the defaults of :class:`LanguageModelDataModule`
+    for those it lacks)."""
+    source = data.get("source", "embedded")
+    if source == "embedded":
+        return embedded_corpus()
+    text_field = data.get("text_field") or "text"
+    if source == "text_files":
+        return text_files([str(path) for path in data.get("paths") or []], text_field, hf_cache)
+    if source != "hub":
+        raise DataError(f"data.source={source!r} is unknown: use one of {', '.join(SOURCES)}")
+    return hub_dataset(data.get("name", "hub"), data.get("hub_path"), data.get("hub_subset"),
+                       data.get("hub_split", "train"), text_field, data.get("max_documents"),
+                       data.get("streaming", False), hf_cache)
+
+
 class LanguageModelDataModule(L.LightningDataModule):
     """Token blocks for next-token prediction from one of three ``source``\\ s:
 
@@ -128,20 +145,12 @@ class LanguageModelDataModule(L.LightningDataModule):
         self.splits: dict[str, datasets.Dataset] = {}
 
     # -- building (cached) ------------------------------------------------------------
-    def _corpus(self, hf_cache: Path) -> tuple[datasets.Dataset, str]:
-        h = self.hparams
-        if h.source == "embedded":
-            return embedded_corpus()
-        if h.source == "text_files":
-            return text_files(list(h.paths or []), h.text_field, hf_cache)
-        return hub_dataset(h.name, h.hub_path, h.hub_subset, h.hub_split, h.text_field, h.max_documents,
-                           h.streaming, hf_cache)
 
     def build(self) -> dict[str, datasets.Dataset]:
         """Load or make the tokenizer and the packed splits (idempotent, cached)."""
         h = self.hparams
         cache_root = Path(h.cache_dir).expanduser()
-        corpus, fingerprint = self._corpus(cache_root / "hf")
+        corpus, fingerprint = load_corpus(self.hparams, cache_root / "hf")
         corpus = corpus.filter(lambda row: bool(row["text"] and row["text"].strip()), desc="dropping empty documents")
         if len(corpus) == 0:
             raise DataError(f"data={h.name}: the corpus has no text (every document is empty): give it files with text")

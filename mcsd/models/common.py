@@ -234,28 +234,21 @@ class CausalLM(nn.Module):
         hidden, _ = self._run(input_ids, fresh, form or self.default_form)
         return hidden
 
-    def extend(self, input_ids: torch.Tensor, state: DecodingState | None = None,
-               form: str | None = None) -> tuple[torch.Tensor, DecodingState]:
-        """Logits ``[B, N, vocab]`` of every position of ``input_ids`` read after ``state`` (a fresh
-        sequence when ``None``), and the state after them. A KV cache is advanced in place:
-        ``copy.deepcopy`` a state that must be extended twice."""
-        if state is None:
-            state = self.init_state(input_ids.shape[0], input_ids.shape[1])
-        hidden, state = self._run(input_ids, state, form or self.default_form)
-        return self.lm_head(hidden), state
-
     def prefill(
-        self, input_ids: torch.Tensor, state: DecodingState | None = None, max_new_tokens: int = 0
+        self, input_ids: torch.Tensor, state: DecodingState | None = None, max_new_tokens: int = 0,
+        form: str = "chunk",
     ) -> tuple[torch.Tensor, DecodingState]:
-        """Process a prompt (or continue ``state`` with more tokens) in the chunkwise form.
+        """Process a prompt (or continue ``state`` with more tokens), in the chunkwise form
+        unless ``form`` says otherwise.
 
         Returns the last position's logits ``[B, vocab]`` and the state to decode from. Any
         number of :meth:`step` calls may follow; ``max_new_tokens`` is only a hint (a KV
-        cache preallocates that much room and otherwise grows geometrically).
+        cache preallocates that much room and otherwise grows geometrically). A KV cache is
+        advanced in place: ``copy.deepcopy`` a state that is to be continued twice.
         """
         if state is None:
             state = self.init_state(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
-        hidden, state = self._run(input_ids, state, "chunk")
+        hidden, state = self._run(input_ids, state, form)
         return self.lm_head(hidden[:, -1]), state
 
     def step(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:

@@ -1,0 +1,1 @@
+"""Probes of trained models: what they use of their context."""

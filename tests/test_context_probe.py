@@ -1,0 +1,159 @@
+"""The long-context probe: Delta_N is ~0 for a model that cannot see beyond its window and
+positive below the lag of a model that copies from far back; its losses equal direct
+computations for every registered architecture (the swapped control through each one's
+decoding state); ``mcsd-probe context`` writes its CSVs and figure."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+import mcsd
+from conftest import tiny_model
+from harness import run_cli
+from mcsd.errors import MCSDError
+from mcsd.models import CausalLM, LMConfig, TokenMixer, registry
+from mcsd.probes.context import _losses, evaluation_positions, probe_context
+
+
+class Delay(TokenMixer):
+    """``y_t = scale * sum_{lag in lags} x_{t - lag}`` (zeros before the sequence); its state is
+    the last ``max(lags)`` inputs. It sees exactly ``max(lags) + 1`` tokens, ignoring positions."""
+
+    def __init__(self, config: DelayConfig) -> None:
+        super().__init__()
+        self.lags, self.scale = list(config.lags), config.scale
+
+    def reset_parameters(self) -> None:
+        """No parameters."""
+
+    def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(batch_size, max(self.lags), 0, device=device, dtype=dtype)  # width set by the first call
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str) -> tuple[Any, Any]:
+        span = max(self.lags)
+        history = x.new_zeros(x.shape[0], span, x.shape[2]) if state is None or state.shape[2] == 0 else state
+        tokens = torch.cat([history, x], dim=1)
+        length = x.shape[1]
+        y = sum(tokens[:, span - lag:span - lag + length] for lag in self.lags)
+        return self.scale * y, tokens[:, -span:]
+
+
+@dataclasses.dataclass
+class DelayConfig(LMConfig):
+    lags: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
+    scale: float = 1.0
+
+    def make_mixer(self, layer_index: int) -> TokenMixer:
+        return Delay(self)
+
+
+class DelayForCausalLM(CausalLM):
+    """The skeleton with :class:`Delay` mixers."""
+
+
+@pytest.fixture(scope="module")
+def delay() -> Iterator[None]:
+    mcsd.register(mcsd.Architecture(name="delay", config_class=DelayConfig, model_class=DelayForCausalLM,
+                                    label="Delay", color="tab:gray", train_form="chunk"))
+    try:
+        yield
+    finally:
+        registry.unregister("delay")
+
+
+VOCAB = 32
+
+
+def delay_model(lags: list[int], num_layers: int, scale: float = 1.0) -> CausalLM:
+    return mcsd.build_model({"_target_": f"{__name__}.DelayConfig", "vocab_size": VOCAB, "hidden_size": VOCAB,
+                             "num_channels": 1, "num_layers": num_layers, "mlp_hidden_size": 16, "lags": lags,
+                             "scale": scale}).eval()
+
+
+def copier(period: int) -> CausalLM:
+    """Predicts token ``t + 1`` as token ``t + 1 - period``: one-hot embeddings, a delay of
+    ``period - 1`` that dominates the residual, no MLP, the LM head reading the one-hot back."""
+    model = delay_model([period - 1], num_layers=1, scale=10.0)
+    with torch.no_grad():
+        model.embed.weight.copy_(torch.eye(VOCAB))
+        model.lm_head.weight.copy_(5 * torch.eye(VOCAB))
+        model.layers[0].mlp.down.weight.zero_()
+    return model
+
+
+def periodic_documents(count: int, length: int, period: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    base = torch.randint(0, VOCAB, (count, period), generator=generator)
+    return base.repeat(1, length // period + 1)[:, :length]
+
+
+def test_positions_lie_beyond_the_longest_window() -> None:
+    assert evaluation_positions(100, [8, 32], 4) == [32, 54, 76, 98]
+    with pytest.raises(MCSDError, match="probe.length=40 leaves no position beyond the longest window 64"):
+        evaluation_positions(40, [8, 64], 4)
+
+
+def test_a_model_that_cannot_see_far_has_delta_zero(delay: None) -> None:
+    """Two layers of a 3-token window see 5 tokens: beyond that, nothing changes."""
+    model = delay_model([0, 1, 2], num_layers=2)
+    documents = torch.randint(0, VOCAB, (6, 160), generator=torch.Generator().manual_seed(1))
+    result = probe_context(model, documents, windows=[2, 5, 16, 64], num_positions=8, batch_size=3, bootstrap=200)
+    deltas = result.deltas.set_index("window")
+    assert deltas.loc[2, "delta"] > 0.01 and deltas.loc[2, "swapped"] > 0.01  # it does use 3 to 5 tokens back
+    for window in (5, 16, 64):
+        assert abs(deltas.loc[window, "delta"]) < 1e-5 and abs(deltas.loc[window, "swapped"]) < 1e-5
+        assert deltas.loc[window, "delta_low"] <= deltas.loc[window, "delta"] <= deltas.loc[window, "delta_high"]
+
+
+def test_a_model_that_copies_from_far_back_has_delta_positive_below_its_lag(delay: None) -> None:
+    period = 48
+    model = copier(period)
+    documents = periodic_documents(6, 200, period)
+    result = probe_context(model, documents, windows=[16, 32, 64, 128], num_positions=6, batch_size=4, bootstrap=200)
+    deltas = result.deltas.set_index("window")
+    assert deltas.loc[128, "loss_full"] < 0.05  # it predicts the periodic text almost perfectly
+    for window in (16, 32):  # the copied token lies outside the window: both differences are large
+        assert deltas.loc[window, "delta"] > 5 and deltas.loc[window, "delta_low"] > 5
+        assert deltas.loc[window, "swapped"] > 5 and deltas.loc[window, "swapped_low"] > 5
+    for window in (64, 128):
+        assert abs(deltas.loc[window, "delta"]) < 1e-5 and abs(deltas.loc[window, "swapped"]) < 1e-5
+    # The per-position curve: the first period cannot be predicted, the rest can.
+    curve = result.curve
+    assert list(curve["bin_start"]) == [0, 1, 2, 4, 8, 16, 32, 64, 128] and curve["bin_end"].iloc[-1] == 199
+    assert curve.set_index("bin_start").loc[64, "loss"] < 0.05 < curve.set_index("bin_start").loc[8, "loss"]
+
+
+@pytest.mark.parametrize("arch", registry.architectures())
+def test_probe_losses_equal_direct_computation(arch: str) -> None:
+    """For every registered architecture, the last-N and swapped losses are those of the model
+    run on the truncated and on the spliced sequence from scratch (the splice continues a
+    copied decoding state; the last-N windows go several to a call)."""
+    torch.manual_seed(0)
+    model = tiny_model(arch).eval()
+    vocab = model.config.vocab_size
+    documents, others = torch.randint(0, vocab, (2, 2, 80)).unbind(0)
+    windows, positions = [8, 24], [30, 55, 78]
+    with torch.no_grad():
+        full, windowed = _losses(model, documents, others, windows, positions, model.default_form, max_tokens=50,
+                                 progress=tqdm(disable=True))
+        assert torch.allclose(full, F.cross_entropy(model(documents[:, :-1]).transpose(1, 2), documents[:, 1:],
+                                                    reduction="none"), atol=1e-5)
+        for w, window in enumerate(windows):
+            for p, t in enumerate(positions):
+                start = t - window + 1
+                last = model(documents[:, start:t + 1])[:, -1]
+                spliced = model(torch.cat([others[:, :start], documents[:, start:t + 1]], dim=1))[:, -1]
+                target = documents[:, t + 1]
+                assert torch.allclose(windowed["last"][:, w, p], F.cross_entropy(last, target, reduction="none"),
+                                      atol=1e-4)
+                assert torch.allclose(windowed["swapped"][:, w, p], F.cross_entropy(spliced, target, reduction="none"),
+                                      atol=1e-4)
