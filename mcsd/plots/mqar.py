@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
@@ -101,6 +102,7 @@ def plot_mqar(runs: pd.DataFrame, output_dir: str | Path, name: str = "mqar_reca
     for ax, (t, k) in zip(axes[0], settings):
         ax.set(xscale="log", xlabel="model width", title=f"T = {t}, K = {k}", ylim=(-0.02, 1.02))
         ax.set_xticks(sorted(best["width"].unique()), [str(w) for w in sorted(best["width"].unique())])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("MQAR accuracy (best lr)")
     axes[0][-1].legend(fontsize=8)

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# MQAR at CPU scale: architectures x width x (T, K) x learning rate, the CSV logs copied here,
+# the accuracy-vs-width figure and its table (best learning rate per point).
+#   bash experiments/mqar_recall/run.sh --replace --name cpu           # the committed results (36 jobs)
+#   bash experiments/mqar_recall/run.sh --name all hydra.sweeper.registry_variants=[all]
+set -euo pipefail
+flags=()
+if [ "${1:-}" = --replace ]; then flags+=(--replace); shift; fi
+if [ "${1:-}" = --name ]; then flags+=(--name "$2"); shift 2; fi
+exec "$(dirname "$0")/../sweep.sh" mqar_recall "mqar" ${flags[@]+"${flags[@]}"} own "$@"
