@@ -43,6 +43,8 @@ class _DropInfo(logging.Filter):
 
 
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_DropInfo())
+# matplotlib's font search warns of each math font it lacks, under Hydra's logging: noise.
+logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 
 # ${mcsd.wandb_offline:} is true unless WANDB_MODE=online.
 OmegaConf.register_new_resolver("mcsd.wandb_offline", lambda: os.environ.get("WANDB_MODE", "offline") != "online",

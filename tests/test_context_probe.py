@@ -157,3 +157,51 @@ def test_probe_losses_equal_direct_computation(arch: str) -> None:
                                       atol=1e-4)
                 assert torch.allclose(windowed["swapped"][:, w, p], F.cross_entropy(spliced, target, reduction="none"),
                                       atol=1e-4)
+
+
+def test_mcsd_probe_context_writes_the_probe_of_the_documents_it_cuts(tmp_path: Path) -> None:
+    """``mcsd-probe context`` cuts each document (after <|endoftext|>, as in training) into
+    consecutive pieces of ``length`` tokens, probes the first ``num_documents`` through the saved
+    model and writes exactly what :func:`probe_context` gives on them; ``mcsd-plot context``
+    draws the folder; a corpus too short for one piece is refused in one line."""
+    from mcsd.data.tokenizer import train_tokenizer
+
+    words = "the king of a far land ships gold and silver to every harbour along the coast".split()
+    rng = torch.Generator().manual_seed(3)
+    texts = [" ".join(words[i] for i in torch.randint(0, len(words), (count,), generator=rng)) for count in (500, 4000)]
+    paths = [tmp_path / "short.txt", tmp_path / "long.txt"]
+    for path, text in zip(paths, texts):
+        path.write_text(text)
+    tokenizer = train_tokenizer(texts, 300)
+    model = tiny_model("mcsd", vocab_size=300)
+    mcsd.save(model, tmp_path / "model", tokenizer)
+    length, count = 192, 5
+    pieces = []
+    for text in texts:
+        ids = [0] + tokenizer.encode(text).ids  # <|endoftext|> is id 0
+        pieces += [ids[start:start + length] for start in range(0, len(ids) - length + 1, length)]
+    assert len(pieces) > count and len([0] + tokenizer.encode(texts[0]).ids) // length in (1, 2, 3)
+    expected = probe_context(model, torch.tensor(pieces[:count]), windows=[16, 64], num_positions=5, batch_size=2,
+                             bootstrap=50, seed=7, max_tokens=100).deltas
+
+    common = ["ckpt=model", "data=text_files", f"data.paths=[{paths[0]},{paths[1]}]", "windows=[16,64]",
+              "num_positions=5", "batch_size=2", "bootstrap=50", "seed=7", "max_tokens=100", "wandb.enabled=false",
+              "paths.log_dir=logs"]
+    result = run_cli("mcsd-probe", "context", *common, f"length={length}", f"num_documents={count}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run_dir,) = (tmp_path / "logs" / "probe_context" / "runs").iterdir()
+    deltas = pd.read_csv(run_dir / "context_delta.csv")
+    pd.testing.assert_frame_equal(deltas[expected.columns], expected, check_exact=False, atol=1e-6)
+    assert set(deltas["label"]) == {"MCSD full"} and set(deltas["form"]) == {model.default_form}
+    curve = pd.read_csv(run_dir / "context_curve.csv")
+    assert curve["bin_end"].iloc[-1] == length - 1 and (run_dir / "context_probe.png").stat().st_size > 0
+
+    plotted = run_cli("mcsd-plot", "context", "logs/probe_context", "--name", "side_by_side", cwd=tmp_path)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    assert (tmp_path / "logs" / "probe_context" / "side_by_side.png").is_file() and "MCSD full" in plotted.stdout
+
+    refused = run_cli("mcsd-probe", "context", *common, "length=100000", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "mcsd-probe context: error: data=text_files has 0 piece(s) of length=100000 tokens; the probe needs at "
+        "least 2: lower length or give longer documents"]
+    assert len(list((tmp_path / "logs" / "probe_context" / "runs").iterdir())) == 1  # the refused run left nothing

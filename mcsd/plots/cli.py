@@ -7,6 +7,7 @@
     mcsd-plot ablation --wandb ENTITY/mcsd --group fig9_ablation   # the same from W&B
     mcsd-plot ablation DIR --name decay_init_study --reference Transformer   # + per-seed ratios
     mcsd-plot mqar logs/train/multiruns/<time>               # MQAR accuracy vs width
+    mcsd-plot context logs/probe_context                     # every probe under it, side by side
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import argparse
 
 from mcsd.cli import require_wandb_login, run_or_exit
 from mcsd.errors import MCSDError
+from mcsd.plots.context import load_context_results, markdown_context_table, plot_context
 from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, markdown_table, plot_sweep
 
 COSTS = {"inference": plot_inference, "train": plot_train}
 SWEEPS = ("scaling", "ablation")
-RUN_TABLES = ("mqar",)
+RUN_TABLES = ("mqar", "context")
 
 
 def _plot(args: argparse.Namespace) -> list:
@@ -35,6 +37,12 @@ def _plot(args: argparse.Namespace) -> list:
         figure = plot_mqar(load_mqar_runs(args.source), args.out or args.source, args.name or "mqar_recall")
         print(markdown_mqar_table(figure.table))
         return figure.paths
+    if args.kind == "context":
+        if args.source is None:
+            raise MCSDError("mcsd-plot context needs a folder of mcsd-probe context runs")
+        curves, deltas = load_context_results(args.source)
+        print(markdown_context_table(deltas))
+        return plot_context(curves, deltas, args.out or args.source, args.name or "context_probe")
     if args.wandb:
         if not args.group:
             raise MCSDError("--wandb needs --group: the W&B group of the sweep (its experiment_name)")

@@ -1,0 +1,122 @@
+"""mcsd-probe: probes of a trained model.
+
+    mcsd-probe context ckpt=logs/train/runs/<run> data=text_files data.paths=[held_out.txt]
+    mcsd-probe context ckpt=... data=wikitext103 length=8192 windows=[64,256,1024,4096]
+
+``context`` writes ``context_curve.csv`` (loss by position), ``context_delta.csv`` (Delta_N and
+the swapped control per N) and ``context_probe.png/pdf`` to its run folder
+(``logs/probe_context/runs/<time>/``); ``mcsd-plot context DIR`` draws several side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tokenizers import Tokenizer
+
+import mcsd
+from mcsd.cli import fail, hydra_app, require_wandb_login
+from mcsd.data.datamodule import load_corpus
+from mcsd.data.tokenizer import EOS_TOKEN
+from mcsd.data.corpus import DataError
+from mcsd.errors import MCSDError
+from mcsd.models import CausalLM
+from mcsd.plots.context import CURVE_FILE, DELTA_FILE, markdown_context_table, plot_context
+from mcsd.plots.runs import curve_label
+from mcsd.probes.context import ContextProbe, probe_context
+
+
+def probe_documents(data: DictConfig, tokenizer: Tokenizer, length: int, count: int, cache_dir: str | Path) -> torch.Tensor:
+    """The first ``count`` pieces of ``length`` tokens of the corpus ``data`` names, ``[D, length]``:
+    each document tokenized as in training (after ``<|endoftext|>`` when the data config
+    separates documents) and cut into consecutive non-overlapping pieces; its remainder is dropped."""
+    if "source" not in data:
+        raise MCSDError(f"data={data.get('name', '?')} has no text documents: probe on a text corpus "
+                        "(data=embedded, data=text_files data.paths=[...], data=wikitext103)")
+    corpus, _ = load_corpus(data, Path(cache_dir).expanduser() / "hf")
+    eos = tokenizer.token_to_id(EOS_TOKEN) if data.get("separate_documents", True) else None
+    pieces: list[list[int]] = []
+    for row in corpus:
+        ids = ([eos] if eos is not None else []) + tokenizer.encode(row["text"]).ids
+        pieces += [ids[start:start + length] for start in range(0, len(ids) - length + 1, length)]
+        if len(pieces) >= count:
+            break
+    if len(pieces) < 2:
+        raise DataError(f"data={data.get('name', '?')} has {len(pieces)} piece(s) of length={length} tokens; the "
+                        "probe needs at least 2: lower length or give longer documents")
+    return torch.tensor(pieces[:count])
+
+
+def model_identity(model: CausalLM) -> dict[str, str]:
+    """The architecture, variant and curve label of a loaded model."""
+    architecture = model.architecture
+    variant = architecture.variant_of(dataclasses.asdict(model.config))
+    return {"arch": architecture.name, "variant": variant,
+            "label": curve_label("ablation", f"{architecture.name}|{variant}", None)}
+
+
+def context(cfg: DictConfig) -> ContextProbe:
+    """Probe ``cfg.ckpt`` on ``cfg.data``'s documents; write the CSVs and the figure."""
+    if cfg.wandb.enabled and not cfg.wandb.offline:
+        require_wandb_login("wandb")
+    windows = sorted(int(window) for window in cfg.windows)
+    if not windows or windows[0] < 1:
+        raise MCSDError(f"windows={list(cfg.windows)} must be positive token counts, e.g. windows=[64,256,1024]")
+    model = mcsd.load(cfg.ckpt, device=cfg.device).eval()
+    forms = model.architecture.forms
+    if cfg.form is not None and cfg.form not in forms:
+        raise MCSDError(f"form={cfg.form} is not a form of this model: use one of {', '.join(forms)} (or null)")
+    identity = model_identity(model)
+    documents = probe_documents(cfg.data, mcsd.load_tokenizer(cfg.ckpt), int(cfg.length), int(cfg.num_documents),
+                                cfg.paths.cache_dir).to(cfg.device)
+    print(f"probing {identity['label']} on {len(documents)} documents of {documents.shape[1]} tokens", flush=True)
+    result = probe_context(model, documents, windows, num_positions=cfg.num_positions, batch_size=cfg.batch_size,
+                           form=cfg.form, bootstrap=cfg.bootstrap, seed=cfg.seed, max_tokens=cfg.max_tokens)
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    source = {**identity, "ckpt": str(Path(cfg.ckpt).resolve()), "form": cfg.form or model.default_form}
+    for frame, file in ((result.curve, CURVE_FILE), (result.deltas, DELTA_FILE)):
+        frame.assign(**source).to_csv(output_dir / file, index=False)
+    paths = plot_context(result.curve.assign(**source), result.deltas.assign(**source), output_dir)
+    print(markdown_context_table(result.deltas.assign(**source)))
+    if cfg.wandb.enabled:
+        _log_to_wandb(cfg, result, paths[0], output_dir)
+    print("\n".join(str(path) for path in [output_dir / CURVE_FILE, output_dir / DELTA_FILE, *paths]))
+    return result
+
+
+def _log_to_wandb(cfg: DictConfig, result: ContextProbe, figure: Path, output_dir: Path) -> None:
+    import wandb
+
+    settings = {key: OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key]
+                for key in ("ckpt", "length", "windows", "num_documents", "num_positions", "form", "seed")}
+    run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group="probe_context", job_type="probe",
+                     dir=str(output_dir), mode="offline" if cfg.wandb.offline else "online",
+                     config={**settings, "data": cfg.data.get("name")})
+    run.log({"probe/context_delta": wandb.Table(dataframe=result.deltas),
+             "probe/context_curve": wandb.Table(dataframe=result.curve), "probe/figure": wandb.Image(str(figure))})
+    wandb.finish()
+
+
+@hydra_app("mcsd-probe context", "probe_context")
+def _context_main(cfg: DictConfig) -> None:
+    context(cfg)
+
+
+PROBES = {"context": _context_main}
+
+
+def main() -> None:
+    """Entry point of ``mcsd-probe``: the first argument names the probe, Hydra reads the rest."""
+    if len(sys.argv) < 2 or sys.argv[1] not in PROBES:
+        fail("mcsd-probe", f"name a probe first: mcsd-probe {{{','.join(PROBES)}}} ckpt=RUN ...")
+    probe = sys.argv.pop(1)
+    PROBES[probe]()
+
+
+if __name__ == "__main__":
+    main()
