@@ -39,11 +39,20 @@ def test_inference_grid_writes_every_point_and_four_figures(tmp_path: Path) -> N
     assert len(frame) == 2 * 2 * 2  # models x batch sizes x lengths, in grid order
     assert list(frame["model"]) == ["mcsd"] * 4 + ["transformer"] * 4 and frame["model"].equals(frame["arch"])
     assert list(frame["gen_len"]) == [4, 8] * 4 and list(frame["batch"]) == [1, 1, 2, 2] * 2
+    assert list(frame["variant"]) == ["full"] * 4 + ["default"] * 4  # the registry's variant of each model
     assert (frame["status"] == "ok").all()
     assert (frame["tokens_per_s"] == frame["batch"] * frame["gen_len"] / frame["latency_s"]).all()
     assert (frame["decode_s_per_token"] * frame["gen_len"] < frame["latency_s"]).all()
     assert (frame["peak_mem_minus_weights_bytes"] == frame["peak_mem_bytes"] - frame["weights_bytes"]).all()
     assert frame.groupby("model")["params"].nunique().eq(1).all()
+    # A sequence's decoding state: the KV cache of every token (keys and values, fp32) or
+    # MCSD's two fixed fp32 section states per layer, whatever the length.
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        nodes = {name: compose("build", overrides=[f"model={name}", "size=tiny"]).model for name in ("mcsd", "transformer")}
+    for name, rows in frame.groupby("model"):
+        node = nodes[name]
+        tokens = 16 + rows["gen_len"] if name == "transformer" else pd.Series(1, index=rows.index)
+        assert list(rows["state_bytes_per_sequence"]) == list(2 * node.num_layers * node.hidden_size * 4 * tokens)
     assert set(frame["dtype"]) == {"float32"} and frame["torch"].iloc[0].startswith("2.13")
     head = json.loads((tmp_path / "results.json").read_text())["header"]
     assert {"device", "dtype", "torch", "git_commit"} <= set(head)

@@ -7,6 +7,7 @@ backward and an AdamW step on random tokens in one form of the model.
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import statistics
 import time
@@ -52,6 +53,22 @@ def limit_extra_memory(megabytes: float | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+def state_bytes(state: Any) -> int:
+    """Bytes of every tensor a decoding state holds (a KV cache's whole allocation)."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(item) for item in state)
+    if isinstance(state, dict):
+        return sum(state_bytes(item) for item in state.values())
+    if dataclasses.is_dataclass(state):
+        return sum(state_bytes(getattr(state, field.name)) for field in dataclasses.fields(state))
+    if state is None or isinstance(state, (bool, int, float, str)):
+        return 0
+    raise TypeError(f"cannot count the bytes of a {type(state).__qualname__} in a decoding state: make it a "
+                    "dataclass, tuple, list or dict of tensors")
+
+
 def build(model_cfg: dict[str, Any] | str, device: torch.device, dtype: torch.dtype, seed: int) -> mcsd.CausalLM:
     """A model node built with seeded random weights, or a saved model (a path) loaded."""
     if isinstance(model_cfg, str):
@@ -68,23 +85,25 @@ def inference_point(
     model_cfg: dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
     device: str, dtype: str, seed: int,
 ) -> dict[str, Any]:
-    """Median prefill time, decode time per token, latency, throughput and peak memory."""
+    """Median prefill time, decode time per token, latency, throughput, peak memory, and the
+    bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     model = build(model_cfg, device_, dtype_, seed).eval()
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=generator).to(device_)
 
     @torch.inference_mode()
-    def run(length: int) -> tuple[float, float]:
+    def run(length: int) -> tuple[float, float, int]:
         prefill_s, (logits, state) = timed(lambda: model.prefill(prompt, max_new_tokens=length), device_)
 
-        def decode() -> None:
+        def decode() -> Any:
             next_logits, next_state = logits, state
             for _ in range(length):
                 next_logits, next_state = model.step(next_logits.argmax(-1), next_state)
+            return next_state
 
-        decode_s, _ = timed(decode, device_)
-        return prefill_s, decode_s
+        decode_s, final_state = timed(decode, device_)
+        return prefill_s, decode_s, state_bytes(final_state) // batch_size
 
     for _ in range(warmup):
         run(min(gen_len, 16))
@@ -105,6 +124,7 @@ def inference_point(
         "peak_mem_bytes": peak,
         "weights_bytes": weights,
         "peak_mem_minus_weights_bytes": peak - weights,
+        "state_bytes_per_sequence": runs[-1][2],
     }
 
 

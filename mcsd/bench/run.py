@@ -11,6 +11,7 @@ results.json (with a header naming the machine) in the run directory.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -35,10 +36,10 @@ from mcsd.saved_model import locate, read_config
 log = logging.getLogger("mcsd.bench")
 MODES = ("inference", "train")
 COLUMNS = {
-    "inference": ["model", "arch", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
+    "inference": ["model", "arch", "variant", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
-                  "status"],
-    "train": ["model", "arch", "form", "size", "params", "flop_params", "batch", "seq_len", "step_s", "tokens_per_s", "mfu",
+                  "state_bytes_per_sequence", "status"],
+    "train": ["model", "arch", "variant", "form", "size", "params", "flop_params", "batch", "seq_len", "step_s", "tokens_per_s", "mfu",
               "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
 }
 OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
@@ -49,15 +50,18 @@ def models_of(cfg: DictConfig) -> list[str]:
     return list(cfg.models) if cfg.models else registry.architectures()
 
 
-def model_source(entry: str, size: str, ablation: str | None) -> tuple[str, dict[str, Any] | str]:
-    """An entry of ``models``: a registered architecture -> (its name, the ``model`` node that
-    ``mcsd-train model=NAME size=SIZE [ablation=...]`` builds); a saved model -> (its
-    architecture, its path)."""
+def model_source(entry: str, size: str, ablation: str | None) -> tuple[str, str, dict[str, Any] | str]:
+    """An entry of ``models``: a registered architecture -> (its name, its variant, the ``model``
+    node that ``mcsd-train model=NAME size=SIZE [ablation=...]`` builds); a saved model -> (its
+    architecture, its variant, its path)."""
     if entry in registry.architectures():
         overrides = [f"model={entry}", f"size={size}"] + ([f"ablation={ablation}"] if ablation and entry == "mcsd" else [])
-        return entry, OmegaConf.to_container(compose("build", overrides=overrides).model, resolve=True)
+        node = OmegaConf.to_container(compose("build", overrides=overrides).model, resolve=True)
+        return entry, registry.get(entry).variant_of(node), node
     saved = locate(entry)
-    return registry.of_config(read_config(saved)).name, str(saved.path)
+    config = read_config(saved)
+    architecture = registry.of_config(config)
+    return architecture.name, architecture.variant_of(dataclasses.asdict(config)), str(saved.path)
 
 
 def train_forms(cfg: DictConfig, arch: str) -> list[str]:
@@ -106,8 +110,8 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     if cfg.mode == "inference":
         grid_cfg = cfg.inference
         for name, batch, gen_len in itertools.product(models, grid_cfg.batch_sizes, grid_cfg.gen_lengths):
-            arch, source = sources[name]
-            labels = {"model": name, "arch": arch, "size": cfg.model_size if name == arch else "saved",
+            arch, variant, source = sources[name]
+            labels = {"model": name, "arch": arch, "variant": variant, "size": cfg.model_size if name == arch else "saved",
                       "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
             arguments = {"model_cfg": source, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
                          "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, **common}
@@ -116,8 +120,8 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         grid_cfg = cfg.train
         variants = [(name, form) for name in models for form in train_forms(cfg, sources[name][0])]
         for (name, form), seq_len in itertools.product(variants, grid_cfg.seq_lens):
-            arch, source = sources[name]
-            labels = {"model": name, "arch": arch, "form": form, "size": cfg.model_size if name == arch else "saved",
+            arch, variant, source = sources[name]
+            labels = {"model": name, "arch": arch, "variant": variant, "form": form, "size": cfg.model_size if name == arch else "saved",
                       "batch": grid_cfg.batch_size, "seq_len": seq_len}
             arguments = {"model_cfg": source, "form": form, "batch_size": grid_cfg.batch_size, "seq_len": seq_len,
                          "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, **common}
