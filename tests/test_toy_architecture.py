@@ -1,7 +1,7 @@
 """A new architecture is one registration: a toy defined in this file (a mixer that passes on
 the previous token, and as its MLP a channel mixer with a state of its own, as RWKV-4's)
 builds, passes the form checks, trains through mcsd-train, benches one point and gets its
-plot labels, with no file of the package touched."""
+plot labels, enters the architecture comparison's table, with no file of the package touched."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ from conftest import relative_rms_error
 from harness import FAST, compose_train, read_metrics, series
 from mcsd.models import CausalLM, LMConfig, TokenMixer, registry
 from mcsd.plots.cost import model_label, plot_inference
+from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
 from mcsd.plots.runs import load_csv_runs, plot_sweep
+from mcsd.probes.context import probe_context
+from mcsd.probes.run import model_identity, write_context_probe
 from mcsd.train import train
 from test_bench import TINY_INFERENCE, run_bench
 from test_conformance import decode_all
@@ -86,8 +89,9 @@ def test_the_toy_is_registered_without_a_config_file(toy: registry.Architecture)
         assert relative_rms_error(model(ids, form="recurrent"), reference) < 1e-6
 
 
-def test_the_toy_trains_benches_and_plots(toy: registry.Architecture, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def test_the_toy_trains_benches_plots_and_enters_the_comparison(toy: registry.Architecture, tmp_path: Path) -> None:
+    compare = tmp_path / "compare"  # the layout of experiments/compare_architectures/<corpus>/
+    run_dir = compare / "0"
     train(compose_train(run_dir, "model=toy", *FAST, "logger=csv"))
     assert len(series(read_metrics(run_dir), "train/loss")) == 6
     loaded = mcsd.load(run_dir)
@@ -97,8 +101,29 @@ def test_the_toy_trains_benches_and_plots(toy: registry.Architecture, tmp_path: 
         f"Toy tiny ({params / 1e6:.1f}M)"]
 
     # One point, in this process: a fresh benchmark process would not have the toy registered.
-    csv_path = run_bench(tmp_path / "bench", *TINY_INFERENCE, "models=[toy]", "inference.batch_sizes=[1]",
+    csv_path = run_bench(compare / "bench_inference", *TINY_INFERENCE, "models=[toy]", "inference.batch_sizes=[1]",
                          "inference.gen_lengths=[4]", "isolate=false")
     frame = pd.read_csv(csv_path)
     assert list(frame["arch"]) == ["toy"] and (frame["status"] == "ok").all()
-    assert model_label("toy", "toy") == "Toy" and len(plot_inference(csv_path)) == 8
+    assert model_label("toy", "toy") == "Toy" and len(plot_inference(csv_path, tmp_path / "plots")) == 8
+
+    # The comparison: one row per registered architecture (its default variant), the toy's
+    # cells from its own run, bench point and probe, the others' empty.
+    documents = torch.randint(0, loaded.config.vocab_size, (3, 80))
+    probe = probe_context(loaded, documents, windows=[8, 32], num_positions=4, bootstrap=20)
+    write_context_probe(probe, {**model_identity(loaded), "ckpt": str(run_dir), "form": "parallel"}, compare / "probe" / "0")
+    comparison = comparison_table(compare)
+    table = comparison.table.set_index("label")
+    assert list(table.index) == [f"{registry.get(name).label}{' full' if name == 'mcsd' else ''}"
+                                 for name in mcsd.architectures()]
+    final_ppl = series(read_metrics(run_dir), "val/ppl")
+    assert table.loc["Toy", "val_ppl"] == pytest.approx(final_ppl[max(final_ppl)]) and table.loc["Toy", "seeds"] == 1
+    assert table.loc["Toy", "params"] == params
+    assert table.loc["Toy", "decode_tokens_per_s"] == pytest.approx(1 / frame["decode_s_per_token"].iloc[0])
+    assert table.loc["Toy", "state_bytes_per_sequence"] == frame["state_bytes_per_sequence"].iloc[0] == 2 * 2 * 64 * 4
+    assert table.loc["Toy", "delta"] == pytest.approx(probe.deltas.set_index("window").loc[32, "delta"])
+    assert table.drop(index="Toy")[["val_ppl", "delta", "decode_tokens_per_s"]].isna().all().all()
+    markdown = markdown_comparison(comparison)
+    assert markdown.count("\n| ") == 1 + len(mcsd.architectures()) and "context: N=32, 3 documents" in markdown
+    assert [path.name for path in plot_comparison(comparison, tmp_path / "plots")] == [
+        "architectures_compared.png", "architectures_compared.pdf", "architectures_compared_table.md"]

@@ -37,4 +37,4 @@ for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \
     output_dir="$out/bench_$mode" wandb.enabled=false
 done
-mcsd-plot compare "$out" --mqar "$here/../mqar_recall/cpu" --name compare_architectures
+mcsd-plot compare "$out" --mqar "$here/../mqar_recall/cpu"

@@ -8,6 +8,7 @@
     mcsd-plot ablation DIR --name decay_init_study --reference Transformer   # + per-seed ratios
     mcsd-plot mqar logs/train/multiruns/<time>               # MQAR accuracy vs width
     mcsd-plot context logs/probe_context                     # every probe under it, side by side
+    mcsd-plot compare experiments/compare_architectures/tinyshakespeare --mqar DIR   # the headline table
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 
 from mcsd.cli import require_wandb_login, run_or_exit
 from mcsd.errors import MCSDError
+from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
 from mcsd.plots.context import load_context_results, markdown_context_table, plot_context
 from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
@@ -23,7 +25,7 @@ from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table,
 
 COSTS = {"inference": plot_inference, "train": plot_train}
 SWEEPS = ("scaling", "ablation")
-RUN_TABLES = ("mqar", "context")
+RUN_TABLES = ("mqar", "context", "compare")
 
 
 def _plot(args: argparse.Namespace) -> list:
@@ -37,6 +39,12 @@ def _plot(args: argparse.Namespace) -> list:
         figure = plot_mqar(load_mqar_runs(args.source), args.out or args.source, args.name or "mqar_recall")
         print(markdown_mqar_table(figure.table))
         return figure.paths
+    if args.kind == "compare":
+        if args.source is None:
+            raise MCSDError("mcsd-plot compare needs the folder of an experiments/compare_architectures run")
+        comparison = comparison_table(args.source, args.mqar)
+        print(markdown_comparison(comparison))
+        return plot_comparison(comparison, args.out or args.source, args.name or "architectures_compared")
     if args.kind == "context":
         if args.source is None:
             raise MCSDError("mcsd-plot context needs a folder of mcsd-probe context runs")
@@ -71,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
                         "or fig9_ablation)")
     parser.add_argument("--reference", default=None, metavar="CURVE",
                         help="a curve label (e.g. Transformer): the per-seed table gives every curve's ratio to it")
+    parser.add_argument("--mqar", default=None, metavar="DIR",
+                        help="compare: the MQAR sweep folder to take accuracy from (default: SOURCE/mqar)")
     args = parser.parse_intermixed_args(argv)  # options may come before the source (sweep.sh)
     paths = run_or_exit("mcsd-plot", lambda: _plot(args))
     print("\n".join(str(path) for path in paths))

@@ -59,6 +59,16 @@ def model_identity(model: CausalLM) -> dict[str, str]:
             "label": curve_label("ablation", f"{architecture.name}|{variant}", None)}
 
 
+def write_context_probe(result: ContextProbe, source: dict[str, str], output_dir: Path) -> list[Path]:
+    """``context_curve.csv``, ``context_delta.csv`` (each row tagged with ``source``: the model's
+    identity, checkpoint and form) and the figure, in ``output_dir``."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    curve, deltas = result.curve.assign(**source), result.deltas.assign(**source)
+    curve.to_csv(output_dir / CURVE_FILE, index=False)
+    deltas.to_csv(output_dir / DELTA_FILE, index=False)
+    return [output_dir / CURVE_FILE, output_dir / DELTA_FILE, *plot_context(curve, deltas, output_dir)]
+
+
 def context(cfg: DictConfig) -> ContextProbe:
     """Probe ``cfg.ckpt`` on ``cfg.data``'s documents; write the CSVs and the figure."""
     if cfg.wandb.enabled and not cfg.wandb.offline:
@@ -76,16 +86,12 @@ def context(cfg: DictConfig) -> ContextProbe:
     print(f"probing {identity['label']} on {len(documents)} documents of {documents.shape[1]} tokens", flush=True)
     result = probe_context(model, documents, windows, num_positions=cfg.num_positions, batch_size=cfg.batch_size,
                            form=cfg.form, bootstrap=cfg.bootstrap, seed=cfg.seed, max_tokens=cfg.max_tokens)
-    output_dir = Path(cfg.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     source = {**identity, "ckpt": str(Path(cfg.ckpt).resolve()), "form": cfg.form or model.default_form}
-    for frame, file in ((result.curve, CURVE_FILE), (result.deltas, DELTA_FILE)):
-        frame.assign(**source).to_csv(output_dir / file, index=False)
-    paths = plot_context(result.curve.assign(**source), result.deltas.assign(**source), output_dir)
+    paths = write_context_probe(result, source, Path(cfg.output_dir))
     print(markdown_context_table(result.deltas.assign(**source)))
     if cfg.wandb.enabled:
-        _log_to_wandb(cfg, result, paths[0], output_dir)
-    print("\n".join(str(path) for path in [output_dir / CURVE_FILE, output_dir / DELTA_FILE, *paths]))
+        _log_to_wandb(cfg, result, paths[2], Path(cfg.output_dir))
+    print("\n".join(str(path) for path in paths))
     return result
 
 
