@@ -196,9 +196,13 @@ def test_mcsd_probe_context_writes_the_probe_of_the_documents_it_cuts(tmp_path: 
     curve = pd.read_csv(run_dir / "context_curve.csv")
     assert curve["bin_end"].iloc[-1] == length - 1 and (run_dir / "context_probe.png").stat().st_size > 0
 
-    plotted = run_cli("mcsd-plot", "context", "logs/probe_context", "--name", "side_by_side", cwd=tmp_path)
+    plotted = run_cli("mcsd-plot", "context", "logs/probe_context", "--name", "side_by_side", "--curves", "MCSD full",
+                      cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
     assert (tmp_path / "logs" / "probe_context" / "side_by_side.png").is_file() and "MCSD full" in plotted.stdout
+    unknown = run_cli("mcsd-plot", "context", "logs/probe_context", "--curves", "Transformer", cwd=tmp_path)
+    assert unknown.returncode == 2 and unknown.stderr.strip() == (
+        "mcsd-plot: error: --curves: no probe of 'Transformer' under logs/probe_context: use some of MCSD full")
 
     refused = run_cli("mcsd-probe", "context", *common, "length=100000", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [

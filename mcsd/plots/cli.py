@@ -48,7 +48,7 @@ def _plot(args: argparse.Namespace) -> list:
     if args.kind == "context":
         if args.source is None:
             raise MCSDError("mcsd-plot context needs a folder of mcsd-probe context runs")
-        curves, deltas = load_context_results(args.source)
+        curves, deltas = load_context_results(args.source, args.curves.split(",") if args.curves else None)
         print(markdown_context_table(deltas))
         return plot_context(curves, deltas, args.out or args.source, args.name or "context_probe")
     if args.wandb:
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
                         "or fig9_ablation)")
     parser.add_argument("--reference", default=None, metavar="CURVE",
                         help="a curve label (e.g. Transformer): the per-seed table gives every curve's ratio to it")
+    parser.add_argument("--curves", default=None, metavar="LABEL,LABEL",
+                        help="context: only the probes of these models (labels such as 'MCSD full,Transformer')")
     parser.add_argument("--mqar", default=None, metavar="DIR",
                         help="compare: the MQAR sweep folder to take accuracy from (default: SOURCE/mqar)")
     args = parser.parse_intermixed_args(argv)  # options may come before the source (sweep.sh)

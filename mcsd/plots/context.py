@@ -18,16 +18,24 @@ from mcsd.models import registry  # noqa: E402
 CURVE_FILE, DELTA_FILE = "context_curve.csv", "context_delta.csv"
 
 
-def load_context_results(root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_context_results(root: str | Path, labels: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every probe result under ``root`` (folders holding ``context_delta.csv`` and
-    ``context_curve.csv``): the curves and the deltas, each row tagged with its ``probe`` folder."""
+    ``context_curve.csv``), or those of the models ``labels`` names: the curves and the
+    deltas, each row tagged with its ``probe`` folder."""
     root = Path(root)
     folders = sorted(path.parent for path in root.rglob(DELTA_FILE)) if root.is_dir() else []
     if not folders:
         raise FileNotFoundError(f"no {DELTA_FILE} under {root}: give the folder of one or more mcsd-probe context runs")
     curves = [pd.read_csv(folder / CURVE_FILE).assign(probe=str(folder.relative_to(root))) for folder in folders]
     deltas = [pd.read_csv(folder / DELTA_FILE).assign(probe=str(folder.relative_to(root))) for folder in folders]
-    return pd.concat(curves, ignore_index=True), pd.concat(deltas, ignore_index=True)
+    curves, deltas = pd.concat(curves, ignore_index=True), pd.concat(deltas, ignore_index=True)
+    if labels is not None:
+        unknown = sorted(set(labels) - set(deltas["label"]))
+        if unknown:
+            raise MCSDError(f"--curves: no probe of {unknown[0]!r} under {root}: use some of "
+                            f"{', '.join(dict.fromkeys(deltas['label']))}")
+        curves, deltas = curves[curves["label"].isin(labels)], deltas[deltas["label"].isin(labels)]
+    return curves, deltas
 
 
 def _colors(frame: pd.DataFrame) -> dict[str, str]:
