@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The long-context probe, in detail, on the models experiments/compare_architectures trained
+# (run that first: its models stay under compare_architectures/logs/<corpus>/): every model
+# of its latest sweep probed on the held-out tenth of the corpus at 16 positions per document,
+# then the figure of the key curves and of all of them.
+#   bash experiments/long_context/run.sh --replace                       # the committed results
+#   bash experiments/long_context/run.sh --replace CORPUS.txt length=2048 windows=[64,256,1024]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+results="$here/trial"; if [ "${1:-}" = --replace ]; then results="$here"; shift; fi
+corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
+name="$(basename "${corpus%.*}")"
+trained="$here/../compare_architectures/logs/$name"
+[ -d "$trained/train/multiruns" ] || { echo "run.sh: error: no trained models under $trained: run" \
+  "experiments/compare_architectures/run.sh $corpus first" >&2; exit 2; }
+sweep="$(ls -td "$trained/train/multiruns/"*/ | head -n 1)"
+out="$results/$name"; rm -rf "${out:?}"; mkdir -p "$here/logs/$name"
+export OMP_NUM_THREADS=1  # two probes side by side, one core each
+ls -d "$sweep"*/model | xargs -P 2 -I MODEL sh -c 'held=$0 here=$1 name=$2 out=$3; shift 3
+  job=$(basename $(dirname MODEL))
+  mcsd-probe context ckpt=MODEL data=text_files "data.paths=[$held]" length=4096 num_documents=8 num_positions=16 \
+    paths.log_dir="$here/logs/$name" output_dir="$out/$job" wandb.enabled=false "$@" > "$here/logs/$name/probe-$job.log" 2>&1' \
+  "$trained/split/held_out.txt" "$here" "$name" "$out" "$@"
+mcsd-plot context "$out" --curves "MCSD full,MCSD slope_only,MCSD decay_only,Transformer" --name context_probe
+mcsd-plot context "$out" --name context_probe_all
