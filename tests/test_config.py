@@ -8,7 +8,6 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
-import mcsd
 from mcsd import ConfigError, build_model, count_parameters
 from mcsd.models import registry
 from mcsd.models.mcsd import MCSDConfig

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F

@@ -21,7 +21,6 @@ from typing import Any
 import datasets
 import lightning as L
 import numpy as np
-import torch
 from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader, DistributedSampler
@@ -96,7 +95,52 @@ def load_corpus(data: Mapping[str, Any], hf_cache: Path) -> tuple[datasets.Datas
                        data.get("streaming", False), hf_cache)
 
 
-class LanguageModelDataModule(L.LightningDataModule):
+class SplitsDataModule(L.LightningDataModule):
+    """The Lightning hooks of a datamodule whose ``build()`` fills ``self.splits`` (``train``,
+    ``val``, ``test`` datasets) once; its hyperparameters name ``batch_size``, ``seed``,
+    ``num_workers`` and ``seq_len``."""
+
+    splits: dict[str, Any]
+
+    def build(self) -> dict[str, Any]:
+        raise NotImplementedError(f"{type(self).__qualname__} must build its splits")
+
+    def prepare_data(self) -> None:
+        if not self.splits:
+            self.build()
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self.splits:
+            self.build()
+
+    def describe(self) -> dict[str, Any]:
+        """Sizes for logs: tokens per split."""
+        return {f"data/{name}_tokens": len(split) * self.hparams.seq_len for name, split in self.splits.items()}
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        """Batches in an order that is a function of ``(seed, epoch)`` alone, split over the
+        processes of a distributed run; the epoch and the position within it are in every
+        checkpoint, so a resumed run sees the batches the uninterrupted one would."""
+        trainer, h = self.trainer, self.hparams
+        sampler = EpochShuffleSampler(
+            self.splits["train"], num_replicas=trainer.world_size if trainer else 1,
+            rank=trainer.global_rank if trainer else 0, shuffle=True, seed=h.seed, drop_last=True,
+            batch_size=h.batch_size,
+        )
+        return StatefulDataLoader(self.splits["train"], batch_size=h.batch_size, sampler=sampler, drop_last=True,
+                                  num_workers=h.num_workers)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        return DataLoader(self.splits[split], batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+
+class LanguageModelDataModule(SplitsDataModule):
     """Token blocks for next-token prediction from one of three ``source``\\ s:
 
     - ``embedded``: CPython's ``pydoc_data`` topics (no network);
@@ -214,37 +258,3 @@ class LanguageModelDataModule(L.LightningDataModule):
             split.set_format("torch", columns=["input_ids"])
         return self.splits
 
-    # -- Lightning hooks --------------------------------------------------------------
-    def prepare_data(self) -> None:
-        if not self.splits:
-            self.build()
-
-    def setup(self, stage: str | None = None) -> None:
-        if not self.splits:
-            self.build()
-
-    def describe(self) -> dict[str, Any]:
-        """Sizes for logs: documents are gone by now, so blocks and tokens per split."""
-        return {f"data/{name}_tokens": len(split) * self.hparams.seq_len for name, split in self.splits.items()}
-
-    def train_dataloader(self) -> StatefulDataLoader:
-        """Shuffled blocks in an order that is a function of ``(seed, epoch)`` alone, split over
-        the processes of a distributed run; the epoch and the position within it are in every
-        checkpoint, so a resumed run sees the batches the uninterrupted one would."""
-        trainer = self.trainer
-        sampler = EpochShuffleSampler(
-            self.splits["train"], num_replicas=trainer.world_size if trainer else 1,
-            rank=trainer.global_rank if trainer else 0, shuffle=True, seed=self.hparams.seed, drop_last=True,
-            batch_size=self.hparams.batch_size,
-        )
-        return StatefulDataLoader(self.splits["train"], batch_size=self.hparams.batch_size, sampler=sampler,
-                                  drop_last=True, num_workers=self.hparams.num_workers)
-
-    def _eval_loader(self, split: str) -> DataLoader:
-        return DataLoader(self.splits[split], batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> DataLoader:
-        return self._eval_loader("test")

@@ -11,16 +11,12 @@ tokens drawn uniformly from the whole vocabulary (zoology's ``random_non_queries
 
 from __future__ import annotations
 
-from typing import Any
-
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import Dataset
 
 from mcsd.data.corpus import DataError
-from mcsd.data.datamodule import EpochShuffleSampler
+from mcsd.data.datamodule import SplitsDataModule
 
 IGNORE_INDEX = -100  # the label of a position that is not scored (torch's cross_entropy default)
 
@@ -95,7 +91,7 @@ class _Examples(Dataset):
         return {"input_ids": self.inputs[index], "labels": self.labels[index]}
 
 
-class MQARDataModule(L.LightningDataModule):
+class MQARDataModule(SplitsDataModule):
     """MQAR examples for ``mcsd-train data=mqar``: ``num_train`` training and ``num_val``
     validation and test examples of one ``(seq_len, num_pairs)``, each split drawn from its
     own seed derived from ``seed``. Batches hold ``input_ids`` and aligned ``labels`` (the
@@ -129,30 +125,3 @@ class MQARDataModule(L.LightningDataModule):
                                          int(split_seed.generate_state(1)[0]), h.power_a)
                 self.splits[split] = _Examples(*examples)
         return self.splits
-
-    def prepare_data(self) -> None:
-        self.build()
-
-    def setup(self, stage: str | None = None) -> None:
-        self.build()
-
-    def describe(self) -> dict[str, Any]:
-        """Sizes for logs: tokens per split."""
-        return {f"data/{name}_tokens": len(split) * self.hparams.seq_len for name, split in self.splits.items()}
-
-    def train_dataloader(self) -> StatefulDataLoader:
-        """Shuffled in an order that is a function of ``(seed, pass)`` (exact on resume)."""
-        trainer = self.trainer
-        sampler = EpochShuffleSampler(
-            self.splits["train"], num_replicas=trainer.world_size if trainer else 1,
-            rank=trainer.global_rank if trainer else 0, shuffle=True, seed=self.hparams.seed, drop_last=True,
-            batch_size=self.hparams.batch_size,
-        )
-        return StatefulDataLoader(self.splits["train"], batch_size=self.hparams.batch_size, sampler=sampler,
-                                  drop_last=True, num_workers=self.hparams.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits["val"], batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.splits["test"], batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)

@@ -27,6 +27,7 @@ import pandas as pd  # noqa: E402
 
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.context import DELTA_FILE, load_context_results  # noqa: E402
+from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.mqar import best_learning_rate, load_mqar_runs  # noqa: E402
 from mcsd.plots.runs import curve_label, load_csv_runs  # noqa: E402
 
@@ -179,12 +180,7 @@ def plot_comparison(comparison: Comparison, output_dir: str | Path, name: str = 
         if column == "delta":
             ax.axvline(0.0, color="black", linewidth=0.8)
     axes[0][0].set_yticks(range(len(table)), table["label"])
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = [output_dir / f"{name}.{suffix}" for suffix in ("png", "pdf")]
-    for path in paths:
-        figure.savefig(path, dpi=150, bbox_inches="tight")
-    plt.close(figure)
-    paths.append(output_dir / f"{name}_table.md")
+    paths = save_figure(figure, output_dir, name)
+    paths.append(Path(output_dir) / f"{name}_table.md")
     paths[-1].write_text(markdown_comparison(comparison))
     return paths

@@ -14,6 +14,7 @@ import pandas as pd  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.files import save_figure  # noqa: E402
 
 CURVE_FILE, DELTA_FILE = "context_curve.csv", "context_delta.csv"
 
@@ -82,13 +83,7 @@ def plot_context(curves: pd.DataFrame, deltas: pd.DataFrame, output_dir: str | P
         ax.grid(True, alpha=0.3)
     documents, positions = int(deltas["documents"].max()), int(deltas["positions"].max())
     figure.suptitle(f"long-context probe: {documents} documents, {positions} positions each; 95% bootstrap intervals")
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = [output_dir / f"{name}.{suffix}" for suffix in ("png", "pdf")]
-    for path in paths:
-        figure.savefig(path, dpi=150, bbox_inches="tight")
-    plt.close(figure)
-    return paths
+    return save_figure(figure, output_dir, name)
 
 
 def markdown_context_table(deltas: pd.DataFrame) -> str:

@@ -13,6 +13,7 @@ import pandas as pd  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.files import save_figure  # noqa: E402
 
 LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
@@ -47,15 +48,6 @@ def model_label(arch: str, model: str) -> str:
     """The registry's label of ``arch``; a saved model adds its file or folder name."""
     label = registry.get(arch).label if arch in registry.architectures() else arch
     return label if model == arch else f"{label} ({Path(model).name})"
-
-
-def _save(figure: plt.Figure, output_dir: Path, name: str) -> list[Path]:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = [output_dir / f"{name}.{suffix}" for suffix in ("png", "pdf")]
-    for path in paths:
-        figure.savefig(path, dpi=150, bbox_inches="tight")
-    plt.close(figure)
-    return paths
 
 
 def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scale: float = 1.0) -> None:
@@ -107,7 +99,7 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
         ax.set(xlabel=xlabel, ylabel=ylabel, title=_title(head, title))
         if y != "peak_mem_bytes":
             ax.set_yscale("log")
-        written += _save(figure, output_dir, name)
+        written += save_figure(figure, output_dir, name)
     return written
 
 
@@ -137,4 +129,4 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     figure.suptitle(_title(head, "Training: forward + backward + AdamW step"))
-    return _save(figure, output_dir, "train_throughput")
+    return save_figure(figure, output_dir, "train_throughput")

@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.runs import curve_label, curve_order, run_identity, run_logs  # noqa: E402
 
 ACCURACY = "val/mqar_acc"
@@ -109,12 +110,7 @@ def plot_mqar(runs: pd.DataFrame, output_dir: str | Path, name: str = "mqar_reca
     seeds = int(best["seeds"].max())
     figure.suptitle(f"MQAR: accuracy vs width (best of {int(best['lrs_tried'].max())} learning rates; "
                     f"{seeds} seed{'s' if seeds > 1 else ''})")
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = [output_dir / f"{name}.{suffix}" for suffix in ("png", "pdf")]
-    for path in paths:
-        figure.savefig(path, dpi=150, bbox_inches="tight")
-    plt.close(figure)
-    paths.append(output_dir / f"{name}_table.md")
+    paths = save_figure(figure, output_dir, name)
+    paths.append(Path(output_dir) / f"{name}_table.md")
     paths[-1].write_text(markdown_mqar_table(best))
     return MQARFigure(paths=paths, labels=labels, table=best)

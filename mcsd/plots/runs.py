@@ -23,6 +23,7 @@ import yaml  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.files import save_figure  # noqa: E402
 
 METRICS = ("train/loss", "val/loss", "val/ppl")
 LINESTYLES = ["-", "--", "-.", ":"]
@@ -263,12 +264,8 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
     figure.suptitle(f"{title} "
                     f"(data: {data}; mean and min-max over {seeds} seed{'s' if seeds > 1 else ''})")
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     name = name or ("fig4_scaling" if kind == "scaling" else "fig9_ablation")
-    paths = [output_dir / f"{name}.{suffix}" for suffix in ("png", "pdf")]
-    for path in paths:
-        figure.savefig(path, dpi=150, bbox_inches="tight")
-    plt.close(figure)
+    paths = save_figure(figure, output_dir, name)
     table = summary_table(kind, rows)
     table_path = output_dir / f"{name}_table.md"
     table_path.write_text(markdown_table(table))
