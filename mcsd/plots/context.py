@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -58,7 +59,7 @@ def plot_context(curves: pd.DataFrame, deltas: pd.DataFrame, output_dir: str | P
     if "probe" not in curves:
         curves, deltas = curves.assign(probe=""), deltas.assign(probe="")
     colors = _colors(deltas)
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.4), layout="constrained")
     labelled = set()
     for probe, curve in curves.groupby("probe", sort=False):
         label = curve["label"].iloc[0]
@@ -77,6 +78,9 @@ def plot_context(curves: pd.DataFrame, deltas: pd.DataFrame, output_dir: str | P
     left.legend(fontsize=8)
     right.axhline(0.0, color="black", linewidth=0.8)
     right.set_xscale("log", base=2)
+    windows = sorted(int(window) for window in deltas["window"].unique())
+    right.set_xticks(windows, [str(window) for window in windows])
+    right.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     right.set(xlabel="N: tokens of context kept", ylabel="loss(last N) - loss(whole past)",
               title="Delta_N (solid) and swapped past (dashed)")
     for ax in (left, right):
