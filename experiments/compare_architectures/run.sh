@@ -31,7 +31,9 @@ ls -d "$sweep"*/model | xargs -P 2 -I MODEL sh -c 'job=$(basename $(dirname MODE
   _ "$split/held_out.txt" "$here" "$name" "$out"
 
 first_seed=$(grep -h '^seed:' "$sweep"*/.hydra/config.yaml | sort -n -k2 | head -n 1 | cut -d' ' -f2)
-models=$(for job in "$sweep"*/; do grep -q "^seed: $first_seed$" "$job/.hydra/config.yaml" && printf '%s,' "${job}model"; done)
+models=$(for job in "$sweep"*/; do
+  if grep -q "^seed: $first_seed$" "$job/.hydra/config.yaml"; then printf '%s,' "${job}model"; fi
+done)
 unset OMP_NUM_THREADS  # the benchmarks run alone, on every core
 for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \
