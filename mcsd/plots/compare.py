@@ -120,29 +120,28 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None) -> Compar
     return Comparison(table=pd.DataFrame(rows), notes=notes)
 
 
-def _cell(row: pd.Series, column: str, text: str) -> str:
-    return text.format(**row) if column in row and pd.notna(row[column]) else ""
+# (header, the column that must be measured, the cell's format over the row)
+COLUMNS = [("model", "label", "{label}"), ("params", "params", "{params:,.0f}"),
+           ("val ppl, mean (min-max)", "val_ppl", "{val_ppl:.2f} ({val_ppl_min:.2f}-{val_ppl_max:.2f})"),
+           ("seeds", "seeds", "{seeds:.0f}"), ("MQAR acc", "mqar_acc", "{mqar_acc:.3f}"),
+           ("Delta_N [interval] / swapped", "delta", "{delta:+.3f} [{delta_low:+.3f}, {delta_high:+.3f}] / {swapped:+.3f}"),
+           ("train tokens/s", "train_tokens_per_s", "{train_tokens_per_s:,.0f}"),
+           ("decode tokens/s", "decode_tokens_per_s", "{decode_tokens_per_s:,.0f}"),
+           ("state KiB / sequence", "state_bytes_per_sequence", "{state_kib:,.1f}")]
+
+
+def _cell(row: dict, column: str, text: str) -> str:
+    """``text`` formatted over ``row``; empty where ``column`` was not measured."""
+    if pd.isna(row.get(column)):
+        return ""
+    return text.format(**row, state_kib=row.get("state_bytes_per_sequence", 0) / 1024)
 
 
 def markdown_comparison(comparison: Comparison) -> str:
-    """The table as Markdown, with a line per column source below it."""
-    columns = [
-        ("model", lambda r: r["label"]),
-        ("params", lambda r: _cell(r, "params", "{params:,.0f}")),
-        ("val ppl, mean (min-max)", lambda r: _cell(r, "val_ppl", "{val_ppl:.2f}") + (
-            _cell(r, "val_ppl_min", " ({val_ppl_min:.2f}-{val_ppl_max:.2f})") if r.get("seeds", 1) > 1 else "")),
-        ("seeds", lambda r: _cell(r, "seeds", "{seeds:.0f}")),
-        ("MQAR acc", lambda r: _cell(r, "mqar_acc", "{mqar_acc:.3f}")),
-        ("Delta_N [interval] / swapped", lambda r: _cell(r, "delta", "{delta:+.3f} [{delta_low:+.3f}, {delta_high:+.3f}]"
-                                                         " / {swapped:+.3f}")),
-        ("train tokens/s", lambda r: _cell(r, "train_tokens_per_s", "{train_tokens_per_s:,.0f}")),
-        ("decode tokens/s", lambda r: _cell(r, "decode_tokens_per_s", "{decode_tokens_per_s:,.0f}")),
-        ("state KiB / sequence", lambda r: f"{r['state_bytes_per_sequence'] / 1024:,.1f}"
-         if pd.notna(r.get("state_bytes_per_sequence")) else ""),
-    ]
-    lines = ["| " + " | ".join(name for name, _ in columns) + " |", "|" + " --- |" * len(columns)]
-    for _, row in comparison.table.iterrows():
-        lines.append("| " + " | ".join(cell(row) for _, cell in columns) + " |")
+    """The table as Markdown (an empty cell: not measured), with a line per column source below it."""
+    lines = ["| " + " | ".join(header for header, _, _ in COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    for row in comparison.table.to_dict("records"):
+        lines.append("| " + " | ".join(_cell(row, column, text) for _, column, text in COLUMNS) + " |")
     tokens = comparison.table["tokens"].dropna() if "tokens" in comparison.table else pd.Series(dtype=float)
     sources = {"training": f"final validation perplexity after {int(tokens.max()):,} tokens" if len(tokens) else None,
                "mqar": comparison.notes.get("mqar"), "context": comparison.notes.get("context"),
