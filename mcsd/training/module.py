@@ -26,8 +26,9 @@ class LanguageModelModule(L.LightningModule):
     A batch of ``input_ids`` alone is next-token prediction (targets are the inputs shifted
     by one). A batch that also has ``labels`` (MQAR) scores the output at each position
     against ``labels`` at that position, ignoring ``IGNORE_INDEX``, and its evaluation also
-    logs ``mqar_acc`` (per example, then averaged). Every logged curve carries ``trainer/tokens`` (tokens consumed by the optimiser so
-    far, over all processes), which the loggers use as the x-axis.
+    logs ``mqar_acc`` (per example, then averaged). Every logged curve carries
+    ``trainer/tokens`` (tokens consumed by the optimiser so far, over all processes), which the
+    loggers use as the x-axis.
     """
 
     def __init__(
