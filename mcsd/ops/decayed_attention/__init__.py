@@ -1,0 +1,45 @@
+"""Decayed linear attention: ``S_n = exp(g_n) S_{n-1} + k_n^T v_n``, ``o_n = q_n S_n``.
+
+RetNet's retention (a constant log-decay per head) and, with a per-token log-decay, the
+state-space duality of Mamba-2 (SSD), in three forms that compute the same function:
+``parallel`` (N x N decay matrix, the reference), ``chunk`` (parallel inside chunks, a
+carried state across them: the training form) and ``recurrent`` (one token at a time).
+All take an initial state and return the final state, fp32, with decays in log-space.
+MCSD's decay section is its special case ``Dk = 1``, ``q = k = 1`` without the diagonal:
+``exp_filter(x) = decayed_attention(1, 1, x) - x``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mcsd.ops.decayed_attention.chunk import chunk_decayed_attention
+from mcsd.ops.decayed_attention.naive import parallel_decayed_attention, per_token_log_decay
+from mcsd.ops.decayed_attention.recurrent import decayed_attention_step, recurrent_decayed_attention
+
+FORMS = ("parallel", "chunk", "recurrent")
+
+
+def decayed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch to one form; returns ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``."""
+    if form == "chunk":
+        return chunk_decayed_attention(q, k, v, log_decay, initial_state, chunk_size)
+    if form == "parallel":
+        return parallel_decayed_attention(q, k, v, log_decay, initial_state)
+    if form == "recurrent":
+        return recurrent_decayed_attention(q, k, v, log_decay, initial_state)
+    raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+
+
+__all__ = [
+    "FORMS",
+    "chunk_decayed_attention",
+    "decayed_attention",
+    "decayed_attention_step",
+    "parallel_decayed_attention",
+    "per_token_log_decay",
+    "recurrent_decayed_attention",
+]

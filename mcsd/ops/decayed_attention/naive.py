@@ -1,0 +1,52 @@
+"""Parallel (reference) form of decayed linear attention.
+
+For one head with per-token log-decays ``g_n <= 0`` the state and output are
+
+    S_n = exp(g_n) S_{n-1} + k_n^T v_n,      o_n = q_n S_n,
+
+so ``o_n = sum_{m<=n} exp(G_n - G_m) (q_n . k_m) v_m + exp(G_n) q_n S_init`` with the
+cumulative log-decay ``G_n = g_0 + ... + g_n``: the current token is included (RetNet's
+retention; Mamba-2's SSD with ``q = C``, ``k = B``, ``v = x``). This form materialises the
+``[N, N]`` decay matrix ``exp(G_n - G_m)`` (masked to 0 above the diagonal before ``exp``,
+so no entry overflows) and is the reference for the chunkwise and recurrent forms.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mcsd.ops.exp_filter.naive import state_dtype
+
+
+def per_token_log_decay(log_decay: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """``log_decay`` as ``[B, H, N]`` in fp32 (fp64 for fp64 input): a constant per head
+    (``[H]``, RetNet) is broadcast over batch and positions; a per-token one (``[B, H, N]``,
+    SSD) is taken as it is."""
+    log_decay = log_decay.to(state_dtype(log_decay))
+    if log_decay.dim() == 1:
+        return log_decay[None, :, None].expand(batch, -1, length)
+    return log_decay
+
+
+def parallel_decayed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q``, ``k`` ``[B, H, N, Dk]``, ``v`` ``[B, H, N, Dv]``, ``log_decay`` ``[H]`` or
+    ``[B, H, N]``, ``initial_state`` ``[B, H, Dk, Dv]``. Returns the output ``[B, H, N, Dv]``
+    (dtype of ``v``) and the final state ``[B, H, Dk, Dv]`` (:func:`state_dtype`)."""
+    batch, _, length, _ = q.shape
+    accumulate = state_dtype(v)
+    cumulative = per_token_log_decay(log_decay, batch, length).cumsum(-1)  # G_n
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    difference = cumulative[..., :, None] - cumulative[..., None, :]
+    decay = torch.exp(difference.masked_fill(~causal, float("-inf")))  # exp(G_n - G_m), m <= n
+    scores = torch.matmul(q, k.transpose(-1, -2)) * decay.to(q.dtype)
+    output = torch.matmul(scores, v).to(accumulate)
+    to_end = torch.exp(cumulative[..., -1:] - cumulative)  # exp(G_last - G_m)
+    final = torch.matmul((k * to_end[..., None].to(k.dtype)).transpose(-1, -2), v).to(accumulate)
+    if initial_state is not None:
+        initial = initial_state.to(accumulate)
+        output = output + torch.exp(cumulative)[..., None] * torch.matmul(q.to(accumulate), initial)
+        final = final + torch.exp(cumulative[..., -1])[..., None, None] * initial
+    return output.to(v.dtype), final

@@ -1,0 +1,38 @@
+"""Recurrent form of decayed linear attention: one token at a time, for decoding.
+
+``S <- exp(g) S + k^T v;  o = q S`` with an fp32 state ``[B, H, Dk, Dv]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mcsd.ops.decayed_attention.naive import per_token_log_decay
+from mcsd.ops.exp_filter.naive import state_dtype
+
+
+def decayed_attention_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: ``q``, ``k`` ``[B, H, Dk]``, ``v`` ``[B, H, Dv]``, ``log_decay`` ``[B, H]``,
+    ``state`` ``[B, H, Dk, Dv]`` -> (output ``[B, H, Dv]``, new state)."""
+    decay = torch.exp(log_decay.to(state.dtype))[..., None, None]
+    state = decay * state + k.to(state.dtype)[..., :, None] * v.to(state.dtype)[..., None, :]
+    return torch.einsum("bhk,bhkv->bhv", q.to(state.dtype), state).to(v.dtype), state
+
+
+def recurrent_decayed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`parallel_decayed_attention`, one token at a time."""
+    batch, heads, length, key_width = q.shape
+    log_decay = per_token_log_decay(log_decay, batch, length)
+    state = (torch.zeros(batch, heads, key_width, v.shape[-1], device=q.device, dtype=state_dtype(v))
+             if initial_state is None else initial_state.to(state_dtype(v)))
+    outputs = []
+    for position in range(length):
+        output, state = decayed_attention_step(q[:, :, position], k[:, :, position], v[:, :, position],
+                                               log_decay[:, :, position], state)
+        outputs.append(output)
+    return torch.stack(outputs, dim=2), state
