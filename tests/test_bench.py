@@ -19,10 +19,20 @@ from conftest import tiny_config
 from harness import run_cli
 from mcsd.bench.run import bench
 from mcsd.errors import MCSDError
+from mcsd.models import registry
 from mcsd.plots.cost import model_label, plot_inference, plot_train
 
 TINY_INFERENCE = ["model_size=tiny", "inference.batch_sizes=[1,2]", "inference.gen_lengths=[4,8]",
                   "inference.prompt_len=16", "inference.repeats=2", "inference.warmup=1"]
+
+
+# Bytes of one sequence's decoding state after ``tokens`` tokens, per architecture (fp32):
+STATE_BYTES = {
+    "mcsd": lambda node, tokens: 2 * node.num_layers * node.hidden_size * 4,  # two section states
+    "transformer": lambda node, tokens: 2 * node.num_layers * node.hidden_size * tokens * 4,  # keys and values
+    "retnet": lambda node, tokens: node.num_layers * node.hidden_size * node.value_expansion  # H x dk x dv
+    * node.hidden_size // node.num_channels * 4,
+}
 
 
 def run_bench(output_dir: Path, *overrides: str) -> Path:
@@ -36,23 +46,23 @@ def run_bench(output_dir: Path, *overrides: str) -> Path:
 def test_inference_grid_writes_every_point_and_four_figures(tmp_path: Path) -> None:
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "isolate=false")
     frame = pd.read_csv(csv_path)
-    assert len(frame) == 2 * 2 * 2  # models x batch sizes x lengths, in grid order
-    assert list(frame["model"]) == ["mcsd"] * 4 + ["transformer"] * 4 and frame["model"].equals(frame["arch"])
-    assert list(frame["gen_len"]) == [4, 8] * 4 and list(frame["batch"]) == [1, 1, 2, 2] * 2
-    assert list(frame["variant"]) == ["full"] * 4 + ["default"] * 4  # the registry's variant of each model
+    names = registry.architectures()
+    assert len(frame) == len(names) * 2 * 2  # models x batch sizes x lengths, in grid order
+    assert list(frame["model"]) == [name for name in names for _ in range(4)] and frame["model"].equals(frame["arch"])
+    assert list(frame["gen_len"]) == [4, 8] * 2 * len(names) and list(frame["batch"]) == [1, 1, 2, 2] * len(names)
+    assert list(frame["variant"]) == [next(iter(registry.get(name).variants)) for name in names for _ in range(4)]
     assert (frame["status"] == "ok").all()
     assert (frame["tokens_per_s"] == frame["batch"] * frame["gen_len"] / frame["latency_s"]).all()
     assert (frame["decode_s_per_token"] * frame["gen_len"] < frame["latency_s"]).all()
     assert (frame["peak_mem_minus_weights_bytes"] == frame["peak_mem_bytes"] - frame["weights_bytes"]).all()
     assert frame.groupby("model")["params"].nunique().eq(1).all()
-    # A sequence's decoding state: the KV cache of every token (keys and values, fp32) or
-    # MCSD's two fixed fp32 section states per layer, whatever the length.
+    # A sequence's decoding state after 16 + gen_len tokens, fp32: every architecture's own formula.
+    assert set(STATE_BYTES) == set(names)
     with initialize_config_module("mcsd.conf", version_base="1.3"):
-        nodes = {name: compose("build", overrides=[f"model={name}", "size=tiny"]).model for name in ("mcsd", "transformer")}
+        nodes = {name: compose("build", overrides=[f"model={name}", "size=tiny"]).model for name in names}
     for name, rows in frame.groupby("model"):
-        node = nodes[name]
-        tokens = 16 + rows["gen_len"] if name == "transformer" else pd.Series(1, index=rows.index)
-        assert list(rows["state_bytes_per_sequence"]) == list(2 * node.num_layers * node.hidden_size * 4 * tokens)
+        expected = [STATE_BYTES[name](nodes[name], 16 + gen_len) for gen_len in rows["gen_len"]]
+        assert list(rows["state_bytes_per_sequence"]) == expected, name
     assert set(frame["dtype"]) == {"float32"} and frame["torch"].iloc[0].startswith("2.13")
     head = json.loads((tmp_path / "results.json").read_text())["header"]
     assert {"device", "dtype", "torch", "git_commit"} <= set(head)

@@ -1,0 +1,79 @@
+"""Multi-scale retention (RetNet, Sun et al. 2023), as ``../shared/design/baselines-spec.md`` reads it.
+
+Per head h (``H = num_channels``, key width ``dk = D / H``, value width ``dv =
+value_expansion * dk``): ``Q = X W_Q``, ``K = X W_K / sqrt(dk)``, both rotated at absolute
+positions (RoPE), ``V = X W_V``, ``G = X W_G``; retention including the current token,
+``o_n = sum_{m<=n} gamma_h^(n-m) (q_n . k_m) v_m`` with the fixed decay ``gamma_h = 1 -
+2^(-5-h)`` (MCSD's alpha, the same fp32 log-decay); output ``W_O(swish(G) *
+RMSNorm_per_head(o))`` with a gain per feature. None of torchscale's extra normalisations
+(decay-matrix row sums, clamped score row sums, the recurrent form's sqrt scaling): without
+them the three forms agree before the norm, not only after it.
+
+Decoding state: ``[B, H, dk, dv]`` fp32 per layer, whatever the length.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mcsd.models.common import ChannelRMSNorm, TokenMixer
+from mcsd.models.mcsd.block import section_log_decay
+from mcsd.models.retnet.config import RetNetConfig
+from mcsd.models.transformer.attention import rotary
+from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
+
+
+class MultiScaleRetention(TokenMixer):
+    """RetNet's mixer. Initialisation: Normal(0, init_std) projections, unit norm gains;
+    ``out_proj`` writes into the residual stream (the skeleton draws it at init_std / sqrt(2 L))."""
+
+    def __init__(self, config: RetNetConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_channels
+        self.key_width = config.channel_width
+        self.value_width = config.value_expansion * config.channel_width
+        self.chunk_size = config.chunk_size
+        self.rope_base = config.rope_base
+        self.init_std = config.init_std
+        value_total = self.num_heads * self.value_width
+        self.qk_proj = nn.Linear(config.hidden_size, 2 * config.hidden_size, bias=False)
+        self.vg_proj = nn.Linear(config.hidden_size, 2 * value_total, bias=False)
+        self.norm = ChannelRMSNorm(self.num_heads, self.value_width, config.norm_eps)
+        self.out_proj = nn.Linear(value_total, config.hidden_size, bias=False)
+
+    def reset_parameters(self) -> None:
+        for projection in (self.qk_proj, self.vg_proj, self.out_proj):
+            nn.init.normal_(projection.weight, std=self.init_std)
+        self.norm.reset_parameters()
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return [self.out_proj.weight]
+
+    def forward(
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length, _ = x.shape
+        query, key = self.qk_proj(x).view(batch, length, 2, self.num_heads, self.key_width).permute(2, 0, 3, 1, 4)
+        value, gate = self.vg_proj(x).view(batch, length, 2, self.num_heads, self.value_width).unbind(2)
+        query = rotary(query, position, self.rope_base)
+        key = rotary(key, position, self.rope_base) / math.sqrt(self.key_width)
+        value = value.transpose(1, 2)
+        log_decay = section_log_decay("decay", self.num_heads, x.device)  # log(1 - 2^(-5-h))
+        if form == "recurrent":
+            if state is None:
+                state = torch.zeros(batch, self.num_heads, self.key_width, self.value_width, device=x.device,
+                                    dtype=torch.promote_types(x.dtype, torch.float32))
+            outputs = []
+            for n in range(length):
+                output, state = decayed_attention_step(query[:, :, n], key[:, :, n], value[:, :, n],
+                                                       log_decay[None].expand(batch, -1), state)
+                outputs.append(output)
+            retained = torch.stack(outputs, dim=2)
+        else:
+            retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size)
+        mixed = self.norm(retained.transpose(1, 2)) * F.silu(gate)  # [B, N, H, dv]
+        return self.out_proj(mixed.reshape(batch, length, -1)), state
