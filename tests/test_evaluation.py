@@ -14,10 +14,13 @@ import yaml
 from lm_eval.api.instance import Instance
 
 import mcsd
+from conftest import tiny_config
 from harness import FAST, compose_train, run_cli
 from mcsd.data import LanguageModelDataModule
+from mcsd.data.tokenizer import train_tokenizer
 from mcsd.evaluation.lm import MCSDEvalModel
 from mcsd.evaluation.table2 import PAPER_ROWS, table2_markdown
+from mcsd.models import registry
 from mcsd.train import train
 from mcsd.training.module import LanguageModelModule
 
@@ -52,6 +55,25 @@ def test_loglikelihoods_equal_the_forward_pass(checkpoint: Path) -> None:
         expected = float(log_probs.gather(-1, torch.tensor(target)[:, None]).sum())
         assert logprob == pytest.approx(expected, rel=1e-5, abs=1e-4)
         assert greedy == bool((log_probs.argmax(-1) == torch.tensor(target)).all())
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+def test_every_architecture_scores_through_the_lm_eval_class(name: str, tmp_path: Path) -> None:
+    """The lm-eval class reads any registered architecture: a saved tiny model's
+    loglikelihoods are its forward pass's (through the architecture's training form)."""
+    text = "the king of a far land ships gold and silver to every harbour along the coast " * 20
+    tokenizer = train_tokenizer([text], 300)
+    model = mcsd.build_model(tiny_config(name, vocab_size=300)).eval()
+    mcsd.save(model, tmp_path / "model", tokenizer)
+    lm = MCSDEvalModel(str(tmp_path / "model"), batch_size=2)
+    pairs = [("the king of", " a far land"), ("gold and", " silver to every harbour")]
+    scored = lm.loglikelihood([request("loglikelihood", *pair) for pair in pairs])
+    for (context, continuation), (logprob, _) in zip(pairs, scored):
+        context_ids, target = tokenizer.encode(context).ids, tokenizer.encode(continuation).ids
+        assert tokenizer.encode(context + continuation).ids == context_ids + target
+        with torch.no_grad():
+            log_probs = F.log_softmax(model(torch.tensor([(context_ids + target)[:-1]]))[0, -len(target):], dim=-1)
+        assert logprob == pytest.approx(float(log_probs.gather(-1, torch.tensor(target)[:, None]).sum()), rel=1e-5)
 
 
 def test_generate_until_stops_at_the_stop_string_and_equals_generate(checkpoint: Path) -> None:
