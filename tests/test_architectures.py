@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import relative_rms_error, tiny_model
+from mcsd.models.transformer import rotary
 
 
 @torch.no_grad()
@@ -66,3 +67,28 @@ def test_transformer_trains_through_one_causal_sdpa_call_per_layer(monkeypatch) 
     model(torch.randint(0, 101, (2, 200))).sum().backward()
     assert model.default_form == "parallel"
     assert calls == [(torch.Size([2, 3, 200, 8]), None, True)] * 2  # one per layer, the whole sequence
+
+
+@torch.no_grad()
+def test_retention_is_the_written_formula() -> None:
+    """RetNet's mixer: o_n = sum_{m<=n} gamma_h^(n-m) (q_n . k_m) v_m with gamma_h = 1 - 2^(-5-h),
+    q and k rotated at their positions, k / sqrt(dk); out = W_O(swish(G) * RMSNorm_head(o) * gain)."""
+    mixer = tiny_model("retnet").layers[0].mixer.double()
+    heads, key_width, value_width = mixer.num_heads, mixer.key_width, mixer.value_width
+    x = torch.randn(2, 9, heads * key_width, dtype=torch.float64)
+    q, k = (x @ weight.T for weight in mixer.qk_proj.weight.chunk(2))
+    v, g = (x @ weight.T for weight in mixer.vg_proj.weight.chunk(2))
+    q, k = (rotary(t.view(2, 9, heads, key_width).transpose(1, 2), 5, mixer.rope_base) for t in (q, k))
+    k = k / key_width**0.5
+    v = v.view(2, 9, heads, value_width).transpose(1, 2)
+    o = torch.zeros_like(v)
+    for h in range(heads):
+        gamma = 1 - 2.0 ** (-5 - h)
+        for n in range(9):
+            for m in range(n + 1):
+                o[:, h, n] += gamma ** (n - m) * (q[:, h, n] * k[:, h, m]).sum(-1, keepdim=True) * v[:, h, m]
+    o = o.transpose(1, 2)
+    normed = o / (o.pow(2).mean(-1, keepdim=True) + mixer.norm.eps).sqrt() * mixer.norm.weight
+    expected = (normed * F.silu(g.view(2, 9, heads, value_width))).reshape(2, 9, -1) @ mixer.out_proj.weight.T
+    actual, state = mixer(x, None, 5, "parallel")
+    assert torch.allclose(actual, expected, atol=1e-10) and state.shape == (2, heads, key_width, value_width)

@@ -24,7 +24,7 @@ from mcsd.models.common import ChannelRMSNorm, TokenMixer
 from mcsd.models.mcsd.block import section_log_decay
 from mcsd.models.retnet.config import RetNetConfig
 from mcsd.models.transformer.attention import rotary
-from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
+from mcsd.ops.decayed_attention import decayed_attention
 
 
 class MultiScaleRetention(TokenMixer):
@@ -63,17 +63,6 @@ class MultiScaleRetention(TokenMixer):
         key = rotary(key, position, self.rope_base) / math.sqrt(self.key_width)
         value = value.transpose(1, 2)
         log_decay = section_log_decay("decay", self.num_heads, x.device)  # log(1 - 2^(-5-h))
-        if form == "recurrent":
-            if state is None:
-                state = torch.zeros(batch, self.num_heads, self.key_width, self.value_width, device=x.device,
-                                    dtype=torch.promote_types(x.dtype, torch.float32))
-            outputs = []
-            for n in range(length):
-                output, state = decayed_attention_step(query[:, :, n], key[:, :, n], value[:, :, n],
-                                                       log_decay[None].expand(batch, -1), state)
-                outputs.append(output)
-            retained = torch.stack(outputs, dim=2)
-        else:
-            retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size)
+        retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size)
         mixed = self.norm(retained.transpose(1, 2)) * F.silu(gate)  # [B, N, H, dv]
         return self.out_proj(mixed.reshape(batch, length, -1)), state
