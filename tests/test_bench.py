@@ -92,8 +92,9 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "train.seq_lens=[32,64]", "train.repeats=1",
                          "train.warmup=1", "isolate=false")
     frame = pd.read_csv(csv_path)
-    assert list(zip(frame["model"], frame["form"])) == [("mcsd", "parallel")] * 2 + [("mcsd", "chunk")] * 2 + [
-        ("transformer", "parallel")] * 2
+    assert list(zip(frame["model"], frame["form"])) == [  # each architecture's parallel form, then its training form
+        (name, form) for name in registry.architectures()
+        for form in dict.fromkeys(["parallel", registry.get(name).train_form]) for _ in range(2)]
     assert (frame["tokens_per_s"] == frame["seq_len"] / frame["step_s"]).all()
     head = json.loads((tmp_path / "results.json").read_text())["header"]
     assert head["matmul_peak_flops"] > 1e8

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from harness import FAST, read_metrics, run_cli, series
+from mcsd.models import registry
 
 QUICK = [*FAST, "trainer.max_steps=2", "trainer.val_check_interval=2", "test_after_training=false"]
 
@@ -156,7 +157,8 @@ def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
         (["data=text_files", "data.paths=[latin1.txt]"], "latin1.txt is not UTF-8 text (byte 6: b'\\xe9'): convert it"),
         (["data=text_files"], "data.paths is missing: give it on the command line (data.paths=...)"),
         (["size=huge"], "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
-        (["-m", "model=mcsd,rnn"], "model=rnn is not an option of model: use one of mcsd, transformer"),
+        (["-m", "model=mcsd,rnn"],
+         f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
 
         (["resume=nowhere"], "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run directory"),
     ],
