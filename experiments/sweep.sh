@@ -4,12 +4,15 @@
 #   experiments/sweep.sh EXPERIMENT "PLOT_KIND [mcsd-plot options]" [--replace] [--name NAME] \
 #     [embedded|FILE.txt|own] [mcsd-train overrides...]
 # The results go to <experiment>/trial/<corpus>/, or with --replace to <experiment>/<corpus>/
-# (the committed results), so that a trial run never overwrites them silently; --name NAME
+# (the committed results), so that a trial run never overwrites them silently; --add writes
+# to the committed results too but keeps the jobs already there, numbering the new ones after
+# them (one more architecture's arms, hydra.sweeper.registry_architectures=[NAME]); --name NAME
 # puts them in <NAME>/ instead of <corpus>/ (another sweep on the same corpus). `own` keeps the
 # experiment's own data config (MQAR's synthetic examples) and names the folder `own` unless --name.
 set -euo pipefail
 experiment="$1"; read -ra plot <<< "$2"; shift 2
-results=trial; if [ "${1:-}" = --replace ]; then results=.; shift; fi
+results=trial; add=false
+if [ "${1:-}" = --replace ]; then results=.; shift; elif [ "${1:-}" = --add ]; then results=.; add=true; shift; fi
 folder=""; if [ "${1:-}" = --name ]; then folder="$2"; shift 2; fi
 corpus="${1:-embedded}"; shift $(( $# < 1 ? $# : 1 ))
 here="$(cd "$(dirname "$0")" && pwd)/$experiment"
@@ -26,11 +29,20 @@ mcsd-train -m experiment="$experiment" ${data[@]+"${data[@]}"} hydra/launcher=lo
   paths.log_dir="$here/logs/$name" "$@"
 sweep="$(ls -td "$here/logs/$name/train/multiruns/"*/ | head -n 1)"
 out="$here/$results/$name"
-rm -rf "${out:?}"
+first=0
+if $add; then
+  for kept in "$out"/*/; do
+    number="$(basename "$kept")"
+    if [[ "$number" =~ ^[0-9]+$ ]] && (( number >= first )); then first=$(( number + 1 )); fi
+  done
+else
+  rm -rf "${out:?}"
+fi
 for job in "$sweep"*/; do
   logs="$job/csv/version_0"
   [ -f "$logs/metrics.csv" ] || continue
-  mkdir -p "$out/$(basename "$job")/csv/version_0"
-  cp "$logs/metrics.csv" "$logs/hparams.yaml" "$out/$(basename "$job")/csv/version_0/"
+  copy="$out/$(( first + $(basename "$job") ))/csv/version_0"
+  mkdir -p "$copy"
+  cp "$logs/metrics.csv" "$logs/hparams.yaml" "$copy/"
 done
 mcsd-plot "${plot[@]}" "$out" --name "$experiment"

@@ -3,6 +3,10 @@ and accuracy on the labelled positions only), ``experiment=mqar_recall`` and its
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,6 +135,40 @@ def test_registry_arms_name_every_architecture_and_the_variants_asked() -> None:
     assert len(every) == sum(len(registry.get(name).variants) for name in registry.architectures())
     with pytest.raises(HydraException, match="registry_variants names 'slope_onyl'"):
         registry_arms(["slope_onyl"])
+
+
+def test_registry_architectures_keep_the_arms_of_the_architectures_named() -> None:
+    every = registry_arms(["all"])
+    for name in registry.architectures():
+        assert registry_arms(["all"], [name]) == [arm for arm in every if arm[0] == f"model={name}"]
+    assert registry_arms(["default", "slope_only"], ["transformer"]) == [["model=transformer"]]
+    with pytest.raises(HydraException, match="registry_architectures names 'retnte', which is not registered"):
+        registry_arms(["default"], ["retnte"])
+    with pytest.raises(HydraException, match="names no variant of transformer: add default or all"):
+        registry_arms(["slope_only"], ["transformer"])
+
+
+def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(tmp_path: Path) -> None:
+    """experiments/sweep.sh --add keeps the jobs already in the results folder and numbers the
+    new sweep's jobs after them; the figure then draws both."""
+    script = tmp_path / "experiments" / "sweep.sh"
+    script.parent.mkdir()
+    shutil.copy(Path(__file__).parent.parent / "experiments" / "sweep.sh", script)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
+    tiny = ["model.hidden_size=16", "data.seq_len=32", "optimizer.lr=1e-3", "data.num_train=64", "data.num_val=16",
+            "data.batch_size=16", "trainer.max_steps=2", "logger=csv", "test_after_training=false",
+            "callbacks.progress_bar.refresh_rate=0"]
+    results = tmp_path / "experiments" / "mqar_recall" / "cpu"
+    for flag, architecture in (("--replace", "transformer"), ("--add", "mcsd")):
+        result = subprocess.run(["bash", str(script), "mqar_recall", "mqar", flag, "--name", "cpu", "own", *tiny,
+                                 "hydra.sweeper.registry_variants=[default]",
+                                 f"hydra.sweeper.registry_architectures=[{architecture}]"],
+                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert sorted(path.name for path in results.iterdir() if path.is_dir()) == ["0", "1"]
+    runs = load_mqar_runs(results).sort_values("run")
+    assert list(runs["curve"]) == ["transformer|default", "mcsd|full"]
+    assert (results / "mqar_recall_table.md").is_file()
 
 
 def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(tmp_path: Path) -> None:

@@ -19,6 +19,10 @@ named in the list (``default``: its first variant; ``all``: every variant), as
     hydra:
       sweeper:
         registry_variants: [default, slope_only]   # each architecture's default, and MCSD slope_only
+        registry_architectures: [retnet]           # only these architectures (default: every one)
+
+``registry_architectures`` lets a sweep add one new architecture's arms to results made before it
+was registered, without running the others again.
 """
 
 from dataclasses import dataclass, field
@@ -37,6 +41,7 @@ class ArmsSweeperConf:
     params: Optional[dict[str, str]] = None
     arms: list[Any] = field(default_factory=list)
     registry_variants: Optional[list[str]] = None
+    registry_architectures: Optional[list[str]] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="arms", node=ArmsSweeperConf, provider="mcsd")
@@ -54,22 +59,33 @@ def _override_value(value: Any) -> str:
     return str(value)
 
 
-def registry_arms(variant_names: list[str]) -> list[list[str]]:
-    """One arm per registered architecture and variant named in ``variant_names`` (``default``:
-    the architecture's first variant; ``all``: every one), in registration order."""
+def registry_arms(variant_names: list[str], architectures: Optional[list[str]] = None) -> list[list[str]]:
+    """One arm per registered architecture (of ``architectures``, or every one) and variant named
+    in ``variant_names`` (``default``: the architecture's first variant; ``all``: every one), in
+    registration order."""
     from mcsd.models import registry
 
+    names = registry.architectures()
+    unregistered = [name for name in architectures or [] if name not in names]
+    if unregistered:
+        raise HydraException(f"hydra.sweeper.registry_architectures names {unregistered[0]!r}, which is not "
+                             f"registered: use one of {', '.join(names)}")
+    if architectures is not None:
+        names = [name for name in names if name in architectures]
     known = {"all", "default", *(variant for name in registry.architectures() for variant in registry.get(name).variants)}
     unknown = [variant for variant in variant_names if variant not in known]
     if unknown:
         raise HydraException(f"hydra.sweeper.registry_variants names {unknown[0]!r}, a variant of no registered "
                              f"architecture: use all, default or one of {', '.join(sorted(known - {'all', 'default'}))}")
     arms = []
-    for name in registry.architectures():
+    for name in names:
         variants = list(registry.get(name).variants.items())
         for index, (variant, fields) in enumerate(variants):
             if "all" in variant_names or variant in variant_names or (index == 0 and "default" in variant_names):
                 arms.append([f"model={name}", *(f"model.{key}={_override_value(value)}" for key, value in fields.items())])
+    if architectures is not None and not arms:
+        raise HydraException(f"hydra.sweeper.registry_variants {variant_names} names no variant of "
+                             f"{', '.join(names)}: add default or all")
     return arms
 
 
@@ -77,9 +93,11 @@ class ArmsSweeper(BasicSweeper):
     """Every job of the basic sweep, once per arm (no arms: the basic sweep itself)."""
 
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict[str, str]] = None,
-                 arms: Optional[list[Any]] = None, registry_variants: Optional[list[str]] = None) -> None:
+                 arms: Optional[list[Any]] = None, registry_variants: Optional[list[str]] = None,
+                 registry_architectures: Optional[list[str]] = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
-        self.arms = [_arm_overrides(arm) for arm in (arms or [])] + registry_arms(list(registry_variants or []))
+        chosen = None if registry_architectures is None else list(registry_architectures)
+        self.arms = [_arm_overrides(arm) for arm in (arms or [])] + registry_arms(list(registry_variants or []), chosen)
 
     def split_arguments(self, overrides: list[Override], max_batch_size: Optional[int]) -> list[list[list[str]]]:
         jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
