@@ -1,0 +1,43 @@
+"""RWKV-4's WKV: a per-channel softmax-like average of past values under a learned decay
+``w`` with a bonus ``u`` for the current token, in three forms that compute the same
+function: ``parallel`` (all logits of a row at once, the reference), ``chunk`` (parallel
+inside chunks, the state carried across them: the training form) and ``recurrent`` (one
+token at a time with the max trick: decoding). The state ``(a, b, p)`` ``[B, 3, D]`` is fp32;
+no form exponentiates a key unguarded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mcsd.ops.wkv.chunk import chunk_wkv
+from mcsd.ops.wkv.naive import EMPTY_LOG_SCALE, empty_wkv_state, parallel_wkv
+from mcsd.ops.wkv.recurrent import recurrent_wkv, wkv_step
+
+FORMS = ("parallel", "chunk", "recurrent")
+
+
+def wkv(
+    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch to one form; returns ``(wkv [B, N, D], final_state [B, 3, D] fp32)``."""
+    if form == "chunk":
+        return chunk_wkv(w, u, k, v, initial_state, chunk_size)
+    if form == "parallel":
+        return parallel_wkv(w, u, k, v, initial_state)
+    if form == "recurrent":
+        return recurrent_wkv(w, u, k, v, initial_state)
+    raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+
+
+__all__ = [
+    "EMPTY_LOG_SCALE",
+    "FORMS",
+    "chunk_wkv",
+    "empty_wkv_state",
+    "parallel_wkv",
+    "recurrent_wkv",
+    "wkv",
+    "wkv_step",
+]
