@@ -32,6 +32,7 @@ STATE_BYTES = {
     "transformer": lambda node, tokens: 2 * node.num_layers * node.hidden_size * tokens * 4,  # keys and values
     "retnet": lambda node, tokens: node.num_layers * node.hidden_size * node.value_expansion  # H x dk x dv
     * node.hidden_size // node.num_channels * 4,
+    "rwkv4": lambda node, tokens: 5 * node.num_layers * node.hidden_size * 4,  # (x, a, b, p) + channel mix's x
 }
 
 

@@ -1,0 +1,22 @@
+"""RWKV-4: MCSD's skeleton with RWKV's time mix (the WKV op) and channel mix."""
+
+from mcsd.models.common import CausalLM
+from mcsd.models.registry import Architecture, register
+from mcsd.models.rwkv4.config import RWKV4Config
+from mcsd.models.rwkv4.time_mix import ChannelMix, TimeMix
+
+
+class RWKV4ForCausalLM(CausalLM):
+    """RWKV-4 language model: the shared skeleton with :class:`TimeMix` and :class:`ChannelMix`."""
+
+
+register(Architecture(
+    name="rwkv4",
+    config_class=RWKV4Config,
+    model_class=RWKV4ForCausalLM,
+    label="RWKV-4",
+    color="tab:green",
+    train_form="chunk",
+))
+
+__all__ = ["ChannelMix", "RWKV4Config", "RWKV4ForCausalLM", "TimeMix"]

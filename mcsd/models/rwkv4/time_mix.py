@@ -1,0 +1,104 @@
+"""RWKV-4's time mix and channel mix, each with its token shift (the previous token's
+normed input, carried in the decoding state), and RWKV-4's initialisation of the decay,
+bonus and mixing coefficients (which depend on the layer's depth)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mcsd.models.common import TokenMixer
+from mcsd.models.rwkv4.config import RWKV4Config
+from mcsd.ops.wkv import wkv
+
+
+def depth_ratios(layer_index: int, num_layers: int) -> tuple[float, float]:
+    """RWKV-4's ``ratio_0_to_1 = l / (L - 1)`` (0 when L = 1) and ``ratio_1_to_almost0 = 1 - l / L``."""
+    return (layer_index / (num_layers - 1) if num_layers > 1 else 0.0), 1.0 - layer_index / num_layers
+
+
+def token_shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+    """``x_{t-1}`` for every position of ``x [B, N, D]``: ``last`` (the token before the
+    chunk, zeros at the start of a sequence) then ``x`` without its last token."""
+    first = torch.zeros_like(x[:, :1]) if last is None else last[:, None].to(x.dtype)
+    return torch.cat([first, x[:, :-1]], dim=1)
+
+
+class TimeMix(TokenMixer):
+    """``W_o(sigmoid(r) * wkv(w, u, k, v))`` with ``r, k, v = W_{r,k,v}(mu x + (1 - mu) x_{t-1})``,
+    ``w = exp(time_decay)``, ``u = time_first``; state ``(last x [B, D], wkv state [B, 3, D])``."""
+
+    def __init__(self, config: RWKV4Config, layer_index: int) -> None:
+        super().__init__()
+        width = config.hidden_size
+        self.layer_index, self.num_layers = layer_index, config.num_layers
+        self.init_std, self.chunk_size = config.init_std, config.chunk_size
+        self.time_decay = nn.Parameter(torch.empty(width))
+        self.time_first = nn.Parameter(torch.empty(width))
+        self.mix_k, self.mix_v, self.mix_r = (nn.Parameter(torch.empty(width)) for _ in range(3))
+        self.key, self.value, self.receptance, self.output = (nn.Linear(width, width, bias=False) for _ in range(4))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """RWKV-4's: time_decay_c = -5 + 8 (c/(D-1))^(0.7 + 1.3 r01); time_first_c = ln 0.3 +
+        0.5 ((c+1) mod 3 - 1); mu_k = (c/D)^r10, mu_v = mu_k + 0.3 r01, mu_r = (c/D)^(0.5 r10)."""
+        width = self.time_decay.numel()
+        ratio_0_to_1, ratio_1_to_almost0 = depth_ratios(self.layer_index, self.num_layers)
+        channel = torch.arange(width, dtype=torch.float64)
+        self.time_decay.copy_(-5 + 8 * (channel / max(width - 1, 1)) ** (0.7 + 1.3 * ratio_0_to_1))
+        self.time_first.copy_(math.log(0.3) + 0.5 * ((channel + 1) % 3 - 1))
+        fraction = channel / width
+        self.mix_k.copy_(fraction ** ratio_1_to_almost0)
+        self.mix_v.copy_(fraction ** ratio_1_to_almost0 + 0.3 * ratio_0_to_1)
+        self.mix_r.copy_(fraction ** (0.5 * ratio_1_to_almost0))
+        for linear in (self.key, self.value, self.receptance, self.output):
+            nn.init.normal_(linear.weight, std=self.init_std)
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return [self.output.weight]
+
+    def forward(self, x: torch.Tensor, state, position: int, form: str):
+        last, wkv_state = state if state is not None else (None, None)
+        shifted = token_shift(x, last)
+        k = self.key(torch.lerp(shifted, x, self.mix_k))
+        v = self.value(torch.lerp(shifted, x, self.mix_v))
+        r = self.receptance(torch.lerp(shifted, x, self.mix_r))
+        mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, form=form,
+                               chunk_size=self.chunk_size)
+        return self.output(torch.sigmoid(r) * mixed), (x[:, -1].float(), wkv_state)
+
+
+class ChannelMix(TokenMixer):
+    """RWKV's MLP: ``sigmoid(W_r x~_r) * W_v relu(W_k x~_k)^2`` with ``x~ = mu x + (1 - mu) x_{t-1}``
+    (its own token shift); width ``mlp_hidden_size``; state: the last x."""
+
+    def __init__(self, config: RWKV4Config, layer_index: int) -> None:
+        super().__init__()
+        width = config.hidden_size
+        self.layer_index, self.num_layers, self.init_std = layer_index, config.num_layers, config.init_std
+        self.mix_k, self.mix_r = (nn.Parameter(torch.empty(width)) for _ in range(2))
+        self.key = nn.Linear(width, config.mlp_hidden_size, bias=False)
+        self.receptance = nn.Linear(width, width, bias=False)
+        self.value = nn.Linear(config.mlp_hidden_size, width, bias=False)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """RWKV-4's: mu_k = mu_r = (c/D)^r10."""
+        width = self.mix_k.numel()
+        _, ratio_1_to_almost0 = depth_ratios(self.layer_index, self.num_layers)
+        fraction = torch.arange(width, dtype=torch.float64) / width
+        self.mix_k.copy_(fraction ** ratio_1_to_almost0)
+        self.mix_r.copy_(fraction ** ratio_1_to_almost0)
+        for linear in (self.key, self.receptance, self.value):
+            nn.init.normal_(linear.weight, std=self.init_std)
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return [self.value.weight]
+
+    def forward(self, x: torch.Tensor, state, position: int, form: str):
+        shifted = token_shift(x, state)
+        k = torch.relu(self.key(torch.lerp(shifted, x, self.mix_k))).square()
+        r = torch.sigmoid(self.receptance(torch.lerp(shifted, x, self.mix_r)))
+        return r * self.value(k), x[:, -1].float()
