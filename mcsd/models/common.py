@@ -99,6 +99,23 @@ class GatedMLP(nn.Module):
         return self.down(F.gelu(gate) * up)
 
 
+class OneStream(nn.Module):
+    """The residual stream the layers run on: the embedded tokens themselves. An architecture
+    with several streams (RWKV-4's perspectives) splits the embedding into them, stacked along
+    the batch, and merges their final-normed states before the LM head."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+    def split(self, embedded: torch.Tensor) -> torch.Tensor:
+        """``[B, N, D]`` -> the streams, ``[S * B, N, D]`` (stream-major)."""
+        return embedded
+
+    def merge(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The streams' final-normed states ``[S * B, N, D]`` -> what the LM head reads, ``[B, N, D]``."""
+        return hidden
+
+
 class TokenMixer(nn.Module):
     """Interface of a token mixer: ``forward(x, layer_state, position, form) -> (y, new_state)``.
 
@@ -177,6 +194,7 @@ class CausalLM(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Layer(config, index) for index in range(config.num_layers))
         self.final_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.streams = config.make_streams()
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -197,6 +215,7 @@ class CausalLM(nn.Module):
         for layer in self.layers:
             layer.reset_parameters()
         self.final_norm.reset_parameters()
+        self.streams.reset_parameters()
         nn.init.normal_(self.lm_head.weight, std=std)
         residual_std = std / math.sqrt(2 * self.config.num_layers)
         for layer in self.layers:
@@ -215,12 +234,12 @@ class CausalLM(nn.Module):
                               f"{', '.join(self.architecture.forms)}")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, length]")
-        x = self.embed(input_ids)
+        x = self.streams.split(self.embed(input_ids))
         layers = []
         for layer, layer_state in zip(self.layers, state.layers):
             x, layer_state = layer(x, layer_state, state.position, form)
             layers.append(layer_state)
-        hidden = self.final_norm(x)
+        hidden = self.streams.merge(self.final_norm(x))
         return hidden, DecodingState(position=state.position + input_ids.shape[1], layers=layers)
 
     def forward(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:

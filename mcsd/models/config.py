@@ -28,7 +28,7 @@ class ConfigError(MCSDError):
     """A model configuration that cannot work; the message is one line with the fix."""
 
 
-def _positive_int(name: str, value: Any) -> None:
+def require_positive_int(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"model.{name}={value!r} must be a positive integer")
 
@@ -65,7 +65,7 @@ class LMConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_channels", "num_layers", "mlp_hidden_size", "chunk_size"):
-            _positive_int(name, getattr(self, name))
+            require_positive_int(name, getattr(self, name))
         if self.hidden_size % self.num_channels:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_channels="
@@ -93,6 +93,13 @@ class LMConfig:
         from mcsd.models.common import GatedMLP
 
         return GatedMLP(self.hidden_size, self.mlp_hidden_size, self.init_std)
+
+    def make_streams(self) -> nn.Module:
+        """The residual streams of the model (one, unless the architecture runs several:
+        RWKV-4's perspectives); see :class:`mcsd.models.common.OneStream`."""
+        from mcsd.models.common import OneStream
+
+        return OneStream()
 
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict with its ``_target_``, as saved beside checkpoints."""
@@ -141,7 +148,8 @@ def make_config(model_cfg: Mapping[str, Any] | DictConfig | LMConfig) -> LMConfi
 def _equal_size(config: LMConfig) -> LMConfig:
     """Resolve ``equal_params_to``: the MLP width that brings the parameter count closest to
     the named architecture's at the same skeleton (parameters are affine in the width, so
-    two counts on the meta device give the line)."""
+    two counts on the meta device give the line). Fields marked ``sized_at`` take that value
+    for the count (a switch that adds its own parameters to a model of the same width)."""
     if config.equal_params_to is None:
         return config
     from mcsd.api import count_parameters
@@ -151,7 +159,8 @@ def _equal_size(config: LMConfig) -> LMConfig:
         **{name: getattr(config, name) for name in SKELETON_FIELDS})
     target = count_parameters(reference)
     step = MLP_WIDTH_MULTIPLE
-    low, high = (count_parameters(dataclasses.replace(config, mlp_hidden_size=width, equal_params_to=None))
+    sized = {field.name: field.metadata["sized_at"] for field in dataclasses.fields(config) if "sized_at" in field.metadata}
+    low, high = (count_parameters(dataclasses.replace(config, mlp_hidden_size=width, equal_params_to=None, **sized))
                  for width in (step, 2 * step))
     if high == low:
         raise ConfigError(f"model.equal_params_to={config.equal_params_to}: this architecture's size does not "

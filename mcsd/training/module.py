@@ -114,10 +114,14 @@ class LanguageModelModule(L.LightningModule):
         self._evaluate(batch, "test", self.test_ppl)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        """AdamW with weight decay on matrices only (not on norms, gains or embeddings)."""
+        """AdamW with weight decay on matrices only (not on norms, gains, embeddings nor parameters
+        marked ``_no_weight_decay``: RWKV-4's mixes), over the parameters being trained."""
         decay, no_decay = [], []
         for name, param in self.model.named_parameters():
-            (decay if param.dim() >= 2 and "embed" not in name else no_decay).append(param)
+            if not param.requires_grad:
+                continue
+            matrix = param.dim() >= 2 and "embed" not in name and not getattr(param, "_no_weight_decay", False)
+            (decay if matrix else no_decay).append(param)
         optimizer = self.optimizer_factory(params=[{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
         if self.scheduler_factory is None:
             return {"optimizer": optimizer}

@@ -1,4 +1,5 @@
-"""RWKV-4: MCSD's skeleton with RWKV's time mix (the WKV op) and channel mix."""
+"""RWKV-4: MCSD's skeleton with RWKV's time mix (the WKV op) and channel mix, and the
+multiple-temporal-perspectives switch (``perspectives``)."""
 
 from mcsd.models.common import CausalLM
 from mcsd.models.registry import Architecture, register
@@ -17,6 +18,7 @@ register(Architecture(
     label="RWKV-4",
     color="tab:green",
     train_form="chunk",
+    setting_cases=({"perspectives": 2},),
 ))
 
 __all__ = ["ChannelMix", "RWKV4Config", "RWKV4ForCausalLM", "TimeMix"]

@@ -8,14 +8,37 @@ import dataclasses
 from torch import nn
 
 from mcsd.models.common import TokenMixer
-from mcsd.models.config import LMConfig
+from mcsd.models.config import ConfigError, LMConfig, require_positive_int
 
 
 @dataclasses.dataclass
 class RWKV4Config(LMConfig):
     """RWKV-4 (Peng et al. 2023): per-channel time mix (token shift, WKV with learned decay
     and bonus, receptance gate) and channel mix (token shift, squared ReLU, receptance gate).
-    ``chunk_size`` is the block of the WKV's chunkwise form."""
+    ``chunk_size`` is the block of the WKV's chunkwise form.
+
+    ``perspectives`` (P, default 1): the multiple-temporal-perspectives switch, P residual
+    streams sharing every weight but the mixes mu, merged before the LM head by softmax weights
+    from W_agg (drawn at ``aggregator_init_std``, the paper's noise); P = 1 is RWKV-4 itself.
+    The MLP width for equal size is chosen at P = 1, so that perspectives add only their own
+    parameters and a trained P = 1 model's weights fit every P.
+    """
+
+    perspectives: int = dataclasses.field(default=1, metadata={"setting": True, "legacy": 1, "sized_at": 1})
+    aggregator_init_std: float = 0.01
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive_int("perspectives", self.perspectives)
+        if not self.aggregator_init_std >= 0:
+            raise ConfigError(f"model.aggregator_init_std={self.aggregator_init_std!r} must be >= 0")
+
+    def make_streams(self) -> nn.Module:
+        if self.perspectives == 1:
+            return super().make_streams()
+        from mcsd.models.rwkv4.perspectives import Perspectives
+
+        return Perspectives(self.perspectives, self.hidden_size, self.aggregator_init_std)
 
     def make_mixer(self, layer_index: int) -> TokenMixer:
         from mcsd.models.rwkv4.time_mix import TimeMix

@@ -11,6 +11,7 @@ from torch import nn
 
 from mcsd.models.common import TokenMixer
 from mcsd.models.rwkv4.config import RWKV4Config
+from mcsd.models.rwkv4.perspectives import PerspectiveMixes, mix
 from mcsd.ops.wkv import wkv
 
 
@@ -26,9 +27,18 @@ def token_shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
     return torch.cat([first, x[:, :-1]], dim=1)
 
 
-class TimeMix(TokenMixer):
+def mixing_coefficients(perspectives: int, width: int, count: int) -> list[nn.Parameter]:
+    """``count`` token-shift mixes of shape ``[perspectives, width]``, kept out of weight decay."""
+    mixes = [nn.Parameter(torch.empty(perspectives, width)) for _ in range(count)]
+    for param in mixes:
+        param._no_weight_decay = True
+    return mixes
+
+
+class TimeMix(PerspectiveMixes, TokenMixer):
     """``W_o(sigmoid(r) * wkv(w, u, k, v))`` with ``r, k, v = W_{r,k,v}(mu x + (1 - mu) x_{t-1})``,
-    ``w = exp(time_decay)``, ``u = time_first``; state ``(last x [B, D], wkv state [B, 3, D])``."""
+    ``w = exp(time_decay)``, ``u = time_first``; state ``(last x [B, D], wkv state [B, 3, D])``.
+    The mixes mu have one row per perspective (the batch then holds the P streams)."""
 
     def __init__(self, config: RWKV4Config, layer_index: int) -> None:
         super().__init__()
@@ -37,7 +47,7 @@ class TimeMix(TokenMixer):
         self.init_std, self.chunk_size = config.init_std, config.chunk_size
         self.time_decay = nn.Parameter(torch.empty(width))
         self.time_first = nn.Parameter(torch.empty(width))
-        self.mix_k, self.mix_v, self.mix_r = (nn.Parameter(torch.empty(width)) for _ in range(3))
+        self.mix_k, self.mix_v, self.mix_r = mixing_coefficients(config.perspectives, width, 3)
         self.key, self.value, self.receptance, self.output = (nn.Linear(width, width, bias=False) for _ in range(4))
 
     @torch.no_grad()
@@ -62,15 +72,15 @@ class TimeMix(TokenMixer):
     def forward(self, x: torch.Tensor, state, position: int, form: str):
         last, wkv_state = state if state is not None else (None, None)
         shifted = token_shift(x, last)
-        k = self.key(torch.lerp(shifted, x, self.mix_k))
-        v = self.value(torch.lerp(shifted, x, self.mix_v))
-        r = self.receptance(torch.lerp(shifted, x, self.mix_r))
+        k = self.key(mix(shifted, x, self.mix_k))
+        v = self.value(mix(shifted, x, self.mix_v))
+        r = self.receptance(mix(shifted, x, self.mix_r))
         mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, form=form,
                                chunk_size=self.chunk_size)
         return self.output(torch.sigmoid(r) * mixed), (x[:, -1].float(), wkv_state)
 
 
-class ChannelMix(TokenMixer):
+class ChannelMix(PerspectiveMixes, TokenMixer):
     """RWKV's MLP: ``sigmoid(W_r x~_r) * W_v relu(W_k x~_k)^2`` with ``x~ = mu x + (1 - mu) x_{t-1}``
     (its own token shift); width ``mlp_hidden_size``; state: the last x."""
 
@@ -78,7 +88,7 @@ class ChannelMix(TokenMixer):
         super().__init__()
         width = config.hidden_size
         self.layer_index, self.num_layers, self.init_std = layer_index, config.num_layers, config.init_std
-        self.mix_k, self.mix_r = (nn.Parameter(torch.empty(width)) for _ in range(2))
+        self.mix_k, self.mix_r = mixing_coefficients(config.perspectives, width, 2)
         self.key = nn.Linear(width, config.mlp_hidden_size, bias=False)
         self.receptance = nn.Linear(width, width, bias=False)
         self.value = nn.Linear(config.mlp_hidden_size, width, bias=False)
@@ -86,7 +96,7 @@ class ChannelMix(TokenMixer):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """RWKV-4's: mu_k = mu_r = (c/D)^r10."""
-        width = self.mix_k.numel()
+        width = self.mix_k.shape[-1]
         _, ratio_1_to_almost0 = depth_ratios(self.layer_index, self.num_layers)
         fraction = torch.arange(width, dtype=torch.float64) / width
         self.mix_k.copy_(fraction ** ratio_1_to_almost0)
@@ -99,6 +109,6 @@ class ChannelMix(TokenMixer):
 
     def forward(self, x: torch.Tensor, state, position: int, form: str):
         shifted = token_shift(x, state)
-        k = torch.relu(self.key(torch.lerp(shifted, x, self.mix_k))).square()
-        r = torch.sigmoid(self.receptance(torch.lerp(shifted, x, self.mix_r)))
+        k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()
+        r = torch.sigmoid(self.receptance(mix(shifted, x, self.mix_r)))
         return r * self.value(k), x[:, -1].float()
