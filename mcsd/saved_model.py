@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_model
 from tokenizers import Tokenizer
 
 from mcsd.api import build_model
@@ -110,11 +110,34 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> CausalLM:
     if saved.kind == "folder":
         load_model(model, str(saved.path / WEIGHTS_FILE), device=str(device))
         return model.to(device).eval()
-    checkpoint = read_checkpoint(saved.path)
-    weights = {key.removeprefix(STATE_DICT_PREFIX): value for key, value in checkpoint["state_dict"].items()
-               if key.startswith(STATE_DICT_PREFIX)}
-    model.load_state_dict(weights)
+    model.load_state_dict(read_weights(saved))
     return model.to(device).eval()
+
+
+def read_weights(saved: SavedModel) -> dict[str, torch.Tensor]:
+    """The model weights of a saved model, by parameter name."""
+    if saved.kind == "folder":
+        return load_file(str(saved.path / WEIGHTS_FILE))
+    checkpoint = read_checkpoint(saved.path)
+    return {key.removeprefix(STATE_DICT_PREFIX): value for key, value in checkpoint["state_dict"].items()
+            if key.startswith(STATE_DICT_PREFIX)}
+
+
+def load_weights(model: CausalLM, path: str | Path) -> None:
+    """Start ``model`` from the weights saved at ``path`` (fine-tuning, ``init_from``): every saved
+    weight must fit it; only what the model adds in merging streams (RWKV-4's W_agg) may be
+    missing, and keeps its initialisation (a saved mix with one perspective fills every one)."""
+    saved = locate(path)
+    fix = "start from a model of the same architecture and size"
+    try:
+        missing, unexpected = model.load_state_dict(read_weights(saved), strict=False)
+    except RuntimeError as error:
+        detail = next((line.strip() for line in str(error).splitlines() if "size mismatch" in line), str(error))
+        raise MCSDError(f"init_from={path}: its weights do not fit this model ({detail}): {fix}") from None
+    missing = [key for key in missing if not key.startswith("streams.")]
+    if missing or unexpected:
+        which = f"this model's {missing[0]} is not saved there" if missing else f"it holds {unexpected[0]}, unknown here"
+        raise MCSDError(f"init_from={path}: {which}: {fix}")
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

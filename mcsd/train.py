@@ -3,6 +3,7 @@
     mcsd-train                                  # embedded corpus, MCSD size=small, CPU
     mcsd-train model=transformer size=tiny trainer.max_steps=50
     mcsd-train -m model=mcsd,transformer seed=0,1
+    mcsd-train model=rwkv4 model.perspectives=2 init_from=RUN_DIR "trainable=['.*mix_.*','streams\..*']"
 Returns the final validation loss, the metric that sweeps optimise.
 """
 
@@ -24,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mcsd.cli import hydra_app, require_wandb_login
 from mcsd.errors import MCSDError
-from mcsd.saved_model import read_checkpoint
+from mcsd.saved_model import load_weights, read_checkpoint
 from mcsd.training.callbacks import SaveFinalModel
 from mcsd.training.module import LanguageModelModule
 from mcsd.training.resume import WANDB_RUN_KEY, RememberRun, StopOnInterrupt, resume_config
@@ -35,6 +36,9 @@ CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "expe
 
 def _check(cfg: DictConfig) -> None:
     """Refuse settings that cannot work before anything is built or written."""
+    if cfg.get("trainable") is not None and cfg.get("init_from") is None and cfg.get("ckpt_path") is None:
+        raise MCSDError(f"trainable={list(cfg.trainable)} trains part of a model that starts from scratch: "
+                        "set init_from=RUN_DIR (the trained model to fine-tune) or trainable=null")
     if cfg.data.get("token_budget") is None:
         max_steps = cfg.trainer.get("max_steps")
         if not isinstance(max_steps, int) or max_steps < 1:
@@ -73,7 +77,11 @@ def train(cfg: DictConfig) -> float:
     datamodule = instantiate(cfg.data)
     datamodule.build()  # fails fast (one line) on bad data, before any logger starts
     module = LanguageModelModule(model=cfg.model, optimizer=instantiate(cfg.optimizer),
-                                 scheduler=instantiate(cfg.scheduler), compile=cfg.compile)
+                                 scheduler=instantiate(cfg.scheduler), compile=cfg.compile,
+                                 trainable=cfg.trainable)
+    if cfg.init_from is not None and cfg.ckpt_path is None:  # a resumed run restores its own weights
+        load_weights(module.model, cfg.init_from)
+        log.info("init_from=%s: weights loaded", cfg.init_from)
     loggers = _loggers(cfg)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
     interrupt = StopOnInterrupt()

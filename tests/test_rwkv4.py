@@ -5,12 +5,18 @@ P adds only its mixes and W_agg; the decoding state is P times larger)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+import mcsd
 from conftest import tiny_config, tiny_model
+from harness import FAST, compose_train
 from mcsd import ConfigError, build_model, count_parameters
+from mcsd.errors import MCSDError
+from mcsd.train import train
+from mcsd.training.module import LanguageModelModule
 from mcsd.models.rwkv4.perspectives import Perspectives
 
 TIME_MIXES = ("mix_k", "mix_v", "mix_r")
@@ -107,3 +113,37 @@ def test_decoding_state_is_p_times_larger(perspectives: int) -> None:
 def test_bad_perspective_settings_are_refused(field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=f"model.{field}="):
         tiny_model("rwkv4", **{field: value})
+
+
+def test_perspectives_experiment_trains_only_the_mixes_and_the_aggregator(tmp_path: Path) -> None:
+    base_dir = tmp_path / "base"
+    train(compose_train(base_dir, "model=rwkv4", *FAST, "logger=none", "trainer.max_steps=2"))
+    base = mcsd.load(base_dir).state_dict()
+    overrides = ["experiment=rwkv_perspectives", "model.perspectives=3", f"init_from={base_dir}", *FAST,
+                 "logger=none", "data.token_budget=null"]
+    cfg = compose_train(tmp_path / "perspectives", *overrides)
+    module = LanguageModelModule(model=cfg.model, optimizer=None, trainable=cfg.trainable)
+    trained = {name for name, param in module.model.named_parameters() if param.requires_grad}
+    mixes = {name for name in base if ".mix_" in name}
+    assert len(mixes) == 5 * 2 and trained == mixes | {"streams.aggregator.weight", "streams.aggregator.bias"}
+
+    train(compose_train(tmp_path / "perspectives", *overrides))
+    tuned = mcsd.load(tmp_path / "perspectives").state_dict()
+    changed = {name for name, value in base.items() if not torch.equal(value.expand_as(tuned[name]), tuned[name])}
+    assert changed == mixes  # every shared weight is the base model's; every mix moved
+    for name in mixes:  # from one row copied three times, each perspective moved on its own
+        assert base[name].shape[0] == 1 and tuned[name].shape[0] == 3
+        assert not torch.equal(tuned[name][0], tuned[name][1]) and not torch.equal(tuned[name][1], tuned[name][2])
+
+
+def test_fine_tuning_refuses_weights_that_do_not_fit(tmp_path: Path) -> None:
+    base_dir = tmp_path / "base"
+    train(compose_train(base_dir, "model=rwkv4", *FAST, "logger=none", "trainer.max_steps=1"))
+    with pytest.raises(MCSDError, match=r"init_from=.*do not fit this model .*size mismatch"):
+        train(compose_train(tmp_path / "wide", "model=rwkv4", *FAST, "logger=none", "size=small",
+                            f"init_from={base_dir}"))
+    with pytest.raises(ConfigError, match=r"trainable=\['nothing'\] matches no parameter name"):
+        train(compose_train(tmp_path / "none", "model=rwkv4", *FAST, "logger=none", "trainable=[nothing]",
+                            f"init_from={base_dir}"))
+    with pytest.raises(MCSDError, match=r"trainable=\['.*'\] trains part of a model that starts from scratch"):
+        train(compose_train(tmp_path / "scratch", "model=rwkv4", *FAST, "logger=none", "trainable=['.*mix_.*']"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +16,25 @@ from torchmetrics.text import Perplexity
 
 import mcsd
 from mcsd.data.mqar import IGNORE_INDEX, prediction_accuracy
-from mcsd.models import registry
+from mcsd.models import ConfigError, registry
 from mcsd.training.callbacks import batch_tokens
+
+
+def freeze_all_but(model: torch.nn.Module, patterns: list[str]) -> None:
+    """Train only the parameters whose names match one of the regular expressions ``patterns``
+    in full (``trainable``). A pattern may match nothing in one model of a sweep (W_agg at one
+    perspective), but some parameter must be left to train."""
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise ConfigError(f"trainable={patterns}: {pattern!r} is not a regular expression ({error}): fix it") from None
+    names = [name for name, _ in model.named_parameters()]
+    for name, param in model.named_parameters():
+        param.requires_grad_(any(re.fullmatch(pattern, name) for pattern in patterns))
+    if not any(param.requires_grad for param in model.parameters()):
+        raise ConfigError(f"trainable={patterns} matches no parameter name (names are like {names[1]!r}): "
+                          "fix the patterns")
 
 
 class LanguageModelModule(L.LightningModule):
@@ -37,12 +54,16 @@ class LanguageModelModule(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         compile: bool = False,
+        trainable: list[str] | None = None,
     ) -> None:
         super().__init__()
         if isinstance(model, DictConfig):  # plain types only: checkpoints load with weights_only=True
             model = OmegaConf.to_container(model, resolve=True)
+        trainable = None if trainable is None else [str(pattern) for pattern in trainable]
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler"])
         self.model = mcsd.build_model(model)
+        if trainable is not None:
+            freeze_all_but(self.model, trainable)
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.compile = compile
@@ -59,7 +80,8 @@ class LanguageModelModule(L.LightningModule):
     def parameter_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.model.parameters())
         embedding = self.model.embed.weight.numel()
-        return {"model/params": total, "model/params_non_embedding": total - embedding}
+        trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        return {"model/params": total, "model/params_non_embedding": total - embedding, "model/params_trained": trained}
 
     def describe(self) -> dict[str, Any]:
         """What the run trains, for its logged config: architecture, variant, sizes."""

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The multiple-temporal-perspectives recipe at CPU scale, one command:
+#   1. the corpus split by lines as the architecture comparison does (the first 90% to train on);
+#   2. RWKV-4 (P = 1) trained from scratch at size=small on 1M tokens (the comparison's setting);
+#   3. experiment=rwkv_perspectives from it: only the mixes mu and W_agg trained, P = 1, 2, 3, 4,
+#      on the same 400k tokens each (CSV logs copied here as every sweep.sh experiment);
+#   4. the figure and tables of mcsd-plot ablation, each P against P = 1 paired by seed.
+#   bash experiments/rwkv_perspectives/run.sh --replace CORPUS.txt logger=csv   # the committed results
+#   bash experiments/rwkv_perspectives/run.sh CORPUS.txt seed=0,1               # a trial, under trial/
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+replace=()
+if [ "${1:-}" = --replace ]; then replace=(--replace); shift; fi
+corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
+[ -f "$corpus" ] || { echo "run.sh: error: corpus $corpus does not exist: give a .txt file" >&2; exit 2; }
+name="$(basename "${corpus%.*}")"
+split="$here/logs/$name/split"; mkdir -p "$split"
+lines=$(wc -l < "$corpus"); train_lines=$(( lines * 9 / 10 ))
+head -n "$train_lines" "$corpus" > "$split/train.txt"
+
+base="$here/logs/$name/base"; rm -rf "$base"
+overrides=(); for override in "$@"; do [[ "$override" == seed=*,* ]] || overrides+=("$override"); done
+OMP_NUM_THREADS=2 mcsd-train model=rwkv4 size=small data=text_files "data.paths=[$split/train.txt]" \
+  data.seq_len=256 data.batch_size=16 data.token_budget=1000000 trainer.val_check_interval=50 \
+  scheduler.warmup_steps=20 hydra.run.dir="$base" paths.log_dir="$here/logs/$name" ${overrides[@]+"${overrides[@]}"}
+"$here/../sweep.sh" rwkv_perspectives "ablation --reference RWKV-4" ${replace[@]+"${replace[@]}"} --name "$name" \
+  "$split/train.txt" init_from="$base" "$@"
