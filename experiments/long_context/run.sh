@@ -21,5 +21,5 @@ ls -d "$sweep"*/model | xargs -P 2 -I MODEL sh -c 'held=$0 here=$1 name=$2 out=$
   mcsd-probe context ckpt=MODEL data=text_files "data.paths=[$held]" length=4096 num_documents=8 num_positions=16 \
     paths.log_dir="$here/logs/$name" output_dir="$out/$job" wandb.enabled=false "$@" > "$here/logs/$name/probe-$job.log" 2>&1' \
   "$trained/split/held_out.txt" "$here" "$name" "$out" "$@"
-mcsd-plot context "$out" --curves "MCSD full,MCSD slope_only,MCSD decay_only,Transformer,RetNet" --name context_probe
+mcsd-plot context "$out" --curves "MCSD full,MCSD slope_only,MCSD decay_only,Transformer,RetNet,RWKV-4" --name context_probe
 mcsd-plot context "$out" --name context_probe_all
