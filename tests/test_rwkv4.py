@@ -72,6 +72,16 @@ def test_identical_mixes_give_rwkv4s_logits(form: str) -> None:
     torch.testing.assert_close(many(input_ids, form=form), one(input_ids, form=form), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("perspectives", [1, 2])
+def test_mixes_saved_as_vectors_load(perspectives: int) -> None:
+    """RWKV-4 models saved before the switch hold each mix as [D]: the one perspective's row."""
+    one = tiny_model("rwkv4")
+    legacy = {key: value[0] if ".mix_" in key else value for key, value in one.state_dict().items()}
+    model = tiny_model("rwkv4", perspectives=perspectives)
+    model.load_state_dict(legacy, strict=perspectives == 1)
+    assert torch.equal(model.layers[0].mlp.mix_r, one.layers[0].mlp.mix_r.expand(perspectives, -1))
+
+
 def test_different_mixes_change_the_logits_and_weights_sum_to_one() -> None:
     many = tiny_model("rwkv4", perspectives=2)
     many.streams.aggregator.weight.data.normal_(std=1.0)

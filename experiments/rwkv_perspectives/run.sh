@@ -7,10 +7,13 @@
 #   4. the figure and tables of mcsd-plot ablation, each P against P = 1 paired by seed.
 #   bash experiments/rwkv_perspectives/run.sh --replace CORPUS.txt logger=csv   # the committed results
 #   bash experiments/rwkv_perspectives/run.sh CORPUS.txt seed=0,1               # a trial, under trial/
+#   bash experiments/rwkv_perspectives/run.sh --replace --base RUN_DIR CORPUS.txt  # start from a trained RWKV-4
+#     (the comparison's RWKV-4 of seed 0 is this base: same corpus split, size, tokens and seed)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-replace=()
+replace=(); given_base=""
 if [ "${1:-}" = --replace ]; then replace=(--replace); shift; fi
+if [ "${1:-}" = --base ]; then given_base="$(realpath "$2")"; shift 2; fi
 corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
 [ -f "$corpus" ] || { echo "run.sh: error: corpus $corpus does not exist: give a .txt file" >&2; exit 2; }
 name="$(basename "${corpus%.*}")"
@@ -18,10 +21,13 @@ split="$here/logs/$name/split"; mkdir -p "$split"
 lines=$(wc -l < "$corpus"); train_lines=$(( lines * 9 / 10 ))
 head -n "$train_lines" "$corpus" > "$split/train.txt"
 
-base="$here/logs/$name/base"; rm -rf "$base"
-overrides=(); for override in "$@"; do [[ "$override" == seed=*,* ]] || overrides+=("$override"); done
-OMP_NUM_THREADS=2 mcsd-train model=rwkv4 size=small data=text_files "data.paths=[$split/train.txt]" \
-  data.seq_len=256 data.batch_size=16 data.token_budget=1000000 trainer.val_check_interval=50 \
-  scheduler.warmup_steps=20 hydra.run.dir="$base" paths.log_dir="$here/logs/$name" ${overrides[@]+"${overrides[@]}"}
+base="${given_base:-$here/logs/$name/base}"
+if [ -z "$given_base" ]; then
+  rm -rf "$base"
+  overrides=(); for override in "$@"; do [[ "$override" == seed=*,* ]] || overrides+=("$override"); done
+  OMP_NUM_THREADS=2 mcsd-train model=rwkv4 size=small data=text_files "data.paths=[$split/train.txt]" \
+    data.seq_len=256 data.batch_size=16 data.token_budget=1000000 trainer.val_check_interval=50 \
+    scheduler.warmup_steps=20 hydra.run.dir="$base" paths.log_dir="$here/logs/$name" ${overrides[@]+"${overrides[@]}"}
+fi
 "$here/../sweep.sh" rwkv_perspectives "ablation --reference RWKV-4" ${replace[@]+"${replace[@]}"} --name "$name" \
   "$split/train.txt" init_from="$base" "$@"

@@ -23,13 +23,19 @@ def mix(shifted: torch.Tensor, x: torch.Tensor, mu: torch.Tensor) -> torch.Tenso
 class PerspectiveMixes(nn.Module):
     """A module whose ``mix_*`` parameters hold one row per perspective. Loading weights saved
     with one perspective copies that row into every perspective (the paper's recipe: start each
-    perspective from the trained model's mu)."""
+    perspective from the trained model's mu); mixes saved as ``[D]`` (RWKV-4 before the switch
+    existed) are that one row."""
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         for name, param in self.named_parameters(recurse=False):
-            key = prefix + name
-            if name.startswith("mix_") and key in state_dict and state_dict[key].shape[0] == 1 < param.shape[0]:
-                state_dict[key] = state_dict[key].expand_as(param).clone()
+            saved = state_dict.get(prefix + name)
+            if not name.startswith("mix_") or saved is None:
+                continue
+            if saved.dim() == 1:
+                saved = saved[None]
+            if saved.shape[0] == 1 < param.shape[0]:
+                saved = saved.expand(param.shape[0], -1).clone()
+            state_dict[prefix + name] = saved
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
