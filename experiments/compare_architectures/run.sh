@@ -14,12 +14,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 replace=(); results="$here/trial"
 if [ "${1:-}" = --replace ]; then replace=(--replace); results="$here"; shift; fi
 corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
-[ -f "$corpus" ] || { echo "run.sh: error: corpus $corpus does not exist: give a .txt file" >&2; exit 2; }
 name="$(basename "${corpus%.*}")"
-split="$here/logs/$name/split"; mkdir -p "$split"
-lines=$(wc -l < "$corpus"); train_lines=$(( lines * 9 / 10 ))
-head -n "$train_lines" "$corpus" > "$split/train.txt"
-tail -n +"$(( train_lines + 1 ))" "$corpus" > "$split/held_out.txt"
+split="$here/logs/$name/split"; "$here/../split_corpus.sh" "$corpus" "$split"
 
 "$here/../sweep.sh" compare_architectures "ablation" ${replace[@]+"${replace[@]}"} --name "$name" "$split/train.txt" "$@"
 sweep="$(ls -td "$here/logs/$name/train/multiruns/"*/ | head -n 1)"

@@ -15,11 +15,8 @@ replace=(); given_base=""
 if [ "${1:-}" = --replace ]; then replace=(--replace); shift; fi
 if [ "${1:-}" = --base ]; then given_base="$(realpath "$2")"; shift 2; fi
 corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
-[ -f "$corpus" ] || { echo "run.sh: error: corpus $corpus does not exist: give a .txt file" >&2; exit 2; }
 name="$(basename "${corpus%.*}")"
-split="$here/logs/$name/split"; mkdir -p "$split"
-lines=$(wc -l < "$corpus"); train_lines=$(( lines * 9 / 10 ))
-head -n "$train_lines" "$corpus" > "$split/train.txt"
+split="$here/logs/$name/split"; "$here/../split_corpus.sh" "$corpus" "$split"
 
 base="${given_base:-$here/logs/$name/base}"
 if [ -z "$given_base" ]; then
