@@ -214,7 +214,8 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
         source = EXPERIMENTS / folder / "cpu_quick"
         (experiments / folder / "cpu_quick").mkdir(parents=True)
         shutil.copy(source / "results.csv", experiments / folder / "cpu_quick" / "results.csv")
-    for folder in ("mqar_recall/cpu", "long_context/tinyshakespeare", "compare_architectures/tinyshakespeare"):
+    for folder in ("mqar_recall/cpu", "long_context/tinyshakespeare", "compare_architectures/tinyshakespeare",
+                   "rwkv_perspectives/tinyshakespeare"):
         shutil.copytree(EXPERIMENTS / folder, experiments / folder)  # the committed results
     (experiments / "table2_downstream" / "tiny").mkdir(parents=True)
     (experiments / "table2_downstream" / "tiny" / "results.json").write_text(json.dumps(
@@ -225,8 +226,8 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
                    resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     images = sum(1 for cell in notebook.cells for output in cell.get("outputs", [])
                  if "image/png" in output.get("data", {}))
-    assert images == 1 + 4 + 1 + 1 + 1 + 3  # Fig. 4, Figs. 5-8, training cost, Fig. 9, decay study, MQAR,
-    # the long-context probe and the comparison
+    assert images == 1 + 4 + 1 + 1 + 1 + 3 + 1  # Fig. 4, Figs. 5-8, training cost, Fig. 9, decay study, MQAR,
+    # the long-context probe, the comparison and the perspectives
     markdown = "".join(output["data"].get("text/markdown", "") for cell in notebook.cells
                        for output in cell.get("outputs", []) if "data" in output)
     assert "| **tiny** (ours, measured) | 0.2M | - | 35.0 | - | - | - | - |" in markdown  # Table 2
@@ -234,6 +235,10 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
     assert "| Transformer |" in (experiments / "decay_init_study" / "tiny" / "decay_init_study_by_seed.md").read_text()
     assert (experiments / "fig5-8_inference" / "cpu_quick" / "fig8_throughput_vs_batch.pdf").is_file()
     assert "| MCSD full | 32 | 0.018 (lr 0.002) | 0.003 (lr 0.005) |" in markdown  # the committed MQAR table
+    assert (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" / "perspective_weights.md").read_text() in markdown
+    perspectives = experiments / "rwkv_perspectives" / "tinyshakespeare" / "rwkv_perspectives_table.md"
+    assert perspectives.read_text() == (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" /
+                                        "rwkv_perspectives_table.md").read_text()  # the committed table, made again
     comparison = (experiments / "compare_architectures" / "tinyshakespeare" / "architectures_compared_table.md").read_text()
     assert comparison == (EXPERIMENTS / "compare_architectures" / "tinyshakespeare" /
                           "architectures_compared_table.md").read_text()  # the committed table, made again
