@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from conftest import relative_rms_error
-from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step, parallel_decayed_attention
+from mcsd.ops.decayed_attention import (
+    decayed_attention,
+    decayed_attention_step,
+    parallel_decayed_attention,
+    segment_log_decays,
+)
 from mcsd.ops.exp_filter import exp_filter
 
 LENGTHS = [1, 2, 63, 64, 65, 200]
@@ -108,6 +113,43 @@ def test_strong_decays_at_long_lengths_stay_finite() -> None:
     for form in ("parallel", "chunk"):
         output, final = decayed_attention(q, k, v, log_decay, initial, form=form)
         assert torch.isfinite(output).all() and torch.isfinite(final).all()
+
+
+def test_segment_log_decays_are_the_sums_between_positions() -> None:
+    log_decay = torch.tensor([-1.0, -2.0, -4.0, -8.0])
+    expected = torch.tensor([[0.0, -torch.inf, -torch.inf, -torch.inf],
+                             [-2.0, 0.0, -torch.inf, -torch.inf],
+                             [-6.0, -4.0, 0.0, -torch.inf],
+                             [-14.0, -12.0, -8.0, 0.0]])
+    assert torch.equal(segment_log_decays(log_decay), expected)
+    assert segment_log_decays(log_decay[None, None].expand(2, 3, -1)).shape == (2, 3, 4, 4)
+
+
+def test_parallel_form_keeps_short_segments_exact_when_cumulative_decay_is_large() -> None:
+    """Per-token log-decays around -1 over 3000 tokens (|G| reaches 3000): the difference of
+    two fp32 cumulative sums would be off by ~2e-4 near the diagonal (3e-5 relative RMS error in
+    the output); the masked sums are not."""
+    generator = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(1, 2, 3000, 4, generator=generator) for _ in range(2))
+    v = torch.randn(1, 2, 3000, 4, generator=generator)
+    log_decay = -2 * torch.rand(1, 2, 3000, generator=generator)
+    output, final = parallel_decayed_attention(q, k, v, log_decay)
+    expected_output, expected_final = literal(q, k, v, log_decay, torch.zeros(1, 2, 4, 4))
+    assert relative_rms_error(output, expected_output) < TOLERANCE
+    assert relative_rms_error(final, expected_final) < TOLERANCE
+    cumulative = log_decay.cumsum(-1)
+    differenced = torch.exp(cumulative[..., :, None] - cumulative[..., None, :]).tril()
+    exact = torch.exp(segment_log_decays(log_decay.double()))
+    assert (differenced - exact).abs().max() > 100 * (torch.exp(segment_log_decays(log_decay)) - exact).abs().max()
+
+
+@pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
+def test_constant_per_token_decay_is_retention(form: str) -> None:
+    """SSD's log-decay dt * A with a constant dt per head is RetNet's fixed per-head decay."""
+    q, k, v, _, initial = inputs(40, False)
+    per_token = HEAD_LOG_DECAY[None, :, None].expand(2, -1, 40).clone()
+    assert torch.equal(decayed_attention(q, k, v, per_token, initial, form, 16)[0],
+                       decayed_attention(q, k, v, HEAD_LOG_DECAY, initial, form, 16)[0])
 
 
 @pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from mcsd.ops.decayed_attention.chunk import chunk_decayed_attention
-from mcsd.ops.decayed_attention.naive import parallel_decayed_attention, per_token_log_decay
+from mcsd.ops.decayed_attention.naive import parallel_decayed_attention, per_token_log_decay, segment_log_decays
 from mcsd.ops.decayed_attention.recurrent import decayed_attention_step, recurrent_decayed_attention
 
 FORMS = ("parallel", "chunk", "recurrent")
@@ -42,4 +42,5 @@ __all__ = [
     "parallel_decayed_attention",
     "per_token_log_decay",
     "recurrent_decayed_attention",
+    "segment_log_decays",
 ]
