@@ -222,6 +222,13 @@ class CausalLM(nn.Module):
             for weight in layer.residual_weights():
                 nn.init.normal_(weight, std=residual_std)
 
+    def activated_parameters(self) -> int:
+        """Parameters one token's forward pass reads: all of them, less what modules with sparse
+        experts leave unread (``inactive_parameters_per_token``: CDMoE's unselected experts)."""
+        total = sum(parameter.numel() for parameter in self.parameters())
+        return total - sum(module.inactive_parameters_per_token() for module in self.modules()
+                           if hasattr(module, "inactive_parameters_per_token"))
+
     def init_state(self, batch_size: int, capacity: int = 0) -> DecodingState:
         """A fresh decoding state for ``batch_size`` rows and up to ``capacity`` tokens."""
         device, dtype = self.embed.weight.device, self.embed.weight.dtype

@@ -81,7 +81,9 @@ class LanguageModelModule(L.LightningModule):
         total = sum(p.numel() for p in self.model.parameters())
         embedding = self.model.embed.weight.numel()
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        return {"model/params": total, "model/params_non_embedding": total - embedding, "model/params_trained": trained}
+        activated = self.model.activated_parameters()
+        return {"model/params": total, "model/params_non_embedding": total - embedding, "model/params_trained": trained,
+                "model/params_activated": activated, "model/params_activated_non_embedding": activated - embedding}
 
     def describe(self) -> dict[str, Any]:
         """What the run trains, for its logged config: architecture, variant, sizes."""
@@ -105,7 +107,7 @@ class LanguageModelModule(L.LightningModule):
         loss, logits, targets = self._loss(batch)
         tokens = batch_tokens(batch)
         self.tokens_seen += tokens * self.trainer.world_size
-        self.flops_per_batch = 6 * self.parameter_counts()["model/params_non_embedding"] * tokens
+        self.flops_per_batch = 6 * self.parameter_counts()["model/params_activated_non_embedding"] * tokens
         self.train_ppl(logits.detach().float(), targets)
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/ppl", self.train_ppl)

@@ -27,10 +27,13 @@ from mcsd.models.transformer.config import TransformerConfig
 
 @dataclasses.dataclass
 class KVCache:
-    """One layer's preallocated keys and values, ``[B, H, capacity, Dh]`` each."""
+    """One layer's preallocated keys and values, ``[B, H, capacity, Dh]`` each, and, for an
+    attention with a per-key score bias (the Wonderful Matrices' dynamic mask), that bias
+    ``[B, H, capacity]``."""
 
     keys: torch.Tensor
     values: torch.Tensor
+    key_bias: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
@@ -42,11 +45,13 @@ class KVCache:
         if end <= self.capacity:
             return
         capacity = max(end, 2 * self.capacity)
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = old.new_empty(*old.shape[:2], capacity, old.shape[3])
+        for field in dataclasses.fields(self):
+            old = getattr(self, field.name)
+            if old is None:
+                continue
+            new = old.new_empty(*old.shape[:2], capacity, *old.shape[3:])
             new[:, :, :filled] = old[:, :, :filled]
-            setattr(self, name, new)
+            setattr(self, field.name, new)
 
 
 def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
@@ -87,6 +92,11 @@ class CausalSelfAttention(TokenMixer):
         shape = (batch_size, self.num_heads, capacity, self.head_width)
         return KVCache(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
 
+    def key_bias(self, value: torch.Tensor) -> torch.Tensor | None:
+        """An additive bias per key on the attention scores, ``[B, H, N]`` from the values
+        ``[B, H, N, Dh]``; plain attention has none."""
+        return None
+
     def forward(
         self, x: torch.Tensor, cache: KVCache | None, position: int, form: str
     ) -> tuple[torch.Tensor, KVCache | None]:
@@ -95,33 +105,54 @@ class CausalSelfAttention(TokenMixer):
         query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, N, Dh]
         query = rotary(query, position, self.rope_base)
         key = rotary(key, position, self.rope_base)
+        bias = self.key_bias(value)
         if form == "parallel" and cache is None:
-            attended = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+            if bias is None:
+                attended = F.scaled_dot_product_attention(query, key, value, is_causal=True)
+            else:
+                attended = F.scaled_dot_product_attention(query, key, value, attn_mask=biased_mask(bias, 0, length))
         else:
             if cache is None:
                 cache = self.init_state(batch, position + length, x.device, key.dtype)
             block = 1 if form == "recurrent" else self.chunk_size
-            attended = self._attend_cached(query, key, value, cache, position, block)
+            attended = self._attend_cached(query, key, value, bias, cache, position, block)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, hidden)), cache
 
     def _attend_cached(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cache: KVCache, position: int, block: int
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
+        cache: KVCache, position: int, block: int,
     ) -> torch.Tensor:
-        """Write keys/values into the cache, then attend query blocks to everything before them."""
+        """Write keys/values (and key biases) into the cache, then attend query blocks to
+        everything before them."""
         length = query.shape[2]
         end = position + length
         cache.reserve(end, filled=position)
         cache.keys[:, :, position:end] = key.to(cache.keys.dtype)
         cache.values[:, :, position:end] = value.to(cache.values.dtype)
+        if bias is not None:
+            cache.key_bias[:, :, position:end] = bias.to(cache.key_bias.dtype)
         outputs = []
         for start in range(0, length, block):
             stop = min(start + block, length)
             visible = position + stop
             keys = cache.keys[:, :, :visible].to(query.dtype)
             values = cache.values[:, :, :visible].to(query.dtype)
-            mask = None
-            if stop - start > 1:  # query i (absolute position + start + i) sees keys <= itself
+            if bias is not None:
+                mask = biased_mask(cache.key_bias[:, :, :visible].to(query.dtype), position + start, stop - start)
+            elif stop - start > 1:  # query i (absolute position + start + i) sees keys <= itself
                 rows = torch.arange(position + start, visible, device=query.device)
                 mask = rows[:, None] >= torch.arange(visible, device=query.device)[None, :]
+            else:
+                mask = None
             outputs.append(F.scaled_dot_product_attention(query[:, :, start:stop], keys, values, attn_mask=mask))
         return torch.cat(outputs, dim=2)
+
+
+def biased_mask(key_bias: torch.Tensor, first_query: int, num_queries: int) -> torch.Tensor:
+    """The additive attention mask ``[B, H, num_queries, K]`` of queries at absolute positions
+    ``first_query..`` over keys ``0..K-1`` with a bias per key ``[B, H, K]``: the key's bias
+    where the key is not after the query, -inf where it is."""
+    keys = key_bias.shape[-1]
+    rows = torch.arange(first_query, first_query + num_queries, device=key_bias.device)
+    future = rows[:, None] < torch.arange(keys, device=key_bias.device)[None, :]
+    return key_bias[..., None, :].masked_fill(future, float("-inf"))

@@ -1,0 +1,29 @@
+"""The Wonderful Matrices hybrid: SSD mixers (on the decayed linear-attention op) with an
+attention layer every ``attention_every`` layers, the dynamic mask and the CDMoE switch."""
+
+from mcsd.models.common import CausalLM
+from mcsd.models.registry import Architecture, register
+from mcsd.models.wonderful_matrices.attention import DynamicMaskAttention
+from mcsd.models.wonderful_matrices.cdmoe import CrossDomainMoE
+from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
+from mcsd.models.wonderful_matrices.ssd import StateSpaceDuality
+
+
+class WonderfulMatricesForCausalLM(CausalLM):
+    """The hybrid language model: the shared skeleton with :class:`StateSpaceDuality` mixers and
+    attention layers (:class:`DynamicMaskAttention` unless ``dynamic_mask=false``)."""
+
+
+register(Architecture(
+    name="wonderful_matrices",
+    config_class=WonderfulMatricesConfig,
+    model_class=WonderfulMatricesForCausalLM,
+    label="Wonderful Matrices",
+    color="tab:purple",
+    train_form="chunk",
+    setting_cases=({"attention_every": 2}, {"attention_every": 2, "dynamic_mask": False},
+                   {"attention_every": 2, "mlp": "cdmoe"}),
+))
+
+__all__ = ["CrossDomainMoE", "DynamicMaskAttention", "StateSpaceDuality", "WonderfulMatricesConfig",
+           "WonderfulMatricesForCausalLM"]

@@ -1,0 +1,91 @@
+"""The Wonderful Matrices hybrid's configuration: SSD mixers with an attention layer every
+``attention_every`` layers, the dynamic mask and the CDMoE switch."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from torch import nn
+
+from mcsd.models.common import TokenMixer
+from mcsd.models.config import ConfigError, LMConfig, require_positive_int
+
+MLPS = ("geglu", "cdmoe")
+
+
+@dataclasses.dataclass
+class WonderfulMatricesConfig(LMConfig):
+    """Shi et al. (2024): state-space-duality (SSD) mixers, an attention layer at every
+    ``attention_every``-th layer (layers ``r-1, 2r-1, ...``; 0: SSD only), each followed by the
+    MLP; RoPE on SSD's B and C and on attention's q and k. Heads = ``num_channels`` for both.
+
+    - SSD: ``ssd_expand`` x D inner width (Mamba-2: 2), ``state_size`` N (the paper's MQAR: 128),
+      dt's bias drawn as Mamba-2 does, log-uniform in [``dt_min``, ``dt_max``].
+    - ``dynamic_mask``: attention adds the per-key bias exp(A_h softplus(dt_proj(v_j))) to its
+      scores (the authors' later version; A starts at 0, a bias of 1 on every key: no effect).
+    - ``mlp``: ``geglu`` (the skeleton's, width chosen for equal size) or ``cdmoe`` (a shared
+      expert of that width plus ``cdmoe_experts`` single-neuron experts, ``cdmoe_top_k`` of them
+      retrieved per head by product keys of width ``cdmoe_retrieval_width``: the authors'
+      Doge-MoE-20M setting). The width is chosen with ``mlp=geglu``, so CDMoE adds its experts
+      to a model of the same shared width; activated parameters per token are reported apart.
+    """
+
+    rope_base: float = 10000.0
+    attention_every: int = dataclasses.field(default=4, metadata={"setting": True, "legacy": 4})
+    dynamic_mask: bool = dataclasses.field(default=True, metadata={"setting": True, "legacy": True})
+    mlp: str = dataclasses.field(default="geglu", metadata={"setting": True, "legacy": "geglu", "sized_at": "geglu"})
+    ssd_expand: int = 2
+    state_size: int = 128
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    cdmoe_experts: int = 1024
+    cdmoe_heads: int = 1
+    cdmoe_top_k: int = 2
+    cdmoe_retrieval_width: int = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("ssd_expand", "state_size", "cdmoe_experts", "cdmoe_heads", "cdmoe_top_k",
+                     "cdmoe_retrieval_width"):
+            require_positive_int(name, getattr(self, name))
+        if not isinstance(self.attention_every, int) or isinstance(self.attention_every, bool) or self.attention_every < 0:
+            raise ConfigError(f"model.attention_every={self.attention_every!r} must be an integer >= 0 "
+                              "(an attention layer every that many layers; 0 for SSD only)")
+        if not isinstance(self.dynamic_mask, bool):
+            raise ConfigError(f"model.dynamic_mask={self.dynamic_mask!r} must be true or false")
+        if self.mlp not in MLPS:
+            raise ConfigError(f"model.mlp={self.mlp!r} is unknown: use one of {', '.join(MLPS)}")
+        for name in ("state_size", "cdmoe_retrieval_width"):
+            if getattr(self, name) % 2:
+                raise ConfigError(f"model.{name}={getattr(self, name)} must be even (RoPE / product keys "
+                                  "split it in halves)")
+        side = math.isqrt(self.cdmoe_experts)
+        if side * side != self.cdmoe_experts or self.cdmoe_top_k > side:
+            raise ConfigError(f"model.cdmoe_experts={self.cdmoe_experts} must be a square s * s with s >= "
+                              f"model.cdmoe_top_k={self.cdmoe_top_k} (product keys pick top-k from each of two "
+                              "sets of s sub-keys)")
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ConfigError(f"model.dt_min={self.dt_min} and model.dt_max={self.dt_max} must satisfy "
+                              "0 < dt_min <= dt_max")
+
+    def is_attention_layer(self, layer_index: int) -> bool:
+        """Whether layer ``layer_index`` is an attention layer (every ``attention_every``-th)."""
+        return self.attention_every > 0 and layer_index % self.attention_every == self.attention_every - 1
+
+    def make_mixer(self, layer_index: int) -> TokenMixer:
+        if self.is_attention_layer(layer_index):
+            from mcsd.models.transformer.attention import CausalSelfAttention
+            from mcsd.models.wonderful_matrices.attention import DynamicMaskAttention
+
+            return DynamicMaskAttention(self) if self.dynamic_mask else CausalSelfAttention(self)
+        from mcsd.models.wonderful_matrices.ssd import StateSpaceDuality
+
+        return StateSpaceDuality(self)
+
+    def make_mlp(self, layer_index: int) -> nn.Module:
+        if self.mlp == "geglu":
+            return super().make_mlp(layer_index)
+        from mcsd.models.wonderful_matrices.cdmoe import CrossDomainMoE
+
+        return CrossDomainMoE(self)

@@ -1,0 +1,81 @@
+"""State space duality (Mamba-2's SSD) as the Wonderful Matrices read it: no convolution,
+RoPE on B and C at absolute positions instead, computed by the decayed linear-attention op.
+
+Per head h (``H = num_channels``, head width ``P = ssd_expand * D / H``), state size N:
+``z, x, B, C, dt_raw = in_proj(u)`` with B, C ``[N]`` shared over heads;
+``dt = softplus(dt_raw + dt_bias)``, ``A_h = -exp(A_log_h)`` with ``A_log = log(1..H)``;
+``S_t = exp(dt_t A) S_{t-1} + B_t^T (dt_t x_t)``, ``y_t = C_t S_t + skip_h x_t`` (skip from 1);
+out ``= out_proj(RMSNorm_per_head(y) * silu(z))`` (Mamba-2's gated norm, per head as RetNet's).
+That is ``decayed_attention(q = C, k = B, v = dt x, log_decay = dt A)``: its parallel, chunk
+and recurrent forms are SSD's. Decoding state: ``[B, H, N, P]`` fp32 per layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mcsd.models.common import ChannelRMSNorm, TokenMixer
+from mcsd.models.transformer.attention import rotary
+from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
+from mcsd.ops.decayed_attention import decayed_attention
+from mcsd.ops.exp_filter.naive import state_dtype
+
+
+class StateSpaceDuality(TokenMixer):
+    """The hybrid's SSD mixer. Initialisation: Normal(0, init_std) projections, ``A_log =
+    log(1..H)``, skip 1, unit norm gains, and dt's bias such that ``softplus(dt_bias)`` is
+    log-uniform in [dt_min, dt_max] (Mamba-2's); ``out_proj`` is drawn again by the skeleton."""
+
+    def __init__(self, config: WonderfulMatricesConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_channels
+        self.inner_width = config.ssd_expand * config.hidden_size
+        self.head_width = self.inner_width // self.num_heads
+        self.state_size = config.state_size
+        self.chunk_size = config.chunk_size
+        self.rope_base = config.rope_base
+        self.init_std = config.init_std
+        self.dt_range = (config.dt_min, config.dt_max)
+        widths = (self.inner_width, self.inner_width, self.state_size, self.state_size, self.num_heads)
+        self.split_widths = widths
+        self.in_proj = nn.Linear(config.hidden_size, sum(widths), bias=False)  # z, x, B, C, dt
+        self.dt_bias = nn.Parameter(torch.empty(self.num_heads))
+        self.A_log = nn.Parameter(torch.empty(self.num_heads))
+        self.skip = nn.Parameter(torch.empty(self.num_heads))
+        self.norm = ChannelRMSNorm(self.num_heads, self.head_width, config.norm_eps)
+        self.out_proj = nn.Linear(self.inner_width, config.hidden_size, bias=False)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.in_proj.weight, std=self.init_std)
+        nn.init.normal_(self.out_proj.weight, std=self.init_std)
+        with torch.no_grad():
+            self.A_log.copy_(torch.log(torch.arange(1, self.num_heads + 1, dtype=torch.float32)))
+            low, high = math.log(self.dt_range[0]), math.log(self.dt_range[1])
+            dt = torch.exp(torch.rand(self.num_heads) * (high - low) + low)
+            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        nn.init.ones_(self.skip)
+        self.norm.reset_parameters()
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return [self.out_proj.weight]
+
+    def forward(
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length, _ = x.shape
+        gate, inner, keys, queries, dt = self.in_proj(x).split(self.split_widths, dim=-1)
+        keys = rotary(keys[:, None], position, self.rope_base).expand(-1, self.num_heads, -1, -1)  # B
+        queries = rotary(queries[:, None], position, self.rope_base).expand(-1, self.num_heads, -1, -1)  # C
+        accumulate = state_dtype(dt)  # fp32 (fp64 for an fp64 model)
+        dt = F.softplus(dt.to(accumulate) + self.dt_bias.to(accumulate)).transpose(1, 2)  # [B, H, N]
+        log_decay = dt * -torch.exp(self.A_log.to(accumulate))[:, None]  # dt A
+        inner = inner.view(batch, length, self.num_heads, self.head_width).transpose(1, 2)  # [B, H, N, P]
+        values = inner * dt[..., None].to(inner.dtype)
+        mixed, state = decayed_attention(queries, keys, values, log_decay, state, form, self.chunk_size)
+        mixed = mixed + self.skip[:, None, None].to(inner.dtype) * inner
+        gated = self.norm(mixed.transpose(1, 2)) * F.silu(gate.view(batch, length, self.num_heads, self.head_width))
+        return self.out_proj(gated.reshape(batch, length, self.inner_width)), state
