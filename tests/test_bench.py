@@ -33,6 +33,11 @@ STATE_BYTES = {
     "retnet": lambda node, tokens: node.num_layers * node.hidden_size * node.value_expansion  # H x dk x dv
     * node.hidden_size // node.num_channels * 4,
     "rwkv4": lambda node, tokens: 5 * node.num_layers * node.hidden_size * 4,  # (x, a, b, p) + channel mix's x
+    "wonderful_matrices": lambda node, tokens: sum(  # attention layers: keys, values (and key biases)
+        (2 * node.hidden_size + node.num_channels * node.dynamic_mask) * tokens * 4
+        if node.attention_every and index % node.attention_every == node.attention_every - 1
+        else node.state_size * node.ssd_expand * node.hidden_size * 4  # SSD: [H, N, P]
+        for index in range(node.num_layers)),
 }
 
 

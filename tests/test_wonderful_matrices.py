@@ -5,16 +5,23 @@ keys, product-key retrieval finds the true top experts, and sizes match MCSD's."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
+from omegaconf import DictConfig
 
+import mcsd
 from conftest import tiny_config, tiny_model
+from harness import run_cli
 from mcsd import ConfigError, build_model, count_parameters
 from mcsd.bench.measure import state_bytes
 from mcsd.models.transformer.attention import CausalSelfAttention, KVCache, rotary
 from mcsd.models.wonderful_matrices import CrossDomainMoE, DynamicMaskAttention, StateSpaceDuality
 from mcsd.ops.decayed_attention import decayed_attention
+from test_experiments import TINY_SWEEP, sweep_dir
 
 HYBRID = "wonderful_matrices/default+attention_every=2"
 
@@ -216,3 +223,38 @@ def test_bad_settings_are_refused_in_one_line(override: dict, message: str) -> N
     with pytest.raises(ConfigError, match=message):
         build_model(tiny_config("wonderful_matrices", **override))
 
+
+
+def test_ablation_experiment_trains_its_four_arms(tmp_path: Path) -> None:
+    """experiment=wm_ablation: SSD only, + attention, + dynamic mask, + CDMoE at one seed (4 layers so
+    that the tiny model has an attention layer), each the model it names, plotted against SSD only."""
+    result = run_cli("mcsd-train", "-m", "experiment=wm_ablation", "size=tiny", "model.num_layers=4",
+                     "hydra.sweeper.params.seed=0", *TINY_SWEEP, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = sweep_dir(tmp_path)
+    jobs = sorted((path for path in sweep.iterdir() if path.is_dir()), key=lambda path: int(path.name))
+    models = [mcsd.load(job / "model") for job in jobs]
+    mixers = [[type(layer.mixer).__name__ for layer in model.layers] for model in models]
+    ssd = "StateSpaceDuality"
+    assert mixers == [[ssd] * 4, [ssd] * 3 + ["CausalSelfAttention"], [ssd] * 3 + ["DynamicMaskAttention"],
+                      [ssd] * 3 + ["DynamicMaskAttention"]]
+    assert [type(model.layers[0].mlp).__name__ for model in models] == ["GatedMLP"] * 3 + ["CrossDomainMoE"]
+    configs = [yaml.safe_load((job / "csv" / "version_0" / "hparams.yaml").read_text()) for job in jobs]
+    reference = count_parameters(tiny_size_node("mcsd"))
+    assert all(abs(config["model/params"] / reference - 1) < 0.03 for config in configs[:3])
+    assert configs[3]["model/params_activated"] < configs[3]["model/params"]
+    assert [config["model/params_activated"] == config["model/params"] for config in configs] == [True] * 3 + [False]
+    plotted = run_cli("mcsd-plot", "ablation", str(sweep), "--name", "wm_ablation",
+                      "--reference", "Wonderful Matrices default, attention_every=0", cwd=tmp_path)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    table = (sweep / "wm_ablation_by_seed.md").read_text()
+    for label in ("Wonderful Matrices default, attention_every=0", "Wonderful Matrices default, dynamic_mask=False",
+                  "Wonderful Matrices |", "Wonderful Matrices default, mlp=cdmoe"):
+        assert f"| {label}" in table, label
+
+
+def tiny_size_node(name: str) -> DictConfig:
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        return compose("build", overrides=[f"model={name}", "size=tiny", "model.num_layers=4"]).model
