@@ -11,11 +11,7 @@
 #   bash experiments/compare_architectures/run.sh --replace CORPUS.txt seed=0,1,2
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-replace=(); results="$here/trial"
-if [ "${1:-}" = --replace ]; then replace=(--replace); results="$here"; shift; fi
-corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
-name="$(basename "${corpus%.*}")"
-split="$here/logs/$name/split"; "$here/../split_corpus.sh" "$corpus" "$split"
+source "$here/../corpus_arguments.sh"  # [--replace] [CORPUS.txt]: replace, results, name, split
 
 "$here/../sweep.sh" compare_architectures "ablation" ${replace[@]+"${replace[@]}"} --name "$name" "$split/train.txt" "$@"
 sweep="$(ls -td "$here/logs/$name/train/multiruns/"*/ | head -n 1)"

@@ -8,10 +8,6 @@
 #   bash experiments/wm_ablation/run.sh CORPUS.txt seed=0                 # a trial, under trial/
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-replace=(); results="$here/trial"
-if [ "${1:-}" = --replace ]; then replace=(--replace); results="$here"; shift; fi
-corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
-name="$(basename "${corpus%.*}")"
-split="$here/logs/$name/split"; "$here/../split_corpus.sh" "$corpus" "$split"
+source "$here/../corpus_arguments.sh"  # [--replace] [CORPUS.txt]: replace, results, name, split
 "$here/../sweep.sh" wm_ablation ablation ${replace[@]+"${replace[@]}"} --name "$name" "$split/train.txt" "$@"
 mcsd-plot ablation "$results/$name" --name wm_ablation --reference "Wonderful Matrices default, attention_every=0"
