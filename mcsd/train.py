@@ -1,4 +1,4 @@
-"""mcsd-train: train a language model, log it, leave a checkpoint and a saved model.
+r"""mcsd-train: train a language model, log it, leave a checkpoint and a saved model.
 
     mcsd-train                                  # embedded corpus, MCSD size=small, CPU
     mcsd-train model=transformer size=tiny trainer.max_steps=50
