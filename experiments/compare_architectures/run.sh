@@ -3,29 +3,44 @@
 #   1. the corpus split by lines: the first 90% to train on, the last 10% held out as probe documents;
 #   2. experiment=compare_architectures: every registered architecture and variant, 2 seeds, 1M tokens
 #      each (CSV logs and the training-curve figure copied here, as every sweep.sh experiment);
-#   3. mcsd-probe context on every trained model (held-out documents of 4096 tokens);
-#   4. mcsd-bench inference and train (bench=compare) on the trained models of the first seed;
+#   3. mcsd-probe context on every trained model that has no probe yet (held-out documents of 4096 tokens);
+#   4. mcsd-bench inference and train (bench=compare) on the trained models of the first seed, side by side;
 #   5. mcsd-plot compare: the headline table, with MQAR from experiments/mqar_recall/cpu.
 #   bash experiments/compare_architectures/run.sh --replace          # the committed results (~1 hour)
 #   bash experiments/compare_architectures/run.sh                    # a trial, under trial/
 #   bash experiments/compare_architectures/run.sh --replace CORPUS.txt seed=0,1,2
+#   bash experiments/compare_architectures/run.sh --add CORPUS.txt hydra.sweeper.registry_architectures=[NAME]
+#     (a newly registered architecture: trains and probes only its arms, keeps the committed jobs, and
+#     benchmarks every first-seed model again so that the speeds stay side by side; needs the committed
+#     jobs' trained models, which stay under logs/ where they were trained)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-source "$here/../corpus_arguments.sh"  # [--replace] [CORPUS.txt]: replace, results, name, split
-
-"$here/../sweep.sh" compare_architectures "ablation" ${replace[@]+"${replace[@]}"} --name "$name" "$split/train.txt" "$@"
-sweep="$(ls -td "$here/logs/$name/train/multiruns/"*/ | head -n 1)"
+source "$here/../corpus_arguments.sh"  # [--replace|--add] [CORPUS.txt]: results_mode, results, name, split
 out="$results/$name"
-export OMP_NUM_THREADS=1
-ls -d "$sweep"*/model | xargs -P 2 -I MODEL sh -c 'job=$(basename $(dirname MODEL)); mcsd-probe context \
-  ckpt=MODEL data=text_files "data.paths=[$1]" length=4096 num_documents=8 num_positions=8 \
-  paths.log_dir="$2/logs/$3" output_dir="$4/probe/$job" wandb.enabled=false > "$2/logs/$3/probe-$job.log" 2>&1' \
-  _ "$split/held_out.txt" "$here" "$name" "$out"
 
-first_seed=$(grep -h '^seed:' "$sweep"*/.hydra/config.yaml | sort -n -k2 | head -n 1 | cut -d' ' -f2)
-models=$(for job in "$sweep"*/; do
-  if grep -q "^seed: $first_seed$" "$job/.hydra/config.yaml"; then printf '%s,' "${job}model"; fi
-done)
+jobs_of() { for job in "$out"/*/; do job="$(basename "$job")"; if [[ "$job" =~ ^[0-9]+$ ]]; then echo "$job"; fi; done; }
+model_of() { sed -n 's|^ *dirpath: \(.*/model\)$|\1|p' "$out/$1/csv/version_0/hparams.yaml"; }  # where its run saved it
+seed_of() { sed -n 's/^seed: //p' "$out/$1/csv/version_0/hparams.yaml"; }
+first_seed_jobs() {
+  local first; first=$(for job in $(jobs_of); do seed_of "$job"; done | sort -n | head -n 1)
+  for job in $(jobs_of); do if [ "$(seed_of "$job")" = "$first" ]; then echo "$job"; fi; done
+}
+if [ "${results_mode[*]-}" = --add ]; then  # before training: the benchmark needs the kept jobs' models
+  for job in $(first_seed_jobs); do
+    [ -d "$(model_of "$job")" ] || { echo "run.sh: error: --add benchmarks every first-seed model again, but" \
+      "job $job's model ($(model_of "$job")) is not here: run with --replace instead" >&2; exit 2; }
+  done
+fi
+
+"$here/../sweep.sh" compare_architectures "ablation" ${results_mode[@]+"${results_mode[@]}"} --name "$name" \
+  "$split/train.txt" "$@"
+export OMP_NUM_THREADS=1
+for job in $(jobs_of); do [ -d "$out/probe/$job" ] || echo "$job $(model_of "$job")"; done | xargs -P 2 -L 1 \
+  sh -c 'mcsd-probe context ckpt="$6" data=text_files "data.paths=[$1]" length=4096 num_documents=8 num_positions=8 \
+  paths.log_dir="$2/logs/$3" output_dir="$4/probe/$5" wandb.enabled=false > "$2/logs/$3/probe-$5.log" 2>&1' \
+  _ "$split/held_out.txt" "$here" "$name" "$out"  # then each line's job number and model
+
+models=$(for job in $(first_seed_jobs); do printf '%s,' "$(model_of "$job")"; done)
 unset OMP_NUM_THREADS  # the benchmarks run alone, on every core
 for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \

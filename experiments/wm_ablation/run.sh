@@ -8,6 +8,6 @@
 #   bash experiments/wm_ablation/run.sh CORPUS.txt seed=0                 # a trial, under trial/
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-source "$here/../corpus_arguments.sh"  # [--replace] [CORPUS.txt]: replace, results, name, split
-"$here/../sweep.sh" wm_ablation ablation ${replace[@]+"${replace[@]}"} --name "$name" "$split/train.txt" "$@"
+source "$here/../corpus_arguments.sh"  # [--replace|--add] [CORPUS.txt]: results_mode, results, name, split
+"$here/../sweep.sh" wm_ablation ablation ${results_mode[@]+"${results_mode[@]}"} --name "$name" "$split/train.txt" "$@"
 mcsd-plot ablation "$results/$name" --name wm_ablation --reference "Wonderful Matrices default, attention_every=0"
