@@ -215,7 +215,7 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
         (experiments / folder / "cpu_quick").mkdir(parents=True)
         shutil.copy(source / "results.csv", experiments / folder / "cpu_quick" / "results.csv")
     for folder in ("mqar_recall/cpu", "long_context/tinyshakespeare", "compare_architectures/tinyshakespeare",
-                   "rwkv_perspectives/tinyshakespeare"):
+                   "rwkv_perspectives/tinyshakespeare", "wm_ablation/tinyshakespeare"):
         shutil.copytree(EXPERIMENTS / folder, experiments / folder)  # the committed results
     (experiments / "table2_downstream" / "tiny").mkdir(parents=True)
     (experiments / "table2_downstream" / "tiny" / "results.json").write_text(json.dumps(
@@ -226,8 +226,8 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
                    resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     images = sum(1 for cell in notebook.cells for output in cell.get("outputs", [])
                  if "image/png" in output.get("data", {}))
-    assert images == 1 + 4 + 1 + 1 + 1 + 3 + 1  # Fig. 4, Figs. 5-8, training cost, Fig. 9, decay study, MQAR,
-    # the long-context probe, the comparison and the perspectives
+    assert images == 1 + 4 + 1 + 1 + 1 + 3 + 1 + 1  # Fig. 4, Figs. 5-8, training cost, Fig. 9, decay study, MQAR,
+    # the long-context probe, the comparison, the perspectives and the Wonderful Matrices ablation
     markdown = "".join(output["data"].get("text/markdown", "") for cell in notebook.cells
                        for output in cell.get("outputs", []) if "data" in output)
     assert "| **tiny** (ours, measured) | 0.2M | - | 35.0 | - | - | - | - |" in markdown  # Table 2
@@ -239,6 +239,9 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
     perspectives = experiments / "rwkv_perspectives" / "tinyshakespeare" / "rwkv_perspectives_table.md"
     assert perspectives.read_text() == (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" /
                                         "rwkv_perspectives_table.md").read_text()  # the committed table, made again
+    for table in ("wm_ablation_table.md", "wm_ablation_by_seed.md"):
+        assert (experiments / "wm_ablation" / "tinyshakespeare" / table).read_text() == (
+            EXPERIMENTS / "wm_ablation" / "tinyshakespeare" / table).read_text()
     comparison = (experiments / "compare_architectures" / "tinyshakespeare" / "architectures_compared_table.md").read_text()
     assert comparison == (EXPERIMENTS / "compare_architectures" / "tinyshakespeare" /
                           "architectures_compared_table.md").read_text()  # the committed table, made again

@@ -18,29 +18,23 @@ here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../corpus_arguments.sh"  # [--replace|--add] [CORPUS.txt]: results_mode, results, name, split
 out="$results/$name"
 
-jobs_of() { for job in "$out"/*/; do job="$(basename "$job")"; if [[ "$job" =~ ^[0-9]+$ ]]; then echo "$job"; fi; done; }
-model_of() { sed -n 's|^ *dirpath: \(.*/model\)$|\1|p' "$out/$1/csv/version_0/hparams.yaml"; }  # where its run saved it
-seed_of() { sed -n 's/^seed: //p' "$out/$1/csv/version_0/hparams.yaml"; }
-first_seed_jobs() {
-  local first; first=$(for job in $(jobs_of); do seed_of "$job"; done | sort -n | head -n 1)
-  for job in $(jobs_of); do if [ "$(seed_of "$job")" = "$first" ]; then echo "$job"; fi; done
-}
+source "$here/../result_jobs.sh"  # result_jobs, result_model, first_seed_jobs
 if [ "${results_mode[*]-}" = --add ]; then  # before training: the benchmark needs the kept jobs' models
-  for job in $(first_seed_jobs); do
-    [ -d "$(model_of "$job")" ] || { echo "run.sh: error: --add benchmarks every first-seed model again, but" \
-      "job $job's model ($(model_of "$job")) is not here: run with --replace instead" >&2; exit 2; }
+  for job in $(first_seed_jobs "$out"); do
+    [ -d "$(result_model "$out" "$job")" ] || { echo "run.sh: error: --add benchmarks every first-seed model again, but" \
+      "job $job's model ($(result_model "$out" "$job")) is not here: run with --replace instead" >&2; exit 2; }
   done
 fi
 
 "$here/../sweep.sh" compare_architectures "ablation" ${results_mode[@]+"${results_mode[@]}"} --name "$name" \
   "$split/train.txt" "$@"
 export OMP_NUM_THREADS=1
-for job in $(jobs_of); do [ -d "$out/probe/$job" ] || echo "$job $(model_of "$job")"; done | xargs -P 2 -L 1 \
+for job in $(result_jobs "$out"); do [ -d "$out/probe/$job" ] || echo "$job $(result_model "$out" "$job")"; done | xargs -P 2 -L 1 \
   sh -c 'mcsd-probe context ckpt="$6" data=text_files "data.paths=[$1]" length=4096 num_documents=8 num_positions=8 \
   paths.log_dir="$2/logs/$3" output_dir="$4/probe/$5" wandb.enabled=false > "$2/logs/$3/probe-$5.log" 2>&1' \
   _ "$split/held_out.txt" "$here" "$name" "$out"  # then each line's job number and model
 
-models=$(for job in $(first_seed_jobs); do printf '%s,' "$(model_of "$job")"; done)
+models=$(for job in $(first_seed_jobs "$out"); do printf '%s,' "$(result_model "$out" "$job")"; done)
 unset OMP_NUM_THREADS  # the benchmarks run alone, on every core
 for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \

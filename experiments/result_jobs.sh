@@ -1,0 +1,12 @@
+# Sourced by run.sh scripts: the jobs of a results folder as sweep.sh writes it
+# (RESULTS/<job>/csv/version_0/hparams.yaml, each a copy of its run's config).
+#   result_jobs RESULTS             the job numbers
+#   result_model RESULTS JOB        where the job's run saved its trained model (model_checkpoint's dirpath)
+#   first_seed_jobs RESULTS         the jobs of the smallest seed
+result_jobs() { for job in "$1"/*/; do job="$(basename "$job")"; if [[ "$job" =~ ^[0-9]+$ ]]; then echo "$job"; fi; done; }
+result_model() { sed -n 's|^ *dirpath: \(.*/model\)$|\1|p' "$1/$2/csv/version_0/hparams.yaml"; }
+result_seed() { sed -n 's/^seed: //p' "$1/$2/csv/version_0/hparams.yaml"; }
+first_seed_jobs() {
+  local first; first=$(for job in $(result_jobs "$1"); do result_seed "$1" "$job"; done | sort -n | head -n 1)
+  for job in $(result_jobs "$1"); do if [ "$(result_seed "$1" "$job")" = "$first" ]; then echo "$job"; fi; done
+}
