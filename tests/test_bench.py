@@ -49,7 +49,7 @@ def run_bench(output_dir: Path, *overrides: str) -> Path:
         return bench(cfg)
 
 
-def test_inference_grid_writes_every_point_and_four_figures(tmp_path: Path) -> None:
+def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> None:
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "isolate=false")
     frame = pd.read_csv(csv_path)
     names = registry.architectures()
@@ -72,10 +72,18 @@ def test_inference_grid_writes_every_point_and_four_figures(tmp_path: Path) -> N
     assert set(frame["dtype"]) == {"float32"} and frame["torch"].iloc[0].startswith("2.13")
     head = json.loads((tmp_path / "results.json").read_text())["header"]
     assert {"device", "dtype", "torch", "git_commit"} <= set(head)
+    # The bandwidth limit: one step's time over the time to read the weights it uses once.
+    assert head["read_bandwidth_bytes_per_s"] > 1e8
+    for name, rows in frame.groupby("model"):
+        model = mcsd.build_model(nodes[name])
+        read = sum(p.numel() for p in model.parameters()) - (0 if model.config.tie_embeddings else 512 * 64)
+        assert (rows["step_weight_bytes"] == 4 * read).all(), name
+    assert (frame["limit_ratio"] == frame["decode_s_per_token"]
+            / (frame["step_weight_bytes"] / head["read_bandwidth_bytes_per_s"])).all()
     figures = plot_inference(csv_path)
     assert sorted(path.name for path in figures) == sorted(
-        f"fig{n}_{name}.{suffix}" for n, name in [(5, "memory_vs_length"), (6, "latency_vs_batch"),
-                                                 (7, "throughput_vs_length"), (8, "throughput_vs_batch")]
+        f"{name}.{suffix}" for name in ["fig5_memory_vs_length", "fig6_latency_vs_batch", "fig7_throughput_vs_length",
+                                        "fig8_throughput_vs_batch", "decode_limit_ratio"]
         for suffix in ("png", "pdf"))
     assert all(path.stat().st_size > 5000 for path in figures)
 
@@ -91,7 +99,7 @@ def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:
     assert pd.isna(frame.loc["transformer", "latency_s"])
     assert frame.loc["mcsd", "peak_mem_bytes"] > 0  # peak resident memory of that point's own process
     figures = plot_inference(csv_path, tmp_path / "figures")
-    assert len(figures) == 8
+    assert len(figures) == 10
 
 
 def test_training_grid_and_its_figure(tmp_path: Path) -> None:

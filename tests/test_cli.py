@@ -110,7 +110,8 @@ def test_resume_needs_no_overrides_repeated(stopped_run: tuple[Path, Path], how:
     [
         (["model.hidden_size=128"], "the overrides change the model (embed.weight: (512, 64) in the checkpoint, "
                                     "(512, 128) now); a resumed run keeps its model: drop the model/size overrides"),
-        (["ablation=slope_only"], "the overrides change the model (layers.0.mixer.sections.1.proj.weight"),
+        (["ablation=slope_only"], "the overrides change the model (layers.0.mixer.sections.1.norm.weight: (4, 16) in "
+                                   "the checkpoint, None now)"),
     ],
 )
 def test_resume_refuses_a_different_model_in_one_line(stopped_run: tuple[Path, Path], overrides: list[str],

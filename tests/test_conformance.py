@@ -5,6 +5,7 @@ save/load and counts its parameters on the meta device."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,25 @@ def test_prompt_split_anywhere_decodes_like_one_pass(case: str) -> None:
     for split in (1, 2, 15, 16, 17, 64, 89, 90):
         decoded = decode_all(model, input_ids, split)
         assert relative_rms_error(decoded, reference[:, split - 1 :]) < TOLERANCE, split
+
+
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_step_is_the_recurrent_form_on_one_token(case: str) -> None:
+    """``model.step`` (each mixer's lean step) gives exactly the logits and states of the
+    recurrent form run on a sequence of one token, at the first position and later ones (so
+    the states they leave agree too)."""
+    model = tiny_model(case)
+    input_ids = torch.randint(0, 101, (2, 40))
+    _, state = model.prefill(input_ids[:, :20])
+    for start, position in ((model.init_state(2, 40), 0), (state, 20)):
+        twin = copy.deepcopy(start)
+        for offset in range(3):
+            token = input_ids[:, position + offset]
+            hidden, twin = model._run(token[:, None], twin, "recurrent")
+            logits, start = model.step(token, start)
+            assert torch.equal(logits, model.lm_head(hidden[:, -1])), (position, offset)
+            assert start.position == twin.position == position + offset + 1
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)

@@ -119,7 +119,7 @@ def test_decay_branch_output_scales_with_the_initial_gain() -> None:
     for gain in (1.0, 0.01):
         torch.manual_seed(0)
         section = build_model(decay_config(sections=["decay"], decay_norm_gain_init=gain)).layers[0].mixer.sections[0]
-        outputs[gain] = section(x, None, 0, "chunk")[0]
+        outputs[gain] = section(x, x, None, 0, "chunk")[0]
     torch.testing.assert_close(outputs[0.01], 0.01 * outputs[1.0], rtol=1e-6, atol=0)
     assert outputs[1.0].pow(2).mean().sqrt() > 0.3  # unit-scale features times sigmoid(F) ~ 0.5
 
@@ -129,8 +129,9 @@ def test_sum_normalised_decay_has_no_gain_and_starts_small() -> None:
     assert mcsd.count_parameters(decay_config()) - mcsd.count_parameters(decay_config(decay_norm="sum")) == 2 * 12
     # one gain of C * Dc per layer fewer
     assert all(section.norm is None for layer in summed.layers for section in layer.mixer.sections)
-    x = torch.randn(2, 30, 3, 4)
-    theta = summed.layers[0].mixer.sections[1](x, None, 0, "chunk")[0]
+    mixer = summed.layers[0].mixer
+    current, history = mixer.section_inputs(torch.randn(2, 30, 12))[1]
+    theta = mixer.sections[1](current, history, None, 0, "chunk")[0]
     assert theta.pow(2).mean().sqrt() < 0.05  # an average of E = W_e x (std 0.02 weights), gated
 
 

@@ -47,3 +47,73 @@ def test_seeded_tiny_mcsd_logits_are_pinned(name: str) -> None:
     torch.testing.assert_close(logits[:, ::9, :3].flatten(), torch.tensor(values), rtol=0, atol=2e-6)
     assert logits.double().sum().item() == pytest.approx(total, abs=1e-4)
     assert logits.double().pow(2).mean().item() == pytest.approx(mean_square, abs=1e-7)
+
+
+# Decoding: prefill 5 tokens, then 32 steps; logits[:, ::8, :3] of the steps flattened, the
+# sum, the mean square. Computed at 1ab3077, before MCSD's lean decoding step (which
+# reproduces them bit for bit on the machine that made them).
+PINNED_DECODING = {
+    "full": (
+        {},
+        [-2.5016174, -0.0469317, -2.4298053, 1.3699067, -2.2240696, 3.3714252, 0.0273136, -2.0747964, 0.0323133,
+         -0.5774592, -1.8422247, 0.3029903, -1.822323, -0.932524, -1.6655097, 1.2283863, -0.9818832, 0.8397479,
+         1.0399888, -2.2951493, 1.1108369, -0.3845601, -1.0074151, -1.1962698],
+        336.191955, 2.11912683,
+    ),
+    "decay_slope_slope_sum": (
+        {"sections": ["decay", "slope", "slope"], "fusion": "sum"},
+        [-1.24338, -1.3207694, -0.7397918, -0.4488976, -1.3956923, -0.9784945, -0.5710298, -2.0744472, 1.9746497,
+         -1.9320599, 1.1511399, 1.2167587, 1.1685963, -0.2063788, -1.3109121, 0.4358774, -0.6559994, -0.7139372,
+         0.8540317, 1.090452, -1.4218959, -0.9962326, -3.1045694, 0.8012819],
+        462.126554, 2.24700564,
+    ),
+    "sum_normalised_decay": (
+        {"decay_norm": "sum"},
+        [-0.7342682, -0.0510224, -3.2544358, 1.996735, -0.9460813, 0.0255789, 0.2176805, -0.5892203, 0.4514757,
+         1.3948712, -0.514346, -0.1517735, -0.9683471, -1.960228, -0.0965065, 0.4380504, -0.6930339, 0.8314847,
+         0.4318549, -0.0611997, 0.2726687, 0.1885317, 1.631464, -2.6713581],
+        -35.347161, 2.13436722,
+    ),
+}
+
+
+def pinned_tiny_mcsd(**extra: object) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(dict(_target_="mcsd.models.config.MCSDConfig", vocab_size=101, hidden_size=24, num_channels=3,
+                            num_layers=2, mlp_hidden_size=40, chunk_size=16, init_std=0.3,
+                            **{**LEGACY_DECAY, **extra})).eval()
+
+
+@pytest.mark.parametrize("name", PINNED_DECODING)
+@torch.no_grad()
+def test_seeded_tiny_mcsd_decoding_is_pinned(name: str) -> None:
+    extra, values, total, mean_square = PINNED_DECODING[name]
+    model = pinned_tiny_mcsd(**extra)
+    ids = (torch.arange(2 * 37).reshape(2, 37) * 7) % 101
+    logits, state = model.prefill(ids[:, :5])
+    steps = []
+    for position in range(5, 37):
+        logits, state = model.step(ids[:, position], state)
+        steps.append(logits)
+    decoded = torch.stack(steps, dim=1)
+    torch.testing.assert_close(decoded[:, ::8, :3].flatten(), torch.tensor(values), rtol=0, atol=2e-6)
+    assert decoded.double().sum().item() == pytest.approx(total, abs=1e-4)
+    assert decoded.double().pow(2).mean().item() == pytest.approx(mean_square, abs=1e-7)
+
+
+@torch.no_grad()
+def test_weights_saved_with_a_projection_per_section_still_load() -> None:
+    """Before the block had one grouped projection, each section had its own
+    (``sections.i.proj.weight``, ``[C, Dc, 2 Dc]``): such weights load into ``in_proj``."""
+    model = pinned_tiny_mcsd(sections=["slope", "decay", "decay"])
+    old_layout = {}
+    for key, value in model.state_dict().items():
+        if key.endswith("mixer.in_proj.weight"):
+            for index, part in enumerate(value.chunk(3, dim=-1)):
+                old_layout[key.replace("in_proj", f"sections.{index}.proj")] = part.clone()
+        else:
+            old_layout[key] = value
+    fresh = build_model(model.config).eval()
+    fresh.load_state_dict(old_layout)
+    ids = torch.arange(30).reshape(2, 15)
+    assert torch.equal(fresh(ids), model(ids))

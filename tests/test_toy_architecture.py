@@ -105,7 +105,7 @@ def test_the_toy_trains_benches_plots_and_enters_the_comparison(toy: registry.Ar
                          "inference.gen_lengths=[4]", "isolate=false")
     frame = pd.read_csv(csv_path)
     assert list(frame["arch"]) == ["toy"] and (frame["status"] == "ok").all()
-    assert model_label("toy", "toy") == "Toy" and len(plot_inference(csv_path, tmp_path / "plots")) == 8
+    assert model_label("toy", "toy") == "Toy" and len(plot_inference(csv_path, tmp_path / "plots")) == 10
 
     # The comparison: one row per registered architecture (its default variant), the toy's
     # cells from its own run, bench point and probe, the others' empty.

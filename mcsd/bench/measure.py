@@ -125,6 +125,9 @@ def inference_point(
         "weights_bytes": weights,
         "peak_mem_minus_weights_bytes": peak - weights,
         "state_bytes_per_sequence": runs[-1][2],
+        # What one decoding step must read at least: every weight but the input embedding's
+        # (a lookup of B rows), unless it is tied to the LM head.
+        "step_weight_bytes": flop_parameters(model) * model.embed.weight.element_size(),
     }
 
 
@@ -139,6 +142,17 @@ def matmul_peak_flops(device: str, dtype: str, size: int = 2048, repeats: int = 
         torch.matmul(a, b)
     seconds = min(timed(lambda: torch.matmul(a, b), device_)[0] for _ in range(repeats))
     return 2 * size**3 / seconds
+
+
+def read_bandwidth_bytes_per_s(device: str, megabytes: int = 256, repeats: int = 10) -> float:
+    """This machine's memory read bandwidth (bytes/s), the denominator of decoding's limit: the
+    fastest of ``repeats`` sums over a buffer far larger than the caches, after a warm-up."""
+    device_ = torch.device(device)
+    buffer = torch.ones(megabytes * 2**20 // 4, device=device_)
+    for _ in range(2):
+        buffer.sum()
+    seconds = min(timed(buffer.sum, device_)[0] for _ in range(repeats))
+    return buffer.numel() * buffer.element_size() / seconds
 
 
 def flop_parameters(model: mcsd.CausalLM) -> int:

@@ -36,8 +36,9 @@ class LayerState(NamedTuple):
 class DecodingState:
     """What decoding carries between calls: the number of tokens seen and each layer's state.
 
-    MCSD layers hold fixed-size fp32 section states; attention layers hold a KV cache that
-    is written in place (so a state must not be reused after it has been advanced).
+    MCSD layers hold fixed-size fp32 section states; attention layers hold a KV cache. Both
+    are advanced in place (so a state must not be reused after it has been advanced:
+    ``copy.deepcopy`` one that is to be continued twice).
     """
 
     position: int
@@ -133,6 +134,13 @@ class TokenMixer(nn.Module):
     def reset_parameters(self) -> None:
         raise NotImplementedError(f"{type(self).__qualname__} must initialise its parameters")
 
+    def step(self, x: torch.Tensor, state: Any, position: int) -> tuple[torch.Tensor, Any]:
+        """One token per row, ``x`` ``[B, D]`` -> ``([B, D], new state)``: decoding's hot path.
+        By default the recurrent form on a sequence of one; a mixer overrides it with a leaner
+        step that computes the same numbers."""
+        y, state = self(x[:, None], state, position, "recurrent")
+        return y[:, 0], state
+
     def residual_weights(self) -> list[nn.Parameter]:
         return []
 
@@ -169,6 +177,17 @@ class Layer(nn.Module):
         h = x + mixed
         if self.mlp_has_state:
             out, mlp_state = self.mlp(self.mlp_norm(h), mlp_state, position, form)
+        else:
+            out = self.mlp(self.mlp_norm(h))
+        return h + out, LayerState(mixer_state, mlp_state)
+
+    def step(self, x: torch.Tensor, layer_state: LayerState | None, position: int) -> tuple[torch.Tensor, LayerState]:
+        """:meth:`forward` for one token per row, ``x`` ``[B, D]``, through the mixers' steps."""
+        mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)
+        mixed, mixer_state = self.mixer.step(self.mixer_norm(x), mixer_state, position)
+        h = x + mixed
+        if self.mlp_has_state:
+            out, mlp_state = self.mlp.step(self.mlp_norm(h), mlp_state, position)
         else:
             out = self.mlp(self.mlp_norm(h))
         return h + out, LayerState(mixer_state, mlp_state)
@@ -269,7 +288,7 @@ class CausalLM(nn.Module):
 
         Returns the last position's logits ``[B, vocab]`` and the state to decode from. Any
         number of :meth:`step` calls may follow; ``max_new_tokens`` is only a hint (a KV
-        cache preallocates that much room and otherwise grows geometrically). A KV cache is
+        cache preallocates that much room and otherwise grows geometrically). The state is
         advanced in place: ``copy.deepcopy`` a state that is to be continued twice.
         """
         if state is None:
@@ -278,9 +297,15 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden[:, -1]), state
 
     def step(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:
-        """Decode one token per batch row: ``token_ids`` ``[B]`` -> logits ``[B, vocab]``."""
-        hidden, state = self._run(token_ids.reshape(-1, 1), state, "recurrent")
-        return self.lm_head(hidden[:, -1]), state
+        """Decode one token per batch row: ``token_ids`` ``[B]`` -> logits ``[B, vocab]``, through
+        each layer's :meth:`Layer.step` (the recurrent form's numbers, without its sequence axis)."""
+        x = self.streams.split(self.embed(token_ids.reshape(-1, 1)))[:, 0]
+        layers = []
+        for layer, layer_state in zip(self.layers, state.layers):
+            x, layer_state = layer.step(x, layer_state, state.position)
+            layers.append(layer_state)
+        hidden = self.streams.merge(self.final_norm(x)[:, None])[:, 0]
+        return self.lm_head(hidden), DecodingState(position=state.position + 1, layers=layers)
 
     @torch.inference_mode()
     def stream(

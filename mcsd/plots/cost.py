@@ -77,7 +77,8 @@ def _title(head: dict, text: str) -> str:
 
 
 def plot_inference(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
-    """Figs. 5-8 from an inference results file, as PNG and PDF beside it (or in ``output_dir``)."""
+    """Figs. 5-8 from an inference results file, as PNG and PDF beside it (or in ``output_dir``),
+    and the decode step's ratio to the memory-bandwidth limit (``limit_ratio``) where measured."""
     head, frame = read_results(results)
     if "gen_len" not in frame:
         raise MCSDError(f"{results} holds training results: use mcsd-plot train {results}")
@@ -93,12 +94,19 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
         ("fig8_throughput_vs_batch", "batch", "tokens_per_s", "gen_len", 1.0, "batch size",
          "throughput (tokens/s)", "Fig. 8: throughput vs batch size"),
     ]
+    if "limit_ratio" in frame:  # results written before mcsd-bench measured the bandwidth have none
+        specs.append(("decode_limit_ratio", "gen_len", "limit_ratio", "batch", 1.0, "generated tokens",
+                      "decode step time / weight-read time", "Decoding against the memory-bandwidth limit"))
     for name, x, y, within, scale, xlabel, ylabel, title in specs:
         figure, ax = plt.subplots(figsize=(6.4, 4.4))
         _curves(ax, frame, x, y, within, scale)
         ax.set(xlabel=xlabel, ylabel=ylabel, title=_title(head, title))
         if y != "peak_mem_bytes":
             ax.set_yscale("log")
+        if y == "limit_ratio":
+            ax.axhline(1.0, color="black", linewidth=0.8)
+            ax.text(0.01, 1.0, " reading the weights once per step at the measured bandwidth",
+                    transform=ax.get_yaxis_transform(), fontsize=7, va="bottom")
         written += save_figure(figure, output_dir, name)
     return written
 

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from mcsd.models.common import ChannelRMSNorm, GroupedLinear, TokenMixer
 from mcsd.models.mcsd.config import MCSDConfig
-from mcsd.ops.exp_filter import exp_filter, exp_filter_matrix, exp_filter_step
+from mcsd.ops.exp_filter import exp_filter, exp_filter_matrix
 
 
 def slope_rates(num_channels: int) -> list[float]:
@@ -102,8 +102,9 @@ def decay_matrix(length: int, num_channels: int, decay_norm: str = "rmsnorm") ->
 
 
 class Section(torch.nn.Module):
-    """One slope or decay section: per-channel projections of both branches and the
-    history mixing. Returns ``Theta`` ``[B, N, C, Dc]`` and the new section state."""
+    """One slope or decay section: the history mixing of its branch and the gate. Its
+    projections are the block's (one grouped projection for every section). Returns ``Theta``
+    ``[B, N, C, Dc]`` and the new section state."""
 
     def __init__(self, kind: str, config: MCSDConfig) -> None:
         super().__init__()
@@ -112,13 +113,11 @@ class Section(torch.nn.Module):
         self.log_decay_values = log_decay_values(kind, config.num_channels)
         self.chunk_size = config.chunk_size
         width = config.channel_width
-        self.proj = GroupedLinear(config.num_channels, width, 2 * width, config.init_std)  # (U, V) or (F, E)
         self.norm = (ChannelRMSNorm(config.num_channels, width, config.norm_eps, config.decay_norm_gain_init)
                      if kind == "decay" and config.decay_norm == "rmsnorm" else None)
         self.average_decay = kind == "decay" and config.decay_norm == "sum"
 
     def reset_parameters(self) -> None:
-        self.proj.reset_parameters()
         if self.norm is not None:
             self.norm.reset_parameters()
 
@@ -128,23 +127,31 @@ class Section(torch.nn.Module):
         return section_log_decay(self.kind, self.num_channels, device)
 
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str
+        self, current: torch.Tensor, history: torch.Tensor, state: torch.Tensor | None, position: int, form: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        current, history = self.proj(x).chunk(2, dim=-1)
+        """``current`` (U or F) and ``history`` (V or E), ``[B, N, C, Dc]`` each."""
         mixed, state = self.mix(history, state, position, form)
+        return self.gate(mixed, current), state
+
+    def gate(self, mixed: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+        """Eq. 6 (slope) or Eq. 12 (decay) from the mixed history and the current branch."""
         if self.kind == "slope":
-            return F.silu(mixed) * current, state  # Eq. 6
+            return F.silu(mixed) * current
         normalised = self.norm(mixed) if self.norm is not None else mixed  # averaged in mix() otherwise
-        return normalised * torch.sigmoid(current), state  # Eq. 12
+        return normalised * torch.sigmoid(current)
 
     def mix(
         self, values: torch.Tensor, state: torch.Tensor | None, position: int, form: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``W_s V`` or ``W_d E`` for ``values`` ``[B, N, C, Dc]`` at absolute positions
         ``position..``, continuing ``state``; returns the result and the new state."""
-        log_decay = self.log_decay(values.device)
         if form == "recurrent":
-            return self._mix_recurrent(values, state, position, log_decay)
+            if state is None:
+                batch, _, channels, width = values.shape
+                state = values.new_zeros(batch, channels, width, dtype=torch.float32)
+            outputs = [self.mix_step(values[:, offset], state, position + offset) for offset in range(values.shape[1])]
+            return torch.stack(outputs, dim=1), state
+        log_decay = self.log_decay(values.device)
         channels_first = values.transpose(1, 2)  # [B, C, N, Dc]
         length = values.shape[1]
         initial = state
@@ -164,67 +171,127 @@ class Section(torch.nn.Module):
             filtered = torch.cat([channels_first[:, :, :1].to(filtered.dtype), filtered[:, :, 1:]], dim=2)
         return filtered.transpose(1, 2), final
 
-    def _mix_recurrent(
-        self, values: torch.Tensor, state: torch.Tensor | None, position: int, log_decay: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token by token: Eq. 16 (slope, convex update) or Eq. 19 (decay)."""
-        if state is None:
-            batch, _, channels, width = values.shape
-            state = values.new_zeros(batch, channels, width, dtype=torch.float32)
-        outputs = []
-        for offset in range(values.shape[1]):
-            value, absolute = values[:, offset], position + offset
-            if self.kind == "slope":
-                output = state.to(value.dtype)
-                # S <- S + (V_n - S) / Z, Z = sum_{k=0}^{n} exp(-k beta): Eq. 16.
-                weight = 1.0 / geometric_sum(log_decay, torch.tensor([absolute + 1], device=value.device))
-                state = state + (value.float() - state) * weight[None]
-            else:
-                output, state = exp_filter_step(value, log_decay, state)
-                if self.average_decay:
-                    divisor = history_weight_sum(log_decay, torch.tensor([absolute], device=value.device))
-                    output = (output / divisor[None]).to(output.dtype)
-            outputs.append(value if absolute == 0 else output)
-        return torch.stack(outputs, dim=1), state
+    def mix_step(self, value: torch.Tensor, state: torch.Tensor, position: int) -> torch.Tensor:
+        """One token ``value`` ``[B, C, Dc]`` at absolute ``position``: its mixed history, with
+        ``state`` ``[B, C, Dc]`` fp32 advanced in place: Eq. 16 (slope: ``S <- S + (V_n - S) / Z``,
+        ``Z = sum_{k=0}^{n} exp(-k beta)``) or Eq. 19 (decay: ``S <- alpha (S + E_n)``). The
+        per-position constants come from tables built once (:func:`position_constants`)."""
+        if self.kind == "slope":
+            output = value if position == 0 else state.to(value.dtype)
+            if output is state:
+                output = state.clone()
+            weight = position_constants("slope_update", self.num_channels, value.device, position)[:, position, None]
+            state.add_((value.float() - state).mul_(weight))
+            return output
+        output = value if position == 0 else state.to(value.dtype)
+        if output is state:
+            output = state.clone()
+        if self.average_decay and position > 0:
+            divisor = position_constants("history_sum", self.num_channels, value.device, position)[:, position, None]
+            output = (output / divisor).to(value.dtype)
+        state.add_(value.to(state.dtype)).mul_(decay_factors(self.num_channels, value.device)[:, None])
+        return output
+
+
+@functools.lru_cache(maxsize=None)
+def decay_factors(num_channels: int, device: torch.device) -> torch.Tensor:
+    """The decay section's ``alpha_i`` ``[C]`` fp32, from its log (as the filter computes it)."""
+    return torch.exp(section_log_decay("decay", num_channels, device))
+
+
+def position_constants(quantity: str, num_channels: int, device: torch.device, position: int) -> torch.Tensor:
+    """A table ``[C, L]`` of a per-position constant covering ``position`` (``L`` a power of two,
+    at least 1024, so that decoding builds a handful of tables in all):
+
+    - ``slope_update``: the slope state's update weight at position n, ``1 / sum_{k=0}^{n} exp(-k beta)``;
+    - ``history_sum``: the decay history's row sum at position n, ``sum_{k=1}^{n} alpha^k``
+      (the divisor under ``decay_norm: sum``).
+    """
+    return _position_table(quantity, num_channels, device, max(1024, 1 << position.bit_length()))
+
+
+@functools.lru_cache(maxsize=16)
+def _position_table(quantity: str, num_channels: int, device: torch.device, length: int) -> torch.Tensor:
+    positions = torch.arange(length, device=device)
+    if quantity == "slope_update":
+        return 1.0 / geometric_sum(section_log_decay("slope", num_channels, device), positions + 1)
+    return history_weight_sum(section_log_decay("decay", num_channels, device), positions)
 
 
 class MCSDBlock(TokenMixer):
-    """The MCSD block: its sections side by side, fused and projected back to D.
+    """The MCSD block: one grouped projection into every section's two branches (Eqs. 1 and 7),
+    the sections side by side, fused and projected back to D.
 
-    Initialisation: Normal(0, init_std) projections, decay RMSNorm gains at
-    ``decay_norm_gain_init``; ``out_proj`` writes
-    into the residual stream (the skeleton draws it at init_std / sqrt(2 L)).
+    Initialisation: Normal(0, init_std) projections (drawn section by section), decay RMSNorm
+    gains at ``decay_norm_gain_init``; ``out_proj`` writes into the residual stream (the
+    skeleton draws it at init_std / sqrt(2 L)).
     """
 
     def __init__(self, config: MCSDConfig) -> None:
         super().__init__()
         self.fusion = config.fusion
         self.init_std = config.init_std
+        self.num_channels = config.num_channels
+        self.channel_width = config.channel_width
         self.sections = torch.nn.ModuleList(Section(kind, config) for kind in config.sections)
+        # Per channel, per section: (U, V) for a slope, (F, E) for a decay.
+        self.in_proj = GroupedLinear(config.num_channels, config.channel_width,
+                                     2 * len(self.sections) * config.channel_width, config.init_std)
         fused_width = config.hidden_size * (len(config.sections) if config.fusion == "concat" else 1)
         self.out_proj = torch.nn.Linear(fused_width, config.hidden_size, bias=False)
+        self.register_load_state_dict_pre_hook(_merge_section_projections)
 
+    @torch.no_grad()
     def reset_parameters(self) -> None:
-        for section in self.sections:
+        for section, weight in zip(self.sections, self.in_proj.weight.chunk(len(self.sections), dim=-1)):
+            # Drawn per section, in order, as when each section had its own projection.
+            weight.copy_(torch.empty_like(weight).normal_(std=self.init_std))
             section.reset_parameters()
         torch.nn.init.normal_(self.out_proj.weight, std=self.init_std)
 
     def residual_weights(self) -> list[torch.nn.Parameter]:
         return [self.out_proj.weight]
 
+    def section_inputs(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``x`` ``[..., D]`` -> each section's (current, history) branches, ``[..., C, Dc]`` each."""
+        projected = self.in_proj(x.view(*x.shape[:-1], self.num_channels, self.channel_width))
+        return list(zip(*[iter(projected.split(self.channel_width, dim=-1))] * 2))
+
     def forward(
         self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int, form: str
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         batch, length, hidden = x.shape
-        channels = x.view(batch, length, self.sections[0].num_channels, -1)
         states = layer_state if layer_state is not None else [None] * len(self.sections)
         thetas, new_states = [], []
-        for section, state in zip(self.sections, states):
-            theta, state = section(channels, state, position, form)
+        for section, (current, history), state in zip(self.sections, self.section_inputs(x), states):
+            theta, state = section(current, history, state, position, form)
             thetas.append(theta)
             new_states.append(state)
-        if self.fusion == "concat":  # Eq. 13: per-channel concatenation
-            fused = torch.cat(thetas, dim=-1).reshape(batch, length, -1)
-        else:  # Eq. 20: element-wise sum
-            fused = torch.stack(thetas).sum(0).reshape(batch, length, hidden)
-        return self.out_proj(fused), new_states
+        return self.out_proj(self.fuse(thetas, batch, length, hidden)), new_states
+
+    def step(
+        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One token per row, ``x`` ``[B, D]``: the recurrent form without its sequence axis,
+        the section states advanced in place."""
+        batch, hidden = x.shape
+        if layer_state is None:
+            layer_state = [x.new_zeros(batch, self.num_channels, self.channel_width, dtype=torch.float32)
+                           for _ in self.sections]
+        thetas = [section.gate(section.mix_step(history, state, position), current)
+                  for section, (current, history), state in zip(self.sections, self.section_inputs(x), layer_state)]
+        return self.out_proj(self.fuse(thetas, batch, 1, hidden)).view(batch, hidden), layer_state
+
+    def fuse(self, thetas: list[torch.Tensor], batch: int, length: int, hidden: int) -> torch.Tensor:
+        """Eq. 13 (per-channel concatenation) or Eq. 20 (element-wise sum), ``[B, N, fused]``."""
+        if self.fusion == "concat":
+            return torch.cat(thetas, dim=-1).reshape(batch, length, -1)
+        return torch.stack(thetas).sum(0).reshape(batch, length, hidden)
+
+
+def _merge_section_projections(module: torch.nn.Module, state_dict: dict, prefix: str, *args: object) -> None:
+    """Load weights saved when each section had its own projection (``sections.i.proj.weight``)
+    into the block's single ``in_proj``."""
+    old = [f"{prefix}sections.{index}.proj.weight" for index in range(len(module.sections))]
+    if all(key in state_dict for key in old):
+        state_dict[f"{prefix}in_proj.weight"] = torch.cat([state_dict.pop(key) for key in old], dim=-1)

@@ -60,4 +60,4 @@ def chunk_exp_filter(
     from_start = decay_powers(log_decay, chunk_size).to(accumulate)  # a^t
     y = y + from_start[None, :, None, :, None] * starts[:, :, :, None, :]
     y = y.reshape(batch, channels, num_chunks * chunk_size, width)
-    return y[:, :, :length].to(x.dtype), y[:, :, length]
+    return y[:, :, :length].to(x.dtype), y[:, :, length].clone()  # a state of its own, not a view of y
