@@ -88,6 +88,18 @@ def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> No
     assert all(path.stat().st_size > 5000 for path in figures)
 
 
+def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path) -> None:
+    """``compile=true``: the points decode through the compiled step (compiled in the warm-up,
+    which runs even when ``inference.warmup=0``) and the results say so."""
+    csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.warmup=0", "inference.batch_sizes=[2]",
+                         "models=[mcsd]", "compile=true", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["status"]) == ["ok", "ok"] and frame["compile"].all()
+    assert json.loads((tmp_path / "results.json").read_text())["header"]["compile"] is True
+    # A compilation inside the timed decode would take seconds: these steps take milliseconds.
+    assert (frame["decode_s_per_token"] < 0.05).all()
+
+
 def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:
     """With 450 MiB of room (of address space: it counts reserved memory too) a batch of 64
     decodes 2048 tokens with MCSD (fixed state), while the Transformer's KV cache (570 MiB)

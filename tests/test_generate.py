@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import relative_rms_error, tiny_model
+from mcsd.models import registry
 
 
 @pytest.mark.parametrize("name", ["mcsd/full", "mcsd/decay_only", "transformer"])
@@ -59,3 +62,24 @@ def test_stream_yields_one_token_per_row_per_step() -> None:
     tokens = list(model.stream(torch.randint(0, 101, (2, 3)), 6))
     assert len(tokens) == 6 and all(token.shape == (2,) for token in tokens)
     assert torch.equal(model.generate(torch.zeros(1, 3, dtype=torch.long), 0), torch.zeros(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+@torch.no_grad()
+def test_compiled_step_decodes_like_the_eager_step(name: str) -> None:
+    """``step_function(compile=True)``: the eager step's logits up to float rounding, from one
+    graph that serves every later position (nothing recompiles after the first steps), and
+    the same greedy tokens through ``generate(compile=True)``."""
+    torch._dynamo.reset()
+    model = tiny_model(name)
+    ids = torch.randint(0, 101, (2, 40))
+    _, state = model.prefill(ids[:, :5], max_new_tokens=40)
+    twin = copy.deepcopy(state)
+    step = model.step_function(compile=True)
+    assert model.step_function(compile=True) is step and model.step_function() == model.step
+    for position in range(5, 40):
+        with torch.compiler.set_stance("fail_on_recompile" if position >= 7 else "default"):
+            logits, state = step(ids[:, position].clone(), state)
+        expected, twin = model.step(ids[:, position], twin)
+        assert relative_rms_error(logits, expected) < 1e-6, position
+    assert torch.equal(model.generate(ids[:, :5], 8, compile=True), model.generate(ids[:, :5], 8))

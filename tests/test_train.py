@@ -89,8 +89,13 @@ def test_any_checkpoint_of_a_run_is_a_saved_model(trained_run: tuple[Path, float
         assert torch.equal(last(ids), latest(ids)) and not torch.equal(early(ids), latest(ids))
     assert mcsd.load_tokenizer(step).to_str() == mcsd.load_tokenizer(run_dir).to_str()
     result = run_cli("mcsd-generate", f"ckpt={step}", "prompt=The for", "max_new_tokens=5", "temperature=0",
-                     cwd=tmp_path)
+                     "compile=true", cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.startswith("The for"), result.stderr[-2000:]
+    tokenizer = mcsd.load_tokenizer(step)
+    prompt = torch.tensor([tokenizer.encode("The for").ids])
+    greedy = early.generate(prompt, 5)[0, prompt.shape[1]:].tolist()  # the eager step's tokens
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert result.stdout == "The for" + tokenizer.decode(greedy[: greedy.index(eos)] if eos in greedy else greedy) + "\n"
     stopped = tmp_path / "stopped"
     shutil.copytree(run_dir / "checkpoints", stopped / "checkpoints")
     assert mcsd.locate(stopped) == mcsd.locate(stopped / "checkpoints" / "last.ckpt")

@@ -83,12 +83,15 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 def inference_point(
     model_cfg: dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
-    device: str, dtype: str, seed: int,
+    device: str, dtype: str, seed: int, compile: bool = False,
 ) -> dict[str, Any]:
     """Median prefill time, decode time per token, latency, throughput, peak memory, and the
-    bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens."""
+    bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens; with
+    ``compile`` through the compiled step (compiled by the warm-up, which then runs at least
+    once)."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     model = build(model_cfg, device_, dtype_, seed).eval()
+    step = model.step_function(compile)
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=generator).to(device_)
 
@@ -99,13 +102,13 @@ def inference_point(
         def decode() -> Any:
             next_logits, next_state = logits, state
             for _ in range(length):
-                next_logits, next_state = model.step(next_logits.argmax(-1), next_state)
+                next_logits, next_state = step(next_logits.argmax(-1), next_state)
             return next_state
 
         decode_s, final_state = timed(decode, device_)
         return prefill_s, decode_s, state_bytes(final_state) // batch_size
 
-    for _ in range(warmup):
+    for _ in range(max(warmup, 1 if compile else 0)):
         run(min(gen_len, 16))
     if device_.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device_)

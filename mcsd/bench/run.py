@@ -114,7 +114,8 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
             labels = {"model": name, "arch": arch, "variant": variant, "size": cfg.model_size if name == arch else "saved",
                       "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
             arguments = {"model_cfg": source, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
-                         "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, **common}
+                         "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup,
+                         "compile": cfg.compile, **common}
             points.append((labels, arguments))
     else:
         grid_cfg = cfg.train
@@ -149,7 +150,7 @@ def header(cfg: DictConfig, peak_flops: float | None, bandwidth: float | None) -
     device = torch.cuda.get_device_name(torch.device(cfg.device)) if cfg.device.startswith("cuda") else (
         f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads")
     return {"mode": cfg.mode, "device": device, "dtype": cfg.dtype, "torch": torch.__version__,
-            "git_commit": git_commit(), "bench": cfg.name, "matmul_peak_flops": peak_flops,
+            "git_commit": git_commit(), "bench": cfg.name, "compile": cfg.compile, "matmul_peak_flops": peak_flops,
             "read_bandwidth_bytes_per_s": bandwidth}
 
 
@@ -162,7 +163,7 @@ def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, A
     json_path.write_text(json.dumps({"header": head, "points": rows}, indent=2) + "\n")
     columns = COLUMNS[head["mode"]]
     frame = pd.DataFrame(rows).reindex(columns=columns)
-    for key in ("device", "dtype", "torch", "git_commit"):
+    for key in ("device", "dtype", "torch", "git_commit", "compile"):
         frame[key] = head[key]
     frame.to_csv(csv_path, index=False)
     return json_path, csv_path

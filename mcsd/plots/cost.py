@@ -28,7 +28,7 @@ def read_results(path: str | Path) -> tuple[dict, pd.DataFrame]:
         content = json.loads(path.read_text())
         return content["header"], pd.DataFrame(content["points"])
     frame = pd.read_csv(path)
-    head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit") if key in frame}
+    head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit", "compile") if key in frame}
     return head, frame
 
 
@@ -73,7 +73,8 @@ def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scal
 
 
 def _title(head: dict, text: str) -> str:
-    return f"{text}\n{head.get('device', '')}, {head.get('dtype', '')}"
+    compiled = ", compiled step" if head.get("compile") else ""
+    return f"{text}\n{head.get('device', '')}, {head.get('dtype', '')}{compiled}"
 
 
 def plot_inference(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:

@@ -180,42 +180,61 @@ class Section(torch.nn.Module):
             output = value if position == 0 else state.to(value.dtype)
             if output is state:
                 output = state.clone()
-            weight = position_constants("slope_update", self.num_channels, value.device, position)[:, position, None]
+            weight = position_constants("slope_update", self.num_channels, value.device, position)[:, None]
             state.add_((value.float() - state).mul_(weight))
             return output
         output = value if position == 0 else state.to(value.dtype)
         if output is state:
             output = state.clone()
         if self.average_decay and position > 0:
-            divisor = position_constants("history_sum", self.num_channels, value.device, position)[:, position, None]
+            divisor = position_constants("history_sum", self.num_channels, value.device, position)[:, None]
             output = (output / divisor).to(value.dtype)
         state.add_(value.to(state.dtype)).mul_(decay_factors(self.num_channels, value.device)[:, None])
         return output
 
 
-@functools.lru_cache(maxsize=None)
 def decay_factors(num_channels: int, device: torch.device) -> torch.Tensor:
-    """The decay section's ``alpha_i`` ``[C]`` fp32, from its log (as the filter computes it)."""
+    """The decay section's ``alpha_i`` ``[C]`` fp32, from its log (as the filter computes it);
+    cached for eager calls, a constant of a compiled graph."""
+    if torch.compiler.is_compiling():
+        return torch.exp(torch.tensor(log_decay_values("decay", num_channels), dtype=torch.float64).to(
+            device=device, dtype=torch.float32))
+    return _decay_factors(num_channels, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _decay_factors(num_channels: int, device: torch.device) -> torch.Tensor:
     return torch.exp(section_log_decay("decay", num_channels, device))
 
 
 def position_constants(quantity: str, num_channels: int, device: torch.device, position: int) -> torch.Tensor:
-    """A table ``[C, L]`` of a per-position constant covering ``position`` (``L`` a power of two,
-    at least 1024, so that decoding builds a handful of tables in all):
+    """A per-position constant of decoding, ``[C]`` at ``position`` n:
 
-    - ``slope_update``: the slope state's update weight at position n, ``1 / sum_{k=0}^{n} exp(-k beta)``;
-    - ``history_sum``: the decay history's row sum at position n, ``sum_{k=1}^{n} alpha^k``
-      (the divisor under ``decay_norm: sum``).
+    - ``slope_update``: the slope state's update weight, ``1 / sum_{k=0}^{n} exp(-k beta)``;
+    - ``history_sum``: the decay history's row sum, ``sum_{k=1}^{n} alpha^k`` (the divisor
+      under ``decay_norm: sum``).
+
+    Eager calls read a column of a cached table (``[C, L]``, ``L`` a power of two of at least
+    1024, so decoding builds a handful in all); a compiled step computes it in its graph, with
+    ``position`` symbolic (one graph for every position).
     """
-    return _position_table(quantity, num_channels, device, max(1024, 1 << position.bit_length()))
+    if torch.compiler.is_compiling():
+        return _position_values(quantity, num_channels, torch.full((1,), position, device=device))[:, 0]
+    return _position_table(quantity, num_channels, device, max(1024, 1 << position.bit_length()))[:, position]
 
 
 @functools.lru_cache(maxsize=16)
 def _position_table(quantity: str, num_channels: int, device: torch.device, length: int) -> torch.Tensor:
-    positions = torch.arange(length, device=device)
+    return _position_values(quantity, num_channels, torch.arange(length, device=device))
+
+
+def _position_values(quantity: str, num_channels: int, positions: torch.Tensor) -> torch.Tensor:
+    kind = "slope" if quantity == "slope_update" else "decay"
+    log_decay = torch.tensor(log_decay_values(kind, num_channels), dtype=torch.float64).to(
+        device=positions.device, dtype=torch.float32)
     if quantity == "slope_update":
-        return 1.0 / geometric_sum(section_log_decay("slope", num_channels, device), positions + 1)
-    return history_weight_sum(section_log_decay("decay", num_channels, device), positions)
+        return 1.0 / geometric_sum(log_decay, positions + 1)
+    return history_weight_sum(log_decay, positions)
 
 
 class MCSDBlock(TokenMixer):
