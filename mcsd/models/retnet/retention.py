@@ -23,8 +23,9 @@ from torch import nn
 from mcsd.models.common import ChannelRMSNorm, TokenMixer
 from mcsd.models.mcsd.block import section_log_decay
 from mcsd.models.retnet.config import RetNetConfig
-from mcsd.models.transformer.attention import rotary
-from mcsd.ops.decayed_attention import decayed_attention
+from mcsd.models.transformer.attention import rotary, rotary_step
+from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
+from mcsd.ops.exp_filter.naive import state_dtype
 
 
 class MultiScaleRetention(TokenMixer):
@@ -66,3 +67,16 @@ class MultiScaleRetention(TokenMixer):
         retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size)
         mixed = self.norm(retained.transpose(1, 2)) * F.silu(gate)  # [B, N, H, dv]
         return self.out_proj(mixed.reshape(batch, length, -1)), state
+
+    def step(self, x: torch.Tensor, state: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
+        batch, _ = x.shape
+        query, key = rotary_step(self.qk_proj(x).view(batch, 2, self.num_heads, self.key_width),
+                                 position, self.rope_base).unbind(1)
+        value, gate = self.vg_proj(x).view(batch, 2, self.num_heads, self.value_width).unbind(1)
+        if state is None:
+            state = x.new_zeros(batch, self.num_heads, self.key_width, self.value_width, dtype=state_dtype(value))
+        log_decay = section_log_decay("decay", self.num_heads, x.device)[None, :].expand(batch, -1)
+        retained, state = decayed_attention_step(query, key / math.sqrt(self.key_width), value, log_decay, state)
+        mixed = self.norm(retained) * F.silu(gate)  # [B, H, dv]
+        return self.out_proj(mixed.reshape(batch, -1)), state

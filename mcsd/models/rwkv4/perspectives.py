@@ -14,10 +14,11 @@ from torch import nn
 
 
 def mix(shifted: torch.Tensor, x: torch.Tensor, mu: torch.Tensor) -> torch.Tensor:
-    """``mu x + (1 - mu) x_{t-1}`` per perspective: ``x, shifted [P * B, N, D]`` (stream-major),
-    ``mu [P, D]``."""
+    """``mu x + (1 - mu) x_{t-1}`` per perspective: ``x, shifted [P * B, N, D]`` or ``[P * B, D]``
+    (stream-major), ``mu [P, D]``."""
     count = mu.shape[0]
-    return torch.lerp(shifted.unflatten(0, (count, -1)), x.unflatten(0, (count, -1)), mu[:, None, None]).flatten(0, 1)
+    mu = mu.view(count, *([1] * (x.dim() - 1)), -1)
+    return torch.lerp(shifted.unflatten(0, (count, -1)), x.unflatten(0, (count, -1)), mu).flatten(0, 1)
 
 
 class PerspectiveMixes(nn.Module):

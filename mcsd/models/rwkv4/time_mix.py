@@ -12,7 +12,8 @@ from torch import nn
 from mcsd.models.common import TokenMixer
 from mcsd.models.rwkv4.config import RWKV4Config
 from mcsd.models.rwkv4.perspectives import PerspectiveMixes, mix
-from mcsd.ops.wkv import wkv
+from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.wkv import empty_wkv_state, wkv, wkv_step
 
 
 def depth_ratios(layer_index: int, num_layers: int) -> tuple[float, float]:
@@ -79,6 +80,18 @@ class TimeMix(PerspectiveMixes, TokenMixer):
                                chunk_size=self.chunk_size)
         return self.output(torch.sigmoid(r) * mixed), (x[:, -1].float(), wkv_state)
 
+    def step(self, x: torch.Tensor, state, position: int):
+        """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
+        last, wkv_state = state if state is not None else (None, None)
+        shifted = torch.zeros_like(x) if last is None else last.to(x.dtype)
+        k = self.key(mix(shifted, x, self.mix_k))
+        v = self.value(mix(shifted, x, self.mix_v))
+        r = self.receptance(mix(shifted, x, self.mix_r))
+        if wkv_state is None:
+            wkv_state = empty_wkv_state(x.shape[0], x.shape[1], x.device, state_dtype(v))
+        mixed, wkv_state = wkv_step(torch.exp(self.time_decay), self.time_first, k, v, wkv_state)
+        return self.output(torch.sigmoid(r) * mixed), (x.float(), wkv_state)
+
 
 class ChannelMix(PerspectiveMixes, TokenMixer):
     """RWKV's MLP: ``sigmoid(W_r x~_r) * W_v relu(W_k x~_k)^2`` with ``x~ = mu x + (1 - mu) x_{t-1}``
@@ -112,3 +125,10 @@ class ChannelMix(PerspectiveMixes, TokenMixer):
         k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()
         r = torch.sigmoid(self.receptance(mix(shifted, x, self.mix_r)))
         return r * self.value(k), x[:, -1].float()
+
+    def step(self, x: torch.Tensor, state, position: int):
+        """One token per row, ``x`` ``[B, D]``."""
+        shifted = torch.zeros_like(x) if state is None else state.to(x.dtype)
+        k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()
+        r = torch.sigmoid(self.receptance(mix(shifted, x, self.mix_r)))
+        return r * self.value(k), x.float()

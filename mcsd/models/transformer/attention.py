@@ -16,6 +16,7 @@ needs), so decoding any number of tokens costs amortised O(1) copies per token.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -57,13 +58,36 @@ class KVCache:
 def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
     """Rotate ``x`` ``[B, H, N, Dh]`` at absolute positions ``position..`` (RoPE, half-split)."""
     length, width = x.shape[2], x.shape[3]
-    inverse_frequency = base ** (-torch.arange(0, width, 2, device=x.device, dtype=torch.float32) / width)
     positions = torch.arange(position, position + length, device=x.device, dtype=torch.float32)
-    angles = positions[:, None] * inverse_frequency[None, :]
-    cos, sin = angles.cos(), angles.sin()
+    angles = positions[:, None] * inverse_frequency(width, base, x.device)[None, :]
+    return _rotate(x, angles.cos(), angles.sin())
+
+
+def rotary_step(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
+    """:func:`rotary` of one position, ``x`` ``[..., Dh]``: the same numbers, no position tensor."""
+    angles = inverse_frequency(x.shape[-1], base, x.device) * position
+    return _rotate(x, angles.cos(), angles.sin())
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     first, second = x.float().chunk(2, dim=-1)
     rotated = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
     return rotated.to(x.dtype)
+
+
+def inverse_frequency(width: int, base: float, device: torch.device) -> torch.Tensor:
+    """RoPE's ``base^(-2i/Dh)``, ``[Dh / 2]`` fp32: cached for eager calls, a constant of a
+    compiled graph."""
+    if torch.compiler.is_compiling():
+        return _inverse_frequency_values(width, base, device)
+    return _cached_inverse_frequency(width, base, device)
+
+
+def _inverse_frequency_values(width: int, base: float, device: torch.device) -> torch.Tensor:
+    return base ** (-torch.arange(0, width, 2, device=device, dtype=torch.float32) / width)
+
+
+_cached_inverse_frequency = functools.lru_cache(maxsize=None)(_inverse_frequency_values)
 
 
 class CausalSelfAttention(TokenMixer):
@@ -117,6 +141,28 @@ class CausalSelfAttention(TokenMixer):
             block = 1 if form == "recurrent" else self.chunk_size
             attended = self._attend_cached(query, key, value, bias, cache, position, block)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, hidden)), cache
+
+    def step(self, x: torch.Tensor, cache: KVCache | None, position: int) -> tuple[torch.Tensor, KVCache]:
+        """One token per row, ``x`` ``[B, D]``: its key and value (and key bias) written into the
+        cache in place, its query attending to every cached position (none is in its future)."""
+        batch, hidden = x.shape
+        qkv = self.qkv_proj(x).view(batch, 3, self.num_heads, self.head_width)
+        query, key = rotary_step(qkv[:, :2], position, self.rope_base).unbind(1)  # [B, H, Dh] each
+        value = qkv[:, 2]
+        if cache is None:
+            cache = self.init_state(batch, position + 1, x.device, key.dtype)
+        end = position + 1
+        cache.reserve(end, filled=position)
+        cache.keys[:, :, position] = key.to(cache.keys.dtype)
+        cache.values[:, :, position] = value.to(cache.values.dtype)
+        bias = self.key_bias(value[:, :, None])
+        mask = None
+        if bias is not None:
+            cache.key_bias[:, :, position] = bias[:, :, 0].to(cache.key_bias.dtype)
+            mask = cache.key_bias[:, :, None, :end].to(query.dtype)
+        attended = F.scaled_dot_product_attention(query[:, :, None], cache.keys[:, :, :end].to(query.dtype),
+                                                  cache.values[:, :, :end].to(query.dtype), attn_mask=mask)
+        return self.out_proj(attended.reshape(batch, hidden)), cache
 
     def _attend_cached(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,

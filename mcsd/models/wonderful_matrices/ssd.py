@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mcsd.models.common import ChannelRMSNorm, TokenMixer
-from mcsd.models.transformer.attention import rotary
+from mcsd.models.transformer.attention import rotary, rotary_step
 from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
-from mcsd.ops.decayed_attention import decayed_attention
+from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
 from mcsd.ops.exp_filter.naive import state_dtype
 
 
@@ -79,3 +79,20 @@ class StateSpaceDuality(TokenMixer):
         mixed = mixed + self.skip[:, None, None].to(inner.dtype) * inner
         gated = self.norm(mixed.transpose(1, 2)) * F.silu(gate.view(batch, length, self.num_heads, self.head_width))
         return self.out_proj(gated.reshape(batch, length, self.inner_width)), state
+
+    def step(self, x: torch.Tensor, state: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
+        batch, _ = x.shape
+        gate, inner, keys, queries, dt = self.in_proj(x).split(self.split_widths, dim=-1)
+        keys = rotary_step(keys[:, None], position, self.rope_base).expand(-1, self.num_heads, -1)  # B
+        queries = rotary_step(queries[:, None], position, self.rope_base).expand(-1, self.num_heads, -1)  # C
+        accumulate = state_dtype(dt)
+        dt = F.softplus(dt.to(accumulate) + self.dt_bias.to(accumulate))  # [B, H]
+        log_decay = dt * -torch.exp(self.A_log.to(accumulate))
+        inner = inner.view(batch, self.num_heads, self.head_width)  # [B, H, P]
+        if state is None:
+            state = x.new_zeros(batch, self.num_heads, self.state_size, self.head_width, dtype=accumulate)
+        mixed, state = decayed_attention_step(queries, keys, inner * dt[..., None].to(inner.dtype), log_decay, state)
+        mixed = mixed + self.skip[:, None].to(inner.dtype) * inner
+        gated = self.norm(mixed) * F.silu(gate.view(batch, self.num_heads, self.head_width))
+        return self.out_proj(gated.reshape(batch, self.inner_width)), state
