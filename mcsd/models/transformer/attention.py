@@ -153,12 +153,13 @@ class CausalSelfAttention(TokenMixer):
             cache = self.init_state(batch, position + 1, x.device, key.dtype)
         end = position + 1
         cache.reserve(end, filled=position)
-        cache.keys[:, :, position] = key.to(cache.keys.dtype)
-        cache.values[:, :, position] = value.to(cache.values.dtype)
+        # Slices, not integer indices: a compiled step keeps ``position`` symbolic through them.
+        cache.keys[:, :, position:end] = key[:, :, None].to(cache.keys.dtype)
+        cache.values[:, :, position:end] = value[:, :, None].to(cache.values.dtype)
         bias = self.key_bias(value[:, :, None])
         mask = None
         if bias is not None:
-            cache.key_bias[:, :, position] = bias[:, :, 0].to(cache.key_bias.dtype)
+            cache.key_bias[:, :, position:end] = bias.to(cache.key_bias.dtype)
             mask = cache.key_bias[:, :, None, :end].to(query.dtype)
         attended = F.scaled_dot_product_attention(query[:, :, None], cache.keys[:, :, :end].to(query.dtype),
                                                   cache.values[:, :, :end].to(query.dtype), attn_mask=mask)
