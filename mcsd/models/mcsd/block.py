@@ -167,8 +167,9 @@ class Section(torch.nn.Module):
         elif self.average_decay:  # the state stays the raw sum of Eq. 19; only the output is divided
             positions = torch.arange(position, position + length, device=values.device)
             filtered = filtered / history_weight_sum(log_decay, positions)[None, :, :, None]
-        if position == 0:  # row 0 of Eqs. 3 and 9: token 0 itself (the paper's "first number 1")
-            filtered = torch.cat([channels_first[:, :, :1].to(filtered.dtype), filtered[:, :, 1:]], dim=2)
+        if position == 0:  # row 0 of Eqs. 3 and 9: token 0 itself (the paper's "first number 1"),
+            # added in place to the filter's output there, which is exactly 0 (no history, no state).
+            filtered[:, :, 0] += channels_first[:, :, 0].to(filtered.dtype)
         return filtered.transpose(1, 2), final
 
     def mix_step(self, value: torch.Tensor, state: torch.Tensor, position: int) -> torch.Tensor:
