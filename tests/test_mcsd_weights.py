@@ -119,7 +119,7 @@ def test_decay_branch_output_scales_with_the_initial_gain() -> None:
     for gain in (1.0, 0.01):
         torch.manual_seed(0)
         section = build_model(decay_config(sections=["decay"], decay_norm_gain_init=gain)).layers[0].mixer.sections[0]
-        outputs[gain] = section(x, x, None, 0, "chunk")[0]
+        outputs[gain] = section.gate(section.mix(x, None, 0, "chunk")[0], x)
     torch.testing.assert_close(outputs[0.01], 0.01 * outputs[1.0], rtol=1e-6, atol=0)
     assert outputs[1.0].pow(2).mean().sqrt() > 0.3  # unit-scale features times sigmoid(F) ~ 0.5
 
@@ -131,7 +131,7 @@ def test_sum_normalised_decay_has_no_gain_and_starts_small() -> None:
     assert all(section.norm is None for layer in summed.layers for section in layer.mixer.sections)
     mixer = summed.layers[0].mixer
     current, history = mixer.section_inputs(torch.randn(2, 30, 12))[1]
-    theta = mixer.sections[1](current, history, None, 0, "chunk")[0]
+    theta = mixer.sections[1].gate(mixer.sections[1].mix(history, None, 0, "chunk")[0], current)
     assert theta.pow(2).mean().sqrt() < 0.05  # an average of E = W_e x (std 0.02 weights), gated
 
 

@@ -102,9 +102,10 @@ def decay_matrix(length: int, num_channels: int, decay_norm: str = "rmsnorm") ->
 
 
 class Section(torch.nn.Module):
-    """One slope or decay section: the history mixing of its branch and the gate. Its
-    projections are the block's (one grouped projection for every section). Returns ``Theta``
-    ``[B, N, C, Dc]`` and the new section state."""
+    """One slope or decay section: the history mixing of its branch (:meth:`mix`) and the gate
+    that makes ``Theta`` ``[B, N, C, Dc]`` of it (:meth:`gate`). Its projections are the block's
+    (one grouped projection for every section), and a block of several sections filters their
+    histories together (:meth:`filter_state`, :meth:`finish`)."""
 
     def __init__(self, kind: str, config: MCSDConfig) -> None:
         super().__init__()
@@ -126,13 +127,6 @@ class Section(torch.nn.Module):
             return torch.tensor(self.log_decay_values, dtype=torch.float32, device=device)
         return section_log_decay(self.kind, self.num_channels, device)
 
-    def forward(
-        self, current: torch.Tensor, history: torch.Tensor, state: torch.Tensor | None, position: int, form: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``current`` (U or F) and ``history`` (V or E), ``[B, N, C, Dc]`` each."""
-        mixed, state = self.mix(history, state, position, form)
-        return self.gate(mixed, current), state
-
     def gate(self, mixed: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """Eq. 6 (slope) or Eq. 12 (decay) from the mixed history and the current branch."""
         if self.kind == "slope":
@@ -151,21 +145,34 @@ class Section(torch.nn.Module):
                 state = values.new_zeros(batch, channels, width, dtype=torch.float32)
             outputs = [self.mix_step(values[:, offset], state, position + offset) for offset in range(values.shape[1])]
             return torch.stack(outputs, dim=1), state
-        log_decay = self.log_decay(values.device)
         channels_first = values.transpose(1, 2)  # [B, C, N, Dc]
-        length = values.shape[1]
-        initial = state
-        if self.kind == "slope" and state is not None:
-            # The state is the normalised average; the filter carries the raw sum.
-            initial = state * history_weight_sum(log_decay, torch.tensor([position], device=values.device))[None]
-        filtered, final = exp_filter(channels_first, log_decay, initial, form, self.chunk_size)
+        log_decay = self.log_decay(values.device)
+        filtered, final = exp_filter(channels_first, log_decay, self.filter_state(state, position), form, self.chunk_size)
+        return self.finish(filtered, final, channels_first, position)
+
+    def filter_state(self, state: torch.Tensor | None, position: int) -> torch.Tensor | None:
+        """The exponential filter's initial state from this section's state: the decay's raw sum
+        itself; the slope's normalised average times its weight sum (the filter carries raw sums)."""
+        if self.kind != "slope" or state is None:
+            return state
+        log_decay = self.log_decay(state.device)
+        return state * history_weight_sum(log_decay, torch.tensor([position], device=state.device))[None]
+
+    def finish(
+        self, filtered: torch.Tensor, final: torch.Tensor, channels_first: torch.Tensor, position: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """From the filter's raw output ``[B, C, N, Dc]`` and final state to this section's mixed
+        history ``[B, N, C, Dc]`` and state: the slope's softmax denominators (Eq. 3), the decay's
+        row sums under ``decay_norm: sum``, and row 0 (token 0 itself) at the sequence start."""
+        length = filtered.shape[2]
+        log_decay = self.log_decay(filtered.device)
         if self.kind == "slope":
-            positions = torch.arange(position, position + length + 1, device=values.device)
+            positions = torch.arange(position, position + length + 1, device=filtered.device)
             denominator = history_weight_sum(log_decay, positions)[None, :, :, None]
             filtered = filtered / denominator[:, :, :length]
             final = final / denominator[:, :, length]
         elif self.average_decay:  # the state stays the raw sum of Eq. 19; only the output is divided
-            positions = torch.arange(position, position + length, device=values.device)
+            positions = torch.arange(position, position + length, device=filtered.device)
             filtered = filtered / history_weight_sum(log_decay, positions)[None, :, :, None]
         if position == 0:  # row 0 of Eqs. 3 and 9: token 0 itself (the paper's "first number 1"),
             # added in place to the filter's output there, which is exactly 0 (no history, no state).
@@ -282,12 +289,32 @@ class MCSDBlock(TokenMixer):
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         batch, length, hidden = x.shape
         states = layer_state if layer_state is not None else [None] * len(self.sections)
-        thetas, new_states = [], []
-        for section, (current, history), state in zip(self.sections, self.section_inputs(x), states):
-            theta, state = section(current, history, state, position, form)
-            thetas.append(theta)
-            new_states.append(state)
-        return self.out_proj(self.fuse(thetas, batch, length, hidden)), new_states
+        inputs = self.section_inputs(x)
+        if form == "recurrent" or len(self.sections) == 1:
+            mixed = [section.mix(history, state, position, form)
+                     for section, (_, history), state in zip(self.sections, inputs, states)]
+        else:
+            mixed = self._mix_together([history for _, history in inputs], states, position, form)
+        thetas = [section.gate(history, current) for section, (current, _), (history, _) in zip(self.sections, inputs, mixed)]
+        return self.out_proj(self.fuse(thetas, batch, length, hidden)), [state for _, state in mixed]
+
+    def _mix_together(
+        self, histories: list[torch.Tensor], states: list[torch.Tensor | None], position: int, form: str
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every section's :meth:`Section.mix` through one exponential filter over all their
+        channels (``S * C``, each with its own decay): one set of batched products per layer."""
+        channels_first = torch.cat(histories, dim=2).transpose(1, 2)  # [B, S * C, N, Dc]
+        log_decay = torch.cat([section.log_decay(channels_first.device) for section in self.sections])
+        initial = None
+        if states[0] is not None:
+            initial = torch.cat([section.filter_state(state, position) for section, state in zip(self.sections, states)],
+                                dim=1)
+        filtered, final = exp_filter(channels_first, log_decay, initial, form, self.sections[0].chunk_size)
+        # Slices, not split(): finish() may add token 0's row in place, which autograd allows on a view
+        # of one slice but not on one of split()'s several.
+        return [section.finish(*(tensor[:, index * self.num_channels:(index + 1) * self.num_channels]
+                                 for tensor in (filtered, final, channels_first)), position)
+                for index, section in enumerate(self.sections)]
 
     def step(
         self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int
