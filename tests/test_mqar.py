@@ -148,6 +148,14 @@ def test_registry_architectures_keep_the_arms_of_the_architectures_named() -> No
         registry_arms(["slope_only"], ["transformer"])
 
 
+def test_registry_settings_go_into_their_architectures_arms_alone() -> None:
+    plain = registry_arms(["default", "slope_only"])
+    arms = registry_arms(["default", "slope_only"], None, {"mcsd": ["model.chunk_size=32"]})
+    assert arms == [arm + ["model.chunk_size=32"] if arm[0] == "model=mcsd" else arm for arm in plain]
+    with pytest.raises(HydraException, match="registry_settings names 'msd', which is not registered"):
+        registry_arms(["default"], None, {"msd": ["model.chunk_size=32"]})
+
+
 def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(tmp_path: Path) -> None:
     """experiments/sweep.sh --add keeps the jobs already in the results folder and numbers the
     new sweep's jobs after them; the figure then draws both."""
@@ -179,6 +187,9 @@ def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     runs = load_mqar_runs(tmp_path / "logs")
     assert len(runs) == 4 * (len(registry.architectures()) + 1)
+    # The hybrid's 2 layers hold an attention layer (the experiment's registry_settings).
+    assert set(runs.loc[runs["curve"].str.startswith("wonderful_matrices|"), "curve"]) == {
+        "wonderful_matrices|default, attention_every=2"}
     assert set(runs["num_pairs"]) == {2} and set(runs["width"]) == {16, 32}  # K = T / 16
     figure = plot_mqar(runs, tmp_path / "figure")
     assert [path.name for path in figure.paths] == ["mqar_recall.png", "mqar_recall.pdf", "mqar_recall_table.md"]

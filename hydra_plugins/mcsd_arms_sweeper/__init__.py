@@ -22,7 +22,13 @@ named in the list (``default``: its first variant; ``all``: every variant), as
         registry_architectures: [retnet]           # only these architectures (default: every one)
 
 ``registry_architectures`` lets a sweep add one new architecture's arms to results made before it
-was registered, without running the others again.
+was registered, without running the others again. ``registry_settings`` adds overrides to one
+architecture's registry arms (a setting the experiment needs for that architecture alone):
+
+    hydra:
+      sweeper:
+        registry_settings:
+          wonderful_matrices: [model.attention_every=2]   # 2 layers: SSD, then attention
 """
 
 from dataclasses import dataclass, field
@@ -42,6 +48,7 @@ class ArmsSweeperConf:
     arms: list[Any] = field(default_factory=list)
     registry_variants: Optional[list[str]] = None
     registry_architectures: Optional[list[str]] = None
+    registry_settings: Optional[dict[str, list[str]]] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="arms", node=ArmsSweeperConf, provider="mcsd")
@@ -59,17 +66,20 @@ def _override_value(value: Any) -> str:
     return str(value)
 
 
-def registry_arms(variant_names: list[str], architectures: Optional[list[str]] = None) -> list[list[str]]:
+def registry_arms(variant_names: list[str], architectures: Optional[list[str]] = None,
+                  settings: Optional[dict[str, list[str]]] = None) -> list[list[str]]:
     """One arm per registered architecture (of ``architectures``, or every one) and variant named
     in ``variant_names`` (``default``: the architecture's first variant; ``all``: every one), in
-    registration order."""
+    registration order; an architecture's ``settings`` are added to each of its arms."""
     from mcsd.models import registry
 
     names = registry.architectures()
-    unregistered = [name for name in architectures or [] if name not in names]
-    if unregistered:
-        raise HydraException(f"hydra.sweeper.registry_architectures names {unregistered[0]!r}, which is not "
-                             f"registered: use one of {', '.join(names)}")
+    settings = settings or {}
+    for option, listed in (("registry_architectures", architectures or []), ("registry_settings", settings)):
+        unregistered = [name for name in listed if name not in names]
+        if unregistered:
+            raise HydraException(f"hydra.sweeper.{option} names {unregistered[0]!r}, which is not "
+                                 f"registered: use one of {', '.join(names)}")
     if architectures is not None:
         names = [name for name in names if name in architectures]
     known = {"all", "default", *(variant for name in registry.architectures() for variant in registry.get(name).variants)}
@@ -82,7 +92,8 @@ def registry_arms(variant_names: list[str], architectures: Optional[list[str]] =
         variants = list(registry.get(name).variants.items())
         for index, (variant, fields) in enumerate(variants):
             if "all" in variant_names or variant in variant_names or (index == 0 and "default" in variant_names):
-                arms.append([f"model={name}", *(f"model.{key}={_override_value(value)}" for key, value in fields.items())])
+                arms.append([f"model={name}", *(f"model.{key}={_override_value(value)}" for key, value in fields.items()),
+                             *(str(item) for item in settings.get(name, []))])
     if architectures is not None and not arms:
         raise HydraException(f"hydra.sweeper.registry_variants {variant_names} names no variant of "
                              f"{', '.join(names)}: add default or all")
@@ -94,10 +105,13 @@ class ArmsSweeper(BasicSweeper):
 
     def __init__(self, max_batch_size: Optional[int] = None, params: Optional[dict[str, str]] = None,
                  arms: Optional[list[Any]] = None, registry_variants: Optional[list[str]] = None,
-                 registry_architectures: Optional[list[str]] = None) -> None:
+                 registry_architectures: Optional[list[str]] = None,
+                 registry_settings: Optional[dict[str, list[str]]] = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         chosen = None if registry_architectures is None else list(registry_architectures)
-        self.arms = [_arm_overrides(arm) for arm in (arms or [])] + registry_arms(list(registry_variants or []), chosen)
+        settings = {name: list(items) for name, items in (registry_settings or {}).items()}
+        self.arms = [_arm_overrides(arm) for arm in (arms or [])] + registry_arms(
+            list(registry_variants or []), chosen, settings)
 
     def split_arguments(self, overrides: list[Override], max_batch_size: Optional[int]) -> list[list[list[str]]]:
         jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
