@@ -75,8 +75,11 @@ def train_forms(cfg: DictConfig, arch: str) -> list[str]:
     return forms
 
 
-def _in_child(kind: str, arguments: dict[str, Any], memory_limit_mb: float | None) -> dict[str, Any]:
+def _in_child(kind: str, arguments: dict[str, Any], memory_limit_mb: float | None,
+              threads: int | None) -> dict[str, Any]:
     """Run one point in this (fresh) process; an allocation failure is a result, not an error."""
+    if threads:
+        torch.set_num_threads(threads)
     measure.limit_extra_memory(memory_limit_mb)
     try:
         return {**getattr(measure, f"{kind}_point")(**arguments), "status": "ok"}
@@ -86,9 +89,13 @@ def _in_child(kind: str, arguments: dict[str, Any], memory_limit_mb: float | Non
         raise
 
 
-def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_mb: float | None) -> dict[str, Any]:
-    """One point, in a fresh process when ``isolate`` (a process killed for memory is OOM too)."""
+def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_mb: float | None,
+              threads: int | None = None) -> dict[str, Any]:
+    """One point, in a fresh process when ``isolate`` (a process killed for memory is OOM too),
+    on ``threads`` torch threads (``None``: torch's default; set in this process when not isolated)."""
     if not isolate:
+        if threads:
+            torch.set_num_threads(threads)
         try:
             return {**getattr(measure, f"{kind}_point")(**arguments), "status": "ok"}
         except torch.OutOfMemoryError:
@@ -96,7 +103,7 @@ def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_
             return {"status": "oom"}
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
         try:
-            return pool.submit(_in_child, kind, arguments, memory_limit_mb).result()
+            return pool.submit(_in_child, kind, arguments, memory_limit_mb, threads).result()
         except BrokenProcessPool:
             return {"status": "oom"}
 
@@ -148,7 +155,7 @@ def _check(cfg: DictConfig) -> None:
 def header(cfg: DictConfig, peak_flops: float | None, bandwidth: float | None) -> dict[str, Any]:
     """What machine and software the results come from."""
     device = torch.cuda.get_device_name(torch.device(cfg.device)) if cfg.device.startswith("cuda") else (
-        f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads")
+        f"{platform.processor() or platform.machine()} CPU, {cfg.threads or torch.get_num_threads()} threads")
     return {"mode": cfg.mode, "device": device, "dtype": cfg.dtype, "torch": torch.__version__,
             "git_commit": git_commit(), "bench": cfg.name, "compile": cfg.compile, "matmul_peak_flops": peak_flops,
             "read_bandwidth_bytes_per_s": bandwidth}
@@ -184,12 +191,14 @@ def bench(cfg: DictConfig) -> Path:
     """Run the grid of ``cfg`` and write its results; return the CSV's path."""
     _check(cfg)
     isolate = cfg.isolate if cfg.isolate is not None else not cfg.device.startswith("cuda")
+    if cfg.threads:  # the peak and the bandwidth on the points' own thread count
+        torch.set_num_threads(cfg.threads)
     peak_flops = measure.matmul_peak_flops(cfg.device, cfg.dtype) if cfg.mode == "train" else None
     bandwidth = measure.read_bandwidth_bytes_per_s(cfg.device) if cfg.mode == "inference" else None
     points = grid(cfg)
     rows = []
     for labels, arguments in tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point"):
-        result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb)
+        result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
         row = {**labels, **result}
         if peak_flops and result["status"] == "ok":
             row["mfu"] = 6 * result["flop_params"] * result["tokens_per_s"] / peak_flops
