@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 from omegaconf import open_dict
 
@@ -98,6 +99,17 @@ def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path) 
     assert json.loads((tmp_path / "results.json").read_text())["header"]["compile"] is True
     # A compilation inside the timed decode would take seconds: these steps take milliseconds.
     assert (frame["decode_s_per_token"] < 0.05).all()
+
+
+def test_an_isolated_point_reports_its_own_peak_memory(tmp_path: Path) -> None:
+    """A point's fresh process reports its own peak memory, not that of the process that
+    started it: after this process has held 1 GiB, a tiny model's points still peak far below."""
+    held = torch.ones(2**28)  # 1 GiB, touched
+    del held
+    csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[4]",
+                         "models=[mcsd]", "isolate=true")
+    peak = pd.read_csv(csv_path)["peak_mem_bytes"].iloc[0]
+    assert 50 * 2**20 < peak < 2**30
 
 
 def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:

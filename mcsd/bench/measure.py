@@ -36,9 +36,22 @@ def timed(function: Callable[[], Any], device: torch.device) -> tuple[float, Any
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak allocated device memory (GPU) or peak resident memory of this process (CPU)."""
+    """Peak allocated device memory (GPU) or peak resident memory of this process (CPU).
+
+    On Linux the CPU peak is ``VmHWM`` of ``/proc/self/status``, the high-water mark of this
+    process's own address space: ``getrusage``'s ``ru_maxrss`` would carry over the peak of the
+    parent that started it (Linux keeps it across fork and exec), so a point's process would
+    report its launcher's memory.
+    """
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
