@@ -184,16 +184,13 @@ class Section(torch.nn.Module):
         ``state`` ``[B, C, Dc]`` fp32 advanced in place: Eq. 16 (slope: ``S <- S + (V_n - S) / Z``,
         ``Z = sum_{k=0}^{n} exp(-k beta)``) or Eq. 19 (decay: ``S <- alpha (S + E_n)``). The
         per-position constants come from tables built once (:func:`position_constants`)."""
+        output = value if position == 0 else state.to(value.dtype)
+        if output is state:  # the state is about to change in place
+            output = state.clone()
         if self.kind == "slope":
-            output = value if position == 0 else state.to(value.dtype)
-            if output is state:
-                output = state.clone()
             weight = position_constants("slope_update", self.num_channels, value.device, position)[:, None]
             state.add_((value.float() - state).mul_(weight))
             return output
-        output = value if position == 0 else state.to(value.dtype)
-        if output is state:
-            output = state.clone()
         if self.average_decay and position > 0:
             divisor = position_constants("history_sum", self.num_channels, value.device, position)[:, None]
             output = (output / divisor).to(value.dtype)
