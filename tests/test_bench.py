@@ -144,6 +144,19 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
         plot_inference(csv_path)
 
 
+def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) -> None:
+    """``mode=train compile=true``: the points step through the compiled model + loss (compiled in
+    the warm-up, which runs even when ``train.warmup=0``) and the results say so."""
+    csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "train.seq_lens=[32]", "train.repeats=2",
+                         "train.warmup=0", "models=[mcsd,transformer]", "train.forms=[training]", "compile=true",
+                         "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["form"]) == ["chunk", "parallel"]  # [training]: each architecture's training form
+    assert list(frame["status"]) == ["ok", "ok"] and frame["compile"].all()
+    # A compilation inside the timed steps would take seconds: these take milliseconds.
+    assert (frame["step_s"] < 0.5).all()
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [(["mode=serve"], "mode='serve' is unknown"),

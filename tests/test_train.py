@@ -12,7 +12,9 @@ import torch
 import yaml
 
 import mcsd
+from conftest import relative_rms_error, tiny_model
 from harness import FAST, compose_train, read_metrics, run_cli, series
+from mcsd.models import registry
 from mcsd.train import train
 
 
@@ -164,6 +166,36 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path: Path) -> None:
     assert sorted(compiled) == [0, 1]
     assert [compiled[step] for step in (0, 1)] == pytest.approx([eager[step] for step in (0, 1)], rel=1e-4)
     assert mcsd.load(tmp_path / "compiled").config == mcsd.load(tmp_path / "eager").config
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
+    """``loss_function(compile=True)`` (what ``compile=true`` trains and mcsd-bench times): the
+    eager loss, logits and gradients up to float rounding, cached per model, and no recompile
+    on the next step."""
+    torch._dynamo.reset()
+    model = tiny_model(name).train()
+    ids = torch.randint(0, 101, (2, 33))
+    targets = ids[:, 1:].clone()
+    targets[0, :4] = -100  # not scored
+    compiled = model.loss_function(compile=True)
+    assert model.loss_function(compile=True) is compiled and model.loss_function() == model.loss
+    results = []
+    for function in (model.loss, compiled, compiled):
+        with torch.compiler.set_stance("fail_on_recompile" if len(results) == 2 else "default"):
+            loss, logits = function(ids[:, :-1], targets)
+        loss.backward()
+        results.append((loss.detach(), logits.detach(), [p.grad.clone() for p in model.parameters()]))
+        model.zero_grad(set_to_none=True)
+    (eager_loss, eager_logits, eager_grads), *compiled_results = results
+    scored = targets != -100  # the mean over the scored positions only
+    assert eager_loss.item() == pytest.approx(
+        torch.nn.functional.cross_entropy(eager_logits[scored], targets[scored]).item(), rel=1e-6)
+    for loss, logits, grads in compiled_results:
+        assert loss.item() == pytest.approx(eager_loss.item(), rel=1e-6)
+        assert relative_rms_error(logits, eager_logits) < 1e-6
+        # Per element, rounding-sized: some gradients (the hybrid's skips) are ~1e-6 in all.
+        assert all(torch.allclose(grad, eager, rtol=1e-4, atol=1e-8) for grad, eager in zip(grads, eager_grads))
 
 
 @pytest.mark.parametrize(("mode", "offline"), [(None, True), ("offline", True), ("online", False)])

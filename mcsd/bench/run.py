@@ -65,10 +65,11 @@ def model_source(entry: str, size: str, ablation: str | None) -> tuple[str, str,
 
 
 def train_forms(cfg: DictConfig, arch: str) -> list[str]:
-    """The forms measured in training: ``train.forms``, or the architecture's training form
-    and its parallel (reference) form."""
+    """The forms measured in training: ``train.forms`` (where ``training`` stands for the
+    architecture's training form), or its parallel (reference) form and its training form."""
     architecture = registry.get(arch)
-    forms = list(cfg.train.forms) if cfg.train.forms else list(dict.fromkeys(["parallel", architecture.train_form]))
+    forms = list(cfg.train.forms) if cfg.train.forms else ["parallel", "training"]
+    forms = list(dict.fromkeys(architecture.train_form if form == "training" else form for form in forms))
     missing = [form for form in forms if form not in architecture.forms]
     if missing:
         raise MCSDError(f"train.forms: {arch} has no form {missing[0]!r}: use some of {', '.join(architecture.forms)}")
@@ -132,7 +133,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
             labels = {"model": name, "arch": arch, "variant": variant, "form": form, "size": cfg.model_size if name == arch else "saved",
                       "batch": grid_cfg.batch_size, "seq_len": seq_len}
             arguments = {"model_cfg": source, "form": form, "batch_size": grid_cfg.batch_size, "seq_len": seq_len,
-                         "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, **common}
+                         "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, "compile": cfg.compile, **common}
             points.append((labels, arguments))
     return points
 

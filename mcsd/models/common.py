@@ -273,6 +273,26 @@ class CausalLM(nn.Module):
         """Logits ``[B, N, vocab]`` for every position (training and scoring)."""
         return self.lm_head(self.hidden_states(input_ids, form))
 
+    def loss(
+        self, input_ids: torch.Tensor, targets: torch.Tensor, form: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mean next-token cross-entropy (fp32) of :meth:`forward`'s logits against ``targets``
+        ``[B, N]`` (``-100``: not scored), and the logits: what a training step differentiates."""
+        logits = self(input_ids, form)
+        return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten()), logits
+
+    def loss_function(
+        self, compile: bool = False
+    ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`loss`, or with ``compile`` its ``torch.compile``d twin, kept for this model: the
+        model and the cross-entropy in one graph, so that the softmax over the vocabulary fuses
+        with the loss and its backward (``nn.Module.compile`` would compile the logits alone)."""
+        if not compile:
+            return self.loss
+        if self not in _COMPILED_LOSSES:
+            _COMPILED_LOSSES[self] = torch.compile(self.loss)
+        return _COMPILED_LOSSES[self]
+
     def hidden_states(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:
         """The final-normed hidden states ``[B, N, D]`` that the LM head reads (a loss on a few
         positions applies ``lm_head`` to those alone)."""
@@ -360,6 +380,7 @@ class CausalLM(nn.Module):
 
 
 _COMPILED_STEPS: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
+_COMPILED_LOSSES: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
 
 
 def sample_next_token(

@@ -73,9 +73,6 @@ class LanguageModelModule(L.LightningModule):
         self.train_ppl, self.val_ppl, self.test_ppl = Perplexity(), Perplexity(), Perplexity()
         self.val_mqar_acc, self.test_mqar_acc = MeanMetric(), MeanMetric()
 
-    def configure_model(self) -> None:
-        if self.compile:
-            self.model.compile()  # in place: parameter names and saved weights are unchanged
 
     def parameter_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.model.parameters())
@@ -98,9 +95,11 @@ class LanguageModelModule(L.LightningModule):
             scored = batch["labels"] != IGNORE_INDEX
             logits = self.model.lm_head(self.model.hidden_states(ids)[scored])[None]  # [1, scored, vocab]
             targets = batch["labels"][scored][None]
-        else:
-            logits, targets = self.model(ids[:, :-1]), ids[:, 1:]
-        loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+            return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten()), logits, targets
+        # With compile: the model and its loss in one compiled graph (the model's weights and
+        # names are untouched, so checkpoints and saved models are the same).
+        targets = ids[:, 1:]
+        loss, logits = self.model.loss_function(self.compile)(ids[:, :-1], targets)
         return loss, logits, targets
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
