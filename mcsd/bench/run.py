@@ -38,9 +38,9 @@ MODES = ("inference", "train")
 COLUMNS = {
     "inference": ["model", "arch", "variant", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
-                  "state_bytes_per_sequence", "step_weight_bytes", "limit_ratio", "status"],
-    "train": ["model", "arch", "variant", "form", "size", "params", "flop_params", "batch", "seq_len", "step_s", "tokens_per_s", "mfu",
-              "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
+                  "state_bytes_per_sequence", "step_weight_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "status"],
+    "train": ["model", "arch", "variant", "form", "size", "params", "flop_params", "batch", "seq_len", "step_s", "tokens_per_s",
+              "matmul_peak_flops", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
 }
 OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
@@ -153,13 +153,12 @@ def _check(cfg: DictConfig) -> None:
                             "nor a saved model (a model folder, an mcsd-train run directory or a .ckpt)")
 
 
-def header(cfg: DictConfig, peak_flops: float | None, bandwidth: float | None) -> dict[str, Any]:
+def header(cfg: DictConfig) -> dict[str, Any]:
     """What machine and software the results come from."""
     device = torch.cuda.get_device_name(torch.device(cfg.device)) if cfg.device.startswith("cuda") else (
         f"{platform.processor() or platform.machine()} CPU, {cfg.threads or torch.get_num_threads()} threads")
     return {"mode": cfg.mode, "device": device, "dtype": cfg.dtype, "torch": torch.__version__,
-            "git_commit": git_commit(), "bench": cfg.name, "compile": cfg.compile, "matmul_peak_flops": peak_flops,
-            "read_bandwidth_bytes_per_s": bandwidth}
+            "git_commit": git_commit(), "bench": cfg.name, "compile": cfg.compile}
 
 
 def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[Path, Path]:
@@ -194,22 +193,26 @@ def bench(cfg: DictConfig) -> Path:
     isolate = cfg.isolate if cfg.isolate is not None else not cfg.device.startswith("cuda")
     if cfg.threads:  # the peak and the bandwidth on the points' own thread count
         torch.set_num_threads(cfg.threads)
-    peak_flops = measure.matmul_peak_flops(cfg.device, cfg.dtype) if cfg.mode == "train" else None
-    bandwidth = measure.read_bandwidth_bytes_per_s(cfg.device) if cfg.mode == "inference" else None
     points = grid(cfg)
     rows = []
     for labels, arguments in tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point"):
+        # The machine's limit right before each point (this process is idle while a point runs):
+        # on a shared machine it moves by a third between minutes, so each point has its own.
+        limit = (measure.matmul_peak_flops(cfg.device, cfg.dtype) if cfg.mode == "train"
+                 else measure.read_bandwidth_bytes_per_s(cfg.device))
         result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
         row = {**labels, **result}
-        if peak_flops and result["status"] == "ok":
-            row["mfu"] = 6 * result["flop_params"] * result["tokens_per_s"] / peak_flops
-        if bandwidth and result["status"] == "ok":  # a decoding step over the time to read its weights once
-            row["limit_ratio"] = result["decode_s_per_token"] / (result["step_weight_bytes"] / bandwidth)
+        if cfg.mode == "train" and result["status"] == "ok":
+            row["matmul_peak_flops"] = limit
+            row["mfu"] = 6 * result["flop_params"] * result["tokens_per_s"] / limit
+        if cfg.mode == "inference" and result["status"] == "ok":  # a decoding step over the time to read its weights once
+            row["read_bandwidth_bytes_per_s"] = limit
+            row["limit_ratio"] = result["decode_s_per_token"] / (result["step_weight_bytes"] / limit)
         rows.append(row)
         log.info("%s: %s", " ".join(f"{key}={value}" for key, value in labels.items()),
                  f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mem_bytes'] / 2**20:.0f} MiB"
                  if result["status"] == "ok" else result["status"])
-    head = header(cfg, peak_flops, bandwidth)
+    head = header(cfg)
     output_dir = Path(cfg.output_dir)
     json_path, csv_path = write_results(output_dir, head, rows)
     if cfg.wandb.enabled:

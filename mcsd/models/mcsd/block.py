@@ -54,12 +54,20 @@ def log_decay_values(kind: str, num_channels: int) -> list[float]:
     return [math.log(alpha) for alpha in decay_rates(num_channels)]
 
 
-@functools.lru_cache(maxsize=None)
 def section_log_decay(kind: str, num_channels: int, device: torch.device) -> torch.Tensor:
-    """:func:`log_decay_values` as an fp32 tensor ``[C]``, cached so that it is built once per
-    device and is never cast by ``model.to(dtype)``."""
+    """:func:`log_decay_values` as an fp32 tensor ``[C]``, never cast by ``model.to(dtype)``:
+    cached for eager calls (built once per device), a constant of a compiled graph."""
+    if torch.compiler.is_compiling():
+        return _log_decay_tensor(kind, num_channels, device)
+    return _cached_log_decay_tensor(kind, num_channels, device)
+
+
+def _log_decay_tensor(kind: str, num_channels: int, device: torch.device) -> torch.Tensor:
     return torch.tensor(log_decay_values(kind, num_channels), dtype=torch.float64).to(device=device,
                                                                                      dtype=torch.float32)
+
+
+_cached_log_decay_tensor = functools.lru_cache(maxsize=None)(_log_decay_tensor)
 
 
 def geometric_sum(log_decay: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -111,7 +119,6 @@ class Section(torch.nn.Module):
         super().__init__()
         self.kind = kind
         self.num_channels = config.num_channels
-        self.log_decay_values = log_decay_values(kind, config.num_channels)
         self.chunk_size = config.chunk_size
         width = config.channel_width
         self.norm = (ChannelRMSNorm(config.num_channels, width, config.norm_eps, config.decay_norm_gain_init)
@@ -123,8 +130,6 @@ class Section(torch.nn.Module):
             self.norm.reset_parameters()
 
     def log_decay(self, device: torch.device) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # a constant of the graph (the cache is for eager calls)
-            return torch.tensor(self.log_decay_values, dtype=torch.float32, device=device)
         return section_log_decay(self.kind, self.num_channels, device)
 
     def gate(self, mixed: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
@@ -202,8 +207,7 @@ def decay_factors(num_channels: int, device: torch.device) -> torch.Tensor:
     """The decay section's ``alpha_i`` ``[C]`` fp32, from its log (as the filter computes it);
     cached for eager calls, a constant of a compiled graph."""
     if torch.compiler.is_compiling():
-        return torch.exp(torch.tensor(log_decay_values("decay", num_channels), dtype=torch.float64).to(
-            device=device, dtype=torch.float32))
+        return torch.exp(_log_decay_tensor("decay", num_channels, device))
     return _decay_factors(num_channels, device)
 
 
@@ -235,8 +239,7 @@ def _position_table(quantity: str, num_channels: int, device: torch.device, leng
 
 def _position_values(quantity: str, num_channels: int, positions: torch.Tensor) -> torch.Tensor:
     kind = "slope" if quantity == "slope_update" else "decay"
-    log_decay = torch.tensor(log_decay_values(kind, num_channels), dtype=torch.float64).to(
-        device=positions.device, dtype=torch.float32)
+    log_decay = _log_decay_tensor(kind, num_channels, positions.device)
     if quantity == "slope_update":
         return 1.0 / geometric_sum(log_decay, positions + 1)
     return history_weight_sum(log_decay, positions)
