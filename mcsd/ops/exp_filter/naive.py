@@ -17,19 +17,23 @@ import torch
 def exp_filter_matrix(log_decay: torch.Tensor, length: int, extra_rows: int = 0) -> torch.Tensor:
     """``M[c, n, j] = a_c^(n-j)`` for ``j < n``, else 0; shape ``[C, length + extra_rows, length]``.
 
-    Computed in fp32 log-space: exponents are masked to -inf before ``exp``, so no entry
-    overflows whatever the length.
+    The matrix is Toeplitz: its entries are read from the ``length + extra_rows`` powers
+    ``a^k`` (fp32, from the log, :func:`decay_powers`: no overflow whatever the length) into
+    one tensor that is then masked in place, with no exponential per entry and no other
+    tensor of its size (the parallel forms build one per layer, and each costs its pages).
     """
     rows = torch.arange(length + extra_rows, device=log_decay.device)
     cols = torch.arange(length, device=log_decay.device)
     distance = rows[:, None] - cols[None, :]
-    return masked_powers(log_decay, distance, keep=distance > 0)
+    powers = decay_powers(log_decay, length + extra_rows)  # [C, length + extra_rows]
+    return powers[:, distance.clamp(min=0)].masked_fill_(distance <= 0, 0.0)
 
 
 def masked_powers(log_decay: torch.Tensor, distance: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``a_c^distance`` where ``keep``, else exactly 0; shape ``[C, *distance.shape]``, fp32."""
+    """``a_c^distance`` where ``keep``, else exactly 0; shape ``[C, *distance.shape]``, fp32:
+    exponents masked to -inf before ``exp`` (in place, one tensor of that shape)."""
     exponent = log_decay.float().view(-1, *([1] * distance.dim())) * distance.float()
-    return torch.exp(exponent.masked_fill(~keep, float("-inf")))
+    return exponent.masked_fill_(~keep, float("-inf")).exp_()
 
 
 def state_dtype(x: torch.Tensor) -> torch.dtype:
