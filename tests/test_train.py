@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
@@ -196,6 +198,12 @@ def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
         assert relative_rms_error(logits, eager_logits) < 1e-6
         # Per element, rounding-sized: some gradients (the hybrid's skips) are ~1e-6 in all.
         assert all(torch.allclose(grad, eager, rtol=1e-4, atol=1e-8) for grad, eager in zip(grads, eager_grads))
+    # The cached compiled functions (loss and step) do not keep the model alive.
+    model.step_function(compile=True)
+    model_ref = weakref.ref(model)
+    del model, compiled
+    gc.collect()
+    assert model_ref() is None
 
 
 @pytest.mark.parametrize(("mode", "offline"), [(None, True), ("offline", True), ("online", False)])

@@ -289,9 +289,7 @@ class CausalLM(nn.Module):
         with the loss and its backward (``nn.Module.compile`` would compile the logits alone)."""
         if not compile:
             return self.loss
-        if self not in _COMPILED_LOSSES:
-            _COMPILED_LOSSES[self] = torch.compile(self.loss)
-        return _COMPILED_LOSSES[self]
+        return _compiled_method(_COMPILED_LOSSES, self, "loss")
 
     def hidden_states(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:
         """The final-normed hidden states ``[B, N, D]`` that the LM head reads (a loss on a few
@@ -335,10 +333,8 @@ class CausalLM(nn.Module):
         logits differ from the eager step's by float rounding (about 1e-7 here)."""
         if not compile:
             return self.step
-        if self not in _COMPILED_STEPS:
-            mode = "reduce-overhead" if self.embed.weight.device.type == "cuda" else None
-            _COMPILED_STEPS[self] = torch.compile(self.step, dynamic=True, mode=mode)
-        return _COMPILED_STEPS[self]
+        mode = "reduce-overhead" if self.embed.weight.device.type == "cuda" else None
+        return _compiled_method(_COMPILED_STEPS, self, "step", dynamic=True, mode=mode)
 
     @torch.inference_mode()
     def stream(
@@ -381,6 +377,21 @@ class CausalLM(nn.Module):
 
 _COMPILED_STEPS: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
 _COMPILED_LOSSES: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
+
+
+def _compiled_method(cache: weakref.WeakKeyDictionary, model: CausalLM, name: str, **options: Any) -> Callable:
+    """``model.<name>`` through ``torch.compile``, kept in ``cache`` for as long as the model lives:
+    the compiled function holds the model weakly (a bound method would keep it, and its entry,
+    alive for ever)."""
+    if model not in cache:
+        compiled = torch.compile(getattr(type(model), name), **options)
+        model_ref = weakref.ref(model)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return compiled(model_ref(), *args, **kwargs)
+
+        cache[model] = call
+    return cache[model]
 
 
 def sample_next_token(
