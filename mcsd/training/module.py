@@ -73,7 +73,6 @@ class LanguageModelModule(L.LightningModule):
         self.train_ppl, self.val_ppl, self.test_ppl = Perplexity(), Perplexity(), Perplexity()
         self.val_mqar_acc, self.test_mqar_acc = MeanMetric(), MeanMetric()
 
-
     def parameter_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.model.parameters())
         embedding = self.model.embed.weight.numel()
