@@ -8,7 +8,8 @@ model config with its ``_target_``) and, when written by ``mcsd-train``, the run
 checkpoints in ``checkpoints/`` (``step-XXXXXX.ckpt``, ``last.ckpt``); every checkpoint
 carries the model config (``hyper_parameters.model``), the weights (``state_dict``, under
 ``model.``) and the tokenizer (``tokenizer``, as JSON), so an intermediate checkpoint
-loads, scores and generates like a final model.
+loads, scores and generates like a final model. A sharded run (``trainer=fsdp``) writes each
+checkpoint as a folder of the same name (:mod:`mcsd.distributed`), which loads the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from safetensors.torch import load_file, load_model, save_model
 from tokenizers import Tokenizer
 
 from mcsd.api import build_model
+from mcsd.distributed import (SHARDED_METADATA, check_sharded_checkpoint, copy_into, is_sharded,
+                              is_sharded_checkpoint, read_sharded)
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, LMConfig, make_config
 
@@ -65,10 +68,12 @@ def locate(path: str | Path) -> SavedModel:
         if path.suffix != ".ckpt":
             raise FileNotFoundError(f"{path} is not a .ckpt file: {fix}")
         return SavedModel("checkpoint", path)
+    if is_sharded_checkpoint(path):
+        return SavedModel("checkpoint", path)
     for folder in (path, path / MODEL_DIR):
         if (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file():
             return SavedModel("folder", folder)
-    if (path / CHECKPOINT_DIR / LAST_CHECKPOINT).is_file():
+    if (path / CHECKPOINT_DIR / LAST_CHECKPOINT).exists():
         return SavedModel("checkpoint", path / CHECKPOINT_DIR / LAST_CHECKPOINT)
     raise FileNotFoundError(f"{path} holds no {CONFIG_FILE} + {WEIGHTS_FILE} nor {CHECKPOINT_DIR}/{LAST_CHECKPOINT}: "
                             f"{fix}")
@@ -86,9 +91,23 @@ def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = N
     return directory
 
 
+def whole_model(config: LMConfig, weights: dict[str, torch.Tensor]) -> CausalLM:
+    """The model of ``config`` holding ``weights`` (a full state dict, e.g. gathered from a
+    sharded model) as its parameters, without a copy."""
+    with torch.device("meta"):
+        model = build_model(config)
+    model.load_state_dict(weights, assign=True)
+    return model
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
     """A run's Lightning checkpoint, memory-mapped (weights are read only when used); a file
-    that is not one (truncated, corrupt) is named in one line."""
+    that is not one (truncated, corrupt) is named in one line. Of a sharded checkpoint folder,
+    everything but the tensors (whose files are checked to be whole)."""
+    path = Path(path)
+    if path.is_dir():
+        check_sharded_checkpoint(path)
+        path = path / SHARDED_METADATA
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):
@@ -118,19 +137,31 @@ def read_weights(saved: SavedModel) -> dict[str, torch.Tensor]:
     """The model weights of a saved model, by parameter name."""
     if saved.kind == "folder":
         return load_file(str(saved.path / WEIGHTS_FILE))
-    checkpoint = read_checkpoint(saved.path)
-    return {key.removeprefix(STATE_DICT_PREFIX): value for key, value in checkpoint["state_dict"].items()
+    if saved.path.is_dir():
+        check_sharded_checkpoint(saved.path)
+        state_dict = read_sharded(saved.path, {"state_dict"})["state_dict"]
+    else:
+        state_dict = read_checkpoint(saved.path)["state_dict"]
+    return {key.removeprefix(STATE_DICT_PREFIX): value for key, value in state_dict.items()
             if key.startswith(STATE_DICT_PREFIX)}
 
 
 def load_weights(model: CausalLM, path: str | Path) -> None:
     """Start ``model`` from the weights saved at ``path`` (fine-tuning, ``init_from``): every saved
     weight must fit it; only what the model adds in merging streams (RWKV-4's W_agg) may be
-    missing, and keeps its initialisation (a saved mix with one perspective fills every one)."""
+    missing, and keeps its initialisation (a saved mix with one perspective fills every one).
+    A sharded model (FSDP2) takes its shard of each weight: the weights are first loaded into a
+    twin on the meta device, so that the modules' own load hooks convert them as usual."""
     saved = locate(path)
     fix = "start from a model of the same architecture and size"
+    sharded = is_sharded(model)
+    if sharded:
+        with torch.device("meta"):
+            target = build_model(model.config)
+    else:
+        target = model
     try:
-        missing, unexpected = model.load_state_dict(read_weights(saved), strict=False)
+        missing, unexpected = target.load_state_dict(read_weights(saved), strict=False, assign=sharded)
     except RuntimeError as error:
         detail = next((line.strip() for line in str(error).splitlines() if "size mismatch" in line), str(error))
         raise MCSDError(f"init_from={path}: its weights do not fit this model ({detail}): {fix}") from None
@@ -138,6 +169,11 @@ def load_weights(model: CausalLM, path: str | Path) -> None:
     if missing or unexpected:
         which = f"this model's {missing[0]} is not saved there" if missing else f"it holds {unexpected[0]}, unknown here"
         raise MCSDError(f"init_from={path}: {which}: {fix}")
+    if sharded:
+        own = model.state_dict(keep_vars=True)
+        for name, value in target.state_dict(keep_vars=True).items():
+            if not value.is_meta:
+                copy_into(own[name], value)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -25,8 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from mcsd.cli import hydra_app, require_wandb_login
 from mcsd.errors import MCSDError
-from mcsd.saved_model import load_weights, read_checkpoint
+from mcsd.saved_model import read_checkpoint
 from mcsd.training.callbacks import SaveFinalModel
+from mcsd.training.fsdp import FSDP2Strategy
 from mcsd.training.module import LanguageModelModule
 from mcsd.training.resume import WANDB_RUN_KEY, RememberRun, StopOnInterrupt, resume_config
 
@@ -76,12 +77,6 @@ def train(cfg: DictConfig) -> float:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     datamodule.build()  # fails fast (one line) on bad data, before any logger starts
-    module = LanguageModelModule(model=cfg.model, optimizer=instantiate(cfg.optimizer),
-                                 scheduler=instantiate(cfg.scheduler), compile=cfg.compile,
-                                 trainable=cfg.trainable)
-    if cfg.init_from is not None and cfg.ckpt_path is None:  # a resumed run restores its own weights
-        load_weights(module.model, cfg.init_from)
-        log.info("init_from=%s: weights loaded", cfg.init_from)
     loggers = _loggers(cfg)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
     interrupt = StopOnInterrupt()
@@ -89,6 +84,13 @@ def train(cfg: DictConfig) -> float:
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    # A resumed run restores its own weights; a sharded one builds its model on the meta device.
+    module = LanguageModelModule(model=cfg.model, optimizer=instantiate(cfg.optimizer),
+                                 scheduler=instantiate(cfg.scheduler), compile=cfg.compile, trainable=cfg.trainable,
+                                 init_from=cfg.init_from if cfg.ckpt_path is None else None,
+                                 empty_init=isinstance(trainer.strategy, FSDP2Strategy))
+    if cfg.init_from is not None and cfg.ckpt_path is None:
+        log.info("init_from=%s: weights loaded", cfg.init_from)
     tokens_per_step = _tokens_per_step(cfg, trainer)
     if cfg.data.token_budget is not None:
         trainer.fit_loop.epoch_loop.max_steps = math.ceil(cfg.data.token_budget / tokens_per_step)

@@ -71,9 +71,15 @@ class EpochShuffleSampler(StatefulDistributedSampler):
             yield index
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "epoch": self.epoch}
+        return {**super().state_dict(), "epoch": self.epoch, "num_replicas": self.num_replicas}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Also across a change in the number of processes (a sharded run resumed on one, ...):
+        the samples yielded so far in the pass, counted per process, are rescaled, so that the
+        pass goes on where the whole batch left it (the global batch must stay the same)."""
+        saved = state_dict.get("num_replicas", self.num_replicas)
+        if saved != self.num_replicas:
+            state_dict = {**state_dict, "yielded": state_dict["yielded"] * saved // self.num_replicas}
         super().load_state_dict(state_dict)
         self.epoch = state_dict["epoch"]
 

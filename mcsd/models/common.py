@@ -11,6 +11,7 @@ skeleton only scales the projections that write into the residual stream.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import weakref
 from collections.abc import Callable, Iterator
@@ -24,6 +25,14 @@ from mcsd.models.config import ConfigError, LMConfig
 
 if TYPE_CHECKING:
     from mcsd.models.registry import Architecture
+
+
+class InitStep(NamedTuple):
+    """One step of a model's initialisation: ``initialise(module)`` draws the values of the
+    submodule at ``path`` and returns the parameters it wrote."""
+
+    path: str
+    initialise: Callable[[nn.Module], list[nn.Parameter]]
 
 
 class LayerState(NamedTuple):
@@ -211,36 +220,60 @@ class CausalLM(nn.Module):
     def __init__(self, config: LMConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Layer(config, index) for index in range(config.num_layers))
-        self.final_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.streams = config.make_streams()
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        built = {name: build() for name, build in self.parts(config)}
+        self.embed = built["embed"]
+        self.layers = nn.ModuleList(built[f"layers.{index}"] for index in range(config.num_layers))
+        self.final_norm, self.streams, self.lm_head = built["final_norm"], built["streams"], built["lm_head"]
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.reset_parameters()
+
+    @staticmethod
+    def parts(config: LMConfig) -> list[tuple[str, Callable[[], nn.Module]]]:
+        """The model's top-level modules by name, each with its constructor, in the order they
+        are built: the order in which their constructors draw random numbers (a sharded model
+        replays it to initialise exactly as one process does, :mod:`mcsd.training.fsdp`)."""
+        return [("embed", functools.partial(nn.Embedding, config.vocab_size, config.hidden_size)),
+                *((f"layers.{index}", functools.partial(Layer, config, index)) for index in range(config.num_layers)),
+                ("final_norm", functools.partial(nn.RMSNorm, config.hidden_size, eps=config.norm_eps)),
+                ("streams", config.make_streams),
+                ("lm_head", functools.partial(nn.Linear, config.hidden_size, config.vocab_size, bias=False))]
 
     @property
     def default_form(self) -> str:
         """The form ``forward`` uses unless told otherwise: the architecture's training form."""
         return self.architecture.train_form
 
+    def init_steps(self) -> list[InitStep]:
+        """The initialisation, step by step: Normal(0, init_std) embedding and LM head, unit norm
+        gains, each layer's modules as they initialise themselves; then the weights that write
+        into the residual stream are drawn again at std / sqrt(2 L)."""
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.num_layers)
+
+        def normal(module: nn.Module) -> list[nn.Parameter]:
+            nn.init.normal_(module.weight, std=std)
+            return [module.weight]
+
+        def reset(module: nn.Module) -> list[nn.Parameter]:
+            module.reset_parameters()
+            return list(module.parameters())
+
+        def residual(layer: nn.Module) -> list[nn.Parameter]:
+            weights = layer.residual_weights()
+            for weight in weights:
+                nn.init.normal_(weight, std=residual_std)
+            return weights
+
+        layers = [f"layers.{index}" for index in range(self.config.num_layers)]
+        return [InitStep("embed", normal), *(InitStep(path, reset) for path in layers), InitStep("final_norm", reset),
+                InitStep("streams", reset), InitStep("lm_head", normal), *(InitStep(path, residual) for path in layers)]
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) embedding and LM head, unit norm gains, each layer's modules
-        as they initialise themselves; then the weights that write into the residual stream
-        are drawn again at std / sqrt(2 L)."""
-        std = self.config.init_std
-        nn.init.normal_(self.embed.weight, std=std)
-        for layer in self.layers:
-            layer.reset_parameters()
-        self.final_norm.reset_parameters()
-        self.streams.reset_parameters()
-        nn.init.normal_(self.lm_head.weight, std=std)
-        residual_std = std / math.sqrt(2 * self.config.num_layers)
-        for layer in self.layers:
-            for weight in layer.residual_weights():
-                nn.init.normal_(weight, std=residual_std)
+        """Initialise every parameter (:meth:`init_steps`, in order)."""
+        for step in self.init_steps():
+            step.initialise(self.get_submodule(step.path))
 
     def activated_parameters(self) -> int:
         """Parameters one token's forward pass reads: all of them, less what modules with sparse

@@ -8,9 +8,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 
 from mcsd import saved_model
+from mcsd.distributed import full_state_dict, is_sharded
 
 
 
@@ -44,8 +44,12 @@ class SaveFinalModel(L.Callback):
         if tokenizer is not None:
             checkpoint[saved_model.CHECKPOINT_TOKENIZER_KEY] = tokenizer.to_str()
 
-    @rank_zero_only
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_step < trainer.max_steps:
             return  # stopped early (interrupted): the model folder is for finished runs
-        saved_model.save(pl_module.model, self.dirpath, self._tokenizer(trainer))
+        model = pl_module.model
+        if is_sharded(model):  # every process takes part in gathering; the first one gets the whole model
+            weights = full_state_dict(model)
+            model = saved_model.whole_model(model.config, weights) if trainer.is_global_zero else None
+        if trainer.is_global_zero:
+            saved_model.save(model, self.dirpath, self._tokenizer(trainer))

@@ -1,4 +1,4 @@
-"""Checkpoints written whole or not at all."""
+"""Checkpoints written whole or not at all, and read whatever the strategy that wrote them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from mcsd.distributed import is_sharded_checkpoint, whole_checkpoint
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Write each checkpoint to a temporary file in its own folder, flush it to disk, then
@@ -16,7 +18,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     full disk) or is killed leaves the previous checkpoint of that name whole (a killed write
     leaves its hidden temporary file, removed by the next write of that name). Lightning's
     own writer stages the file in the system's temporary folder and moves it, which across
-    filesystems is a copy into place."""
+    filesystems is a copy into place. (Sharded checkpoints are written by
+    :class:`mcsd.training.fsdp.FSDP2Strategy`, atomically too.)"""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         if "://" in str(path):  # remote storage: Lightning's writer
@@ -34,3 +37,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             temporary.unlink(missing_ok=True)
         for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process that was killed mid-write
             stale.unlink(missing_ok=True)
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any = None, weights_only: bool | None = None
+                        ) -> dict[str, Any]:
+        """A checkpoint file, or a sharded checkpoint folder (``trainer=fsdp``) assembled whole, so
+        that a sharded run resumes on one process or under DDP."""
+        if is_sharded_checkpoint(Path(path)):
+            return whole_checkpoint(Path(path))
+        return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)

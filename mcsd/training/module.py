@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable
@@ -15,9 +16,12 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
 
 import mcsd
+from mcsd.distributed import is_sharded
 from mcsd.data.mqar import IGNORE_INDEX, prediction_accuracy
 from mcsd.models import ConfigError, registry
+from mcsd.saved_model import load_weights
 from mcsd.training.callbacks import batch_tokens
+from mcsd.training.fsdp import FSDP2Strategy, materialize
 
 
 def freeze_all_but(model: torch.nn.Module, patterns: list[str]) -> None:
@@ -55,15 +59,27 @@ class LanguageModelModule(L.LightningModule):
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         compile: bool = False,
         trainable: list[str] | None = None,
+        init_from: str | None = None,
+        empty_init: bool = False,
     ) -> None:
         super().__init__()
         if isinstance(model, DictConfig):  # plain types only: checkpoints load with weights_only=True
             model = OmegaConf.to_container(model, resolve=True)
         trainable = None if trainable is None else [str(pattern) for pattern in trainable]
-        self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler"])
-        self.model = mcsd.build_model(model)
+        self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "init_from", "empty_init"])
+        # Sharded training builds the model on the meta device and initialises each process's
+        # shards in configure_model, from the random state a whole model would start from here.
+        self.init_rng_state = torch.get_rng_state() if empty_init else None
+        with torch.device("meta") if empty_init else contextlib.nullcontext():
+            self.model = mcsd.build_model(model)
+        self.init_from = init_from
+        if init_from is not None and not empty_init:
+            load_weights(self.model, init_from)
         if trainable is not None:
             freeze_all_but(self.model, trainable)
+        # by name: sharding replaces the parameters, and with them any attribute they carry
+        self.no_weight_decay = {name for name, param in self.model.named_parameters()
+                                if getattr(param, "_no_weight_decay", False)}
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.compile = compile
@@ -72,6 +88,19 @@ class LanguageModelModule(L.LightningModule):
         self.validated_at_step = -1  # the global step of the latest validation
         self.train_ppl, self.val_ppl, self.test_ppl = Perplexity(), Perplexity(), Perplexity()
         self.val_mqar_acc, self.test_mqar_acc = MeanMetric(), MeanMetric()
+
+    def configure_model(self) -> None:
+        """Under ``trainer=fsdp``: shard the model, allocate and initialise this process's shards
+        (the values one process would draw, :func:`mcsd.training.fsdp.materialize`), then load
+        ``init_from``'s weights into them. Lightning calls it for every stage: it acts once."""
+        strategy = self.trainer.strategy
+        if not isinstance(strategy, FSDP2Strategy) or is_sharded(self.model):
+            return
+        strategy.shard(self.model)
+        if self.init_rng_state is not None:
+            materialize(self.model, self.init_rng_state, strategy.root_device)
+        if self.init_from is not None:
+            load_weights(self.model, self.init_from)
 
     def parameter_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.model.parameters())
@@ -107,7 +136,7 @@ class LanguageModelModule(L.LightningModule):
         self.tokens_seen += tokens * self.trainer.world_size
         self.flops_per_batch = 6 * self.parameter_counts()["model/params_activated_non_embedding"] * tokens
         self.train_ppl(logits.detach().float(), targets)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the mean over processes: the global batch's
         self.log("train/ppl", self.train_ppl)
         self.log("trainer/tokens", self.tokens_seen.float())
         return loss
@@ -142,7 +171,7 @@ class LanguageModelModule(L.LightningModule):
         for name, param in self.model.named_parameters():
             if not param.requires_grad:
                 continue
-            matrix = param.dim() >= 2 and "embed" not in name and not getattr(param, "_no_weight_decay", False)
+            matrix = param.dim() >= 2 and "embed" not in name and name not in self.no_weight_decay
             (decay if matrix else no_decay).append(param)
         optimizer = self.optimizer_factory(params=[{"params": decay}, {"params": no_decay, "weight_decay": 0.0}])
         if self.scheduler_factory is None:

@@ -3,12 +3,15 @@
 Every checkpoint records the run's Hydra overrides and its W&B run id (:class:`RememberRun`).
 ``mcsd-train ckpt_path=CKPT`` or ``mcsd-train resume=RUN_DIR`` (that run's latest checkpoint)
 composes the run's own overrides again, with the overrides given beside it applied on top,
-so that nothing has to be repeated; an override that would change the shape of any model
-parameter is refused in one line.
+so that nothing has to be repeated (a config group chosen anew, ``trainer=cpu``, drops the old
+run's overrides of what its option sets, ``trainer.devices=2``); an override that would change the shape of any
+model parameter is refused in one line. Resumed on another number of processes (a sharded run
+on one, ...), the batch per process is scaled to keep the global batch.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import sys
@@ -26,19 +29,22 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from mcsd.errors import MCSDError
 from mcsd.saved_model import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
 
+log = logging.getLogger(__name__)
 WANDB_RUN_KEY = "wandb_run_id"
 OVERRIDES_KEY = "mcsd_overrides"
+WORLD_SIZE_KEY = "mcsd_world_size"  # the processes the run trained on
 RESUME_KEYS = ("ckpt_path", "resume")  # how a run is resumed: never carried into the resumed run
 
 
 class RememberRun(L.Callback):
-    """Store the run's Hydra overrides and its W&B run id in every checkpoint."""
+    """Store the run's Hydra overrides, its W&B run id and its number of processes in every checkpoint."""
 
     def __init__(self, overrides: list[str]) -> None:
         self.overrides = list(overrides)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         checkpoint[OVERRIDES_KEY] = self.overrides
+        checkpoint[WORLD_SIZE_KEY] = trainer.world_size
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 checkpoint[WANDB_RUN_KEY] = logger.version
@@ -84,7 +90,7 @@ class StopOnInterrupt(L.Callback):
 def latest_checkpoint(run_dir: str | Path) -> Path:
     """``checkpoints/last.ckpt`` of a run, else its highest ``step-*.ckpt``."""
     folder = Path(run_dir).expanduser() / CHECKPOINT_DIR
-    if (folder / LAST_CHECKPOINT).is_file():
+    if (folder / LAST_CHECKPOINT).exists():  # a file, or a sharded checkpoint's folder
         return folder / LAST_CHECKPOINT
     steps = sorted(folder.glob("step-*.ckpt"))
     if not steps:
@@ -114,6 +120,63 @@ def _parameter_shapes(model_cfg: Any) -> dict[str, tuple[int, ...]]:
         return {name: tuple(parameter.shape) for name, parameter in build_model(model_cfg).named_parameters()}
 
 
+def _keys_set_by(group: str, option: str) -> set[str]:
+    """The keys that the config file of ``group=option`` sets itself (not through its defaults)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    result = GlobalHydra.instance().config_loader().repository.load_config(f"{group}/{option}")
+    if result is None:
+        return set()
+    package = result.header.get("package")
+    prefix = "" if package == "_global_" else f"{package or group.replace('/', '.')}."
+    keys, pending = set(), [(prefix, OmegaConf.to_container(result.config))]
+    while pending:
+        path, node = pending.pop()
+        for name, value in node.items():
+            keys.add(f"{path}{name}")
+            if isinstance(value, dict):
+                pending.append((f"{path}{name}.", value))
+    return keys
+
+
+def _replaced_keys(saved: list[str], given: list[str], groups: set[str]) -> set[str]:
+    """Keys of the old run's overrides that a config group chosen anew on this command line
+    replaces: those that the old or the new option's file sets (``trainer=cpu`` after
+    ``trainer=fsdp trainer.devices=2``: the devices; not ``trainer.max_steps``, which neither sets)."""
+    old_choices = {_key(override): override.split("=", 1)[1] for override in saved if "=" in override}
+    replaced = set()
+    for override in given:
+        group = _key(override)
+        if group in groups and "=" in override:
+            replaced |= _keys_set_by(group, override.split("=", 1)[1])
+            if group in old_choices:
+                replaced |= _keys_set_by(group, old_choices[group])
+    return replaced
+
+
+def _world_size(cfg: DictConfig) -> int | None:
+    """The processes a composed config trains on (``None`` where the trainer decides: ``auto``)."""
+    devices, nodes = cfg.trainer.get("devices", 1), cfg.trainer.get("num_nodes", 1)
+    return devices * nodes if isinstance(devices, int) and isinstance(nodes, int) else None
+
+
+def _same_global_batch(composed: DictConfig, checkpoint: dict[str, Any], batch_given: bool) -> int | None:
+    """The batch per process that keeps the checkpoint's global batch on the new number of
+    processes (``None``: unchanged, or ``data.batch_size`` given on this command line), so that a
+    run resumed on more or fewer processes goes on exactly."""
+    saved, now = checkpoint.get(WORLD_SIZE_KEY), _world_size(composed)
+    if batch_given or saved is None or now is None or saved == now:
+        return None
+    global_batch = composed.data.batch_size * saved
+    if global_batch % now:
+        raise MCSDError(f"the checkpoint's run trained on {saved} processes with data.batch_size={composed.data.batch_size} "
+                        f"({global_batch} sequences a step), which {now} processes cannot share evenly: set "
+                        "data.batch_size (per process) yourself, or use a number of processes that divides it")
+    log.info("resumed on %d processes instead of %d: data.batch_size=%d per process keeps the global batch of %d",
+             now, saved, global_batch // now, global_batch)
+    return global_batch // now
+
+
 def resume_config(cfg: DictConfig) -> DictConfig:
     """The config of the run to resume, with this command's overrides on top (``cfg``
     itself when nothing is resumed). Also makes it the Hydra config of this run, so that
@@ -122,19 +185,25 @@ def resume_config(cfg: DictConfig) -> DictConfig:
         ckpt_path = latest_checkpoint(cfg.resume)
     elif cfg.get("ckpt_path"):
         ckpt_path = Path(cfg.ckpt_path).expanduser()
-        if not ckpt_path.is_file():
+        if not ckpt_path.exists():
             raise MCSDError(f"ckpt_path={cfg.ckpt_path} does not exist: point it at a .ckpt under a run's "
                             "checkpoints/ (or resume=RUN_DIR)")
     else:
         return cfg
     checkpoint = read_checkpoint(ckpt_path)
     hydra_cfg = HydraConfig.get()
-    merged: dict[str, str] = {}
-    for override in [*_run_overrides(ckpt_path, checkpoint), *hydra_cfg.overrides.task]:
-        if _key(override) not in RESUME_KEYS:
-            merged[_key(override)] = override  # later ones (this command's) win
+    given = [override for override in hydra_cfg.overrides.task if _key(override) not in RESUME_KEYS]
+    saved = [override for override in _run_overrides(ckpt_path, checkpoint) if _key(override) not in RESUME_KEYS]
+    replaced = _replaced_keys(saved, given, set(hydra_cfg.runtime.choices))
+    merged = {_key(override): override for override in saved
+              if not any(_key(override) == key or _key(override).startswith(f"{key}.") for key in replaced)}
+    merged.update({_key(override): override for override in given})  # this command's win
     overrides = [*merged.values(), f"ckpt_path={ckpt_path}"]
     composed = compose(config_name=hydra_cfg.job.config_name, overrides=overrides, return_hydra_config=True)
+    batch_size = _same_global_batch(composed, checkpoint, "data.batch_size" in {_key(override) for override in given})
+    if batch_size is not None:
+        overrides.insert(-1, f"data.batch_size={batch_size}")
+        composed = compose(config_name=hydra_cfg.job.config_name, overrides=overrides, return_hydra_config=True)
     saved_shapes, shapes = _parameter_shapes(checkpoint["hyper_parameters"]["model"]), _parameter_shapes(composed.model)
     for name in [*saved_shapes, *(shapes.keys() - saved_shapes.keys())]:  # the first in model order
         if saved_shapes.get(name) != shapes.get(name):
