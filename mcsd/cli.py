@@ -52,18 +52,23 @@ OmegaConf.register_new_resolver("mcsd.wandb_offline", lambda: os.environ.get("WA
 # ${mcsd.times:a,b} and ${mcsd.floordiv:a,b}: sizes that follow a swept one (an MLP twice the width).
 OmegaConf.register_new_resolver("mcsd.times", lambda a, b: int(a) * int(b), replace=True)
 OmegaConf.register_new_resolver("mcsd.floordiv", lambda a, b: int(a) // int(b), replace=True)
+# ${mcsd.gpus_per_node:accelerator,devices}: the GPUs a SLURM task set needs (a cluster's auto is its GPUs).
+OmegaConf.register_new_resolver("mcsd.gpus_per_node",
+                                lambda accelerator, devices: 0 if accelerator == "cpu" else devices, replace=True)
 
 
-def _register_arms_sweeper() -> None:
-    """``hydra/sweeper=arms``. Hydra's scan of ``hydra_plugins`` finds it in a regular install
-    but not in an editable one (the editable finder's path hook cannot be listed), so it is
-    registered by hand. The scan re-executes plugin modules already imported, so it runs
-    first (``Plugins.instance()``) and the sweeper is imported after it."""
+def _register_plugins() -> None:
+    """``hydra/sweeper=arms`` and ``hydra/launcher=slurm``'s launcher. Hydra's scan of
+    ``hydra_plugins`` finds them in a regular install but not in an editable one (the editable
+    finder's path hook cannot be listed), so they are registered by hand. The scan re-executes
+    plugin modules already imported, so it runs first (``Plugins.instance()``) and the plugins
+    are imported after it."""
     plugins = Plugins.instance()
     plugins.register(importlib.import_module("hydra_plugins.mcsd_arms_sweeper").ArmsSweeper)
+    plugins.register(importlib.import_module("hydra_plugins.mcsd_slurm_launcher").TrainerSlurmLauncher)
 
 
-_register_arms_sweeper()
+_register_plugins()
 
 
 def fail(app: str, message: str) -> NoReturn:

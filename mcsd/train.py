@@ -9,13 +9,17 @@ Returns the final validation loss, the metric that sweeps optimise.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 import wandb
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -28,8 +32,10 @@ from mcsd.errors import MCSDError
 from mcsd.saved_model import read_checkpoint
 from mcsd.training.callbacks import SaveFinalModel
 from mcsd.training.fsdp import FSDP2Strategy
+from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, plan_memory
 from mcsd.training.module import LanguageModelModule
-from mcsd.training.resume import WANDB_RUN_KEY, RememberRun, StopOnInterrupt, resume_config
+from mcsd.training.resume import (STOP_SIGNALS, WANDB_RUN_KEY, RememberRun, StopOnSignal, requeue_slurm_job,
+                                  resume_config)
 
 log = logging.getLogger("mcsd.train")
 CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
@@ -45,6 +51,35 @@ def _check(cfg: DictConfig) -> None:
         if not isinstance(max_steps, int) or max_steps < 1:
             raise MCSDError(f"trainer.max_steps={max_steps} must be a positive number of steps "
                             "(or set data.token_budget=TOKENS)")
+
+
+def _memory_plan(cfg: DictConfig) -> MemoryPlan:
+    """This process's memory plan for the composed run (:mod:`mcsd.training.memory`)."""
+    trainer = cfg.trainer
+    gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and torch.cuda.is_available())
+    devices = trainer.devices if isinstance(trainer.devices, int) else (torch.cuda.device_count() if gpu else 1)
+    sharded = "FSDP2Strategy" in str(OmegaConf.select(cfg, "trainer.strategy._target_", default=""))
+    mixed = OmegaConf.select(cfg, "trainer.strategy.mixed_precision", default="fp32")
+    if "bf16" in str(trainer.precision) or mixed == "bf16" or (mixed == "auto" and gpu):
+        compute = torch.bfloat16
+    else:
+        compute = torch.float16 if "16" in str(trainer.precision) else torch.float32
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    return plan_memory(cfg.model, cfg.data.batch_size, cfg.data.seq_len, devices * trainer.get("num_nodes", 1), devices,
+                       sharded, compute, f"cuda:{local_rank}" if gpu else "cpu")
+
+
+def _record_peak(plan: MemoryPlan, trainer: L.Trainer) -> None:
+    """Each process writes its plan and its measured peak to ``memory/process-<rank>.json`` in the run directory."""
+    gpu = trainer.strategy.root_device.type == "cuda"
+    peak = torch.cuda.max_memory_allocated(trainer.strategy.root_device) if gpu else peak_resident_bytes()
+    folder = Path(HydraConfig.get().runtime.output_dir) / "memory"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {**dataclasses.asdict(plan), "planned": plan.total, "peak": peak, "measured": "max_memory_allocated" if gpu
+              else "VmHWM"}
+    (folder / f"process-{trainer.global_rank}.json").write_text(json.dumps(record, indent=2) + "\n")
+    log.info("memory: peak %.2f GiB, planned %.2f GiB (process %d)", peak / 2**30, plan.total / 2**30,
+             trainer.global_rank)
 
 
 def _loggers(cfg: DictConfig) -> list[Logger]:
@@ -74,12 +109,15 @@ def _tokens_per_step(cfg: DictConfig, trainer: L.Trainer) -> int:
 def train(cfg: DictConfig) -> float:
     """Build data, model, loggers, callbacks and trainer from ``cfg``; fit; return val/loss."""
     _check(cfg)
+    plan = _memory_plan(cfg)  # before anything is allocated
+    log.info(plan.line())
+    check_fits(plan, "this run")
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     datamodule.build()  # fails fast (one line) on bad data, before any logger starts
     loggers = _loggers(cfg)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
-    interrupt = StopOnInterrupt()
+    interrupt = StopOnSignal()
     callbacks += [RememberRun(HydraConfig.get().overrides.task), interrupt]
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
@@ -112,15 +150,10 @@ def train(cfg: DictConfig) -> float:
         trainer.validate(module, datamodule=datamodule, verbose=False)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     if interrupt.checkpoint is not None:
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
-        wandb.finish()
-        if trainer.is_global_zero:
-            print(f"mcsd-train: interrupted at step {trainer.global_step}: checkpoint {interrupt.checkpoint}; resume "
-                  f"with `mcsd-train resume={run_dir}` (the final model folder is written only for a finished run)",
-                  file=sys.stderr, flush=True)
-        raise SystemExit(130)
+        _stop(trainer, interrupt)
     if module.validated_at_step != trainer.global_step:  # the final model is always validated
         trainer.validate(module, datamodule=datamodule, verbose=False)
+    _record_peak(plan, trainer)
     val_loss = float(trainer.callback_metrics.get("val/loss", float("nan")))
     val_ppl = float(trainer.callback_metrics.get("val/ppl", float("nan")))
     if cfg.test_after_training:
@@ -130,6 +163,22 @@ def train(cfg: DictConfig) -> float:
     if trainer.is_global_zero:
         print(report, flush=True)
     return val_loss
+
+
+def _stop(trainer: L.Trainer, interrupt: StopOnSignal) -> None:
+    """End a run that a signal stopped: one line naming its checkpoint and how it goes on, exit
+    status 128 + the signal. Under SLURM, a run stopped by anything but Ctrl-C puts its job back
+    in the queue, and the job goes on from that checkpoint when it starts again."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    wandb.finish()
+    if trainer.is_global_zero:
+        signal_name = STOP_SIGNALS[interrupt.signum]
+        job = requeue_slurm_job() if signal_name != "Ctrl-C" else None
+        then = (f"SLURM job {job} requeued: it goes on from this checkpoint when it starts again" if job else
+                f"resume with `mcsd-train resume={run_dir}`")
+        print(f"mcsd-train: interrupted at step {trainer.global_step}: checkpoint {interrupt.checkpoint}; {then} "
+              f"({signal_name}; the final model folder is written only for a finished run)", file=sys.stderr, flush=True)
+    raise SystemExit(128 + interrupt.signum)
 
 
 def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callback], val_loss: float,

@@ -149,6 +149,25 @@ def test_gradients_agree_between_forms(case: str) -> None:
             assert relative_rms_error(actual, expected) < TOLERANCE, form
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_activation_checkpointing_keeps_values_and_gradients_in_every_form(case: str) -> None:
+    """``activation_checkpointing``: each layer keeps only its input for the backward and computes
+    the rest again; in every form the loss and every gradient are the same, bit for bit."""
+    torch.manual_seed(0)
+    model = tiny_model(case)
+    torch.manual_seed(0)
+    checkpointed = tiny_model(case, activation_checkpointing=True)
+    input_ids = torch.randint(0, 101, (2, 40))
+    for form in registry.get(case.split("/")[0]).forms:
+        results = []
+        for each in (model, checkpointed):
+            each.zero_grad()
+            loss = torch.nn.functional.cross_entropy(each(input_ids, form=form).flatten(0, 1), input_ids.flatten())
+            loss.backward()
+            results.append([loss, *(param.grad for param in each.parameters())])
+        assert all(torch.equal(a, b) for a, b in zip(*results)), form
+
+
 @pytest.mark.parametrize("name", ARCHITECTURES)
 @torch.no_grad()
 def test_bf16_autocast_at_4096_tokens(name: str) -> None:

@@ -39,10 +39,11 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     return series(read_metrics(run), "train/loss")
 
 
-def start_then_signal(cwd: Path, signum: int) -> tuple[subprocess.Popen, str, Path]:
+def start_then_signal(cwd: Path, signum: int, *extra: str, env: dict[str, str] | None = None
+                      ) -> tuple[subprocess.Popen, str, Path]:
     """Start a run, send ``signum`` once its step-2 checkpoint exists; (process, stderr, run dir)."""
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen([str(Path(sys.executable).parent / "mcsd-train"), *SLOW], cwd=cwd, env=env,
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+    process = subprocess.Popen([str(Path(sys.executable).parent / "mcsd-train"), *SLOW, *extra], cwd=cwd, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not list(cwd.glob("logs/train/runs/*/checkpoints/step-000002.ckpt")):
@@ -78,17 +79,43 @@ def test_a_killed_run_resumes_exactly_from_its_last_checkpoint(uninterrupted: di
     assert resume_and_compare(tmp_path, run, uninterrupted) >= 2
 
 
-def test_ctrl_c_stops_with_a_checkpoint_and_says_how_to_resume(uninterrupted: dict[int, float],
-                                                                 tmp_path: Path) -> None:
-    """SIGINT: the run stops at the end of that step with a checkpoint of it, exits 130 with
-    one line naming the checkpoint and the command, writes no model folder."""
-    process, stderr, run = start_then_signal(tmp_path, signal.SIGINT)
-    assert process.returncode == 130, stderr[-2000:]
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_with_a_checkpoint_and_says_how_to_resume(uninterrupted: dict[int, float], tmp_path: Path,
+                                                                 signum: int) -> None:
+    """SIGINT (Ctrl-C) or SIGTERM (kill, a preemption outside SLURM): the run stops at the end of
+    that step with a checkpoint of it, exits 128 + the signal with one line naming the checkpoint
+    and the command, writes no model folder."""
+    process, stderr, run = start_then_signal(tmp_path, signum)
+    assert process.returncode == 128 + signum, stderr[-2000:]
     hint = [line for line in stderr.splitlines() if line.startswith("mcsd-train: interrupted at step ")]
     assert len(hint) == 1 and f"resume with `mcsd-train resume={run}`" in hint[0] and "Traceback" not in stderr
     stopped_at = int(hint[0].split("step ")[1].split(":")[0])
     assert (run / "checkpoints" / f"step-{stopped_at:06d}.ckpt").is_file() and not (run / "model").exists()
     assert resume_and_compare(tmp_path, run, uninterrupted) == stopped_at
+
+
+def test_a_preempted_slurm_job_requeues_itself_and_goes_on_exactly(uninterrupted: dict[int, float],
+                                                                   tmp_path: Path) -> None:
+    """Under SLURM (SLURM_JOB_ID set; scontrol is a stand-in that records its call), SIGTERM stops
+    the run with a checkpoint and requeues the job; the job, started again with the same command
+    and run directory, goes on from that checkpoint in that directory, with the unbroken run's losses."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.log"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho scontrol \"$@\" >> {calls}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {"SLURM_JOB_ID": "4242", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    run = tmp_path / "logs" / "train" / "runs" / "job"
+    process, stderr, _ = start_then_signal(tmp_path, signal.SIGTERM, f"hydra.run.dir={run}", env=env)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    hint = [line for line in stderr.splitlines() if line.startswith("mcsd-train: interrupted at step ")]
+    assert len(hint) == 1 and "SLURM job 4242 requeued: it goes on from this checkpoint" in hint[0]
+    assert calls.read_text() == "scontrol requeue 4242\n"
+    stopped_at = int(hint[0].split("step ")[1].split(":")[0])
+    again = run_cli("mcsd-train", *SLOW, f"hydra.run.dir={run}", cwd=tmp_path, env=env)  # the requeued job
+    assert again.returncode == 0, again.stderr[-3000:]
+    losses = series(read_metrics(run), "train/loss")  # both lives appended to the run's own log
+    assert losses == uninterrupted and (run / "model" / "model.safetensors").is_file()
+    assert stopped_at >= 2 and list((tmp_path / "logs" / "train" / "runs").iterdir()) == [run]
 
 
 def test_a_failed_checkpoint_write_leaves_the_previous_checkpoint_whole(tmp_path: Path,

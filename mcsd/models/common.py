@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from mcsd.models.config import ConfigError, LMConfig
 
@@ -167,6 +168,7 @@ class Layer(nn.Module):
         self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mlp = config.make_mlp(layer_index)
         self.mlp_has_state = isinstance(self.mlp, TokenMixer)
+        self.activation_checkpointing = config.activation_checkpointing
 
     def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> LayerState:
         mlp = self.mlp.init_state(batch_size, capacity, device, dtype) if self.mlp_has_state else None
@@ -180,6 +182,15 @@ class Layer(nn.Module):
         return [*self.mlp.residual_weights(), *self.mixer.residual_weights()]
 
     def forward(
+        self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str
+    ) -> tuple[torch.Tensor, LayerState]:
+        """With ``activation_checkpointing``, a pass that builds a graph from a fresh state (training)
+        keeps only the layer's input and computes its activations again in the backward."""
+        if self.activation_checkpointing and layer_state is None and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, layer_state, position, form, use_reentrant=False)
+        return self._forward(x, layer_state, position, form)
+
+    def _forward(
         self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str
     ) -> tuple[torch.Tensor, LayerState]:
         mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)

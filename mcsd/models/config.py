@@ -61,6 +61,7 @@ class LMConfig:
     norm_eps: float = 1e-6
     tie_embeddings: bool = False
     init_std: float = 0.02
+    activation_checkpointing: bool = False
     equal_params_to: str | None = None
 
     def __post_init__(self) -> None:

@@ -12,8 +12,10 @@ on one, ...), the batch per process is scaled to keep the global batch.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -50,29 +52,39 @@ class RememberRun(L.Callback):
                 checkpoint[WANDB_RUN_KEY] = logger.version
 
 
-class StopOnInterrupt(L.Callback):
-    """Ctrl-C (SIGINT) stops training at the end of the step under way, with a checkpoint of
-    that step (so that resuming is exact); a second Ctrl-C stops at once. ``checkpoint`` is
-    the file written, ``None`` while uninterrupted."""
+STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1",
+                signal.SIGUSR2: "SIGUSR2"}
+
+
+class StopOnSignal(L.Callback):
+    """Ctrl-C (SIGINT), SIGTERM (``kill``, a SLURM preemption or time limit) and SIGUSR1/SIGUSR2
+    (the warning SLURM sends before the time limit with ``--signal``; submitit's is SIGUSR2) stop
+    training at the end of the step under way, with a checkpoint of that step (so that resuming
+    is exact); a second Ctrl-C stops at once. Every process handles them, and the processes agree
+    at the end of each step (a signal to one stops all). ``signum`` is the signal received and
+    ``checkpoint`` the file written, ``None`` while uninterrupted."""
 
     def __init__(self) -> None:
-        self.requested = False
+        self.signum: int | None = None
         self.checkpoint: Path | None = None
-        self._previous_handler: Any = None
+        self._previous_handlers: dict[int, Any] = {}
 
     def _request(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nmcsd-train: stopping after this step and saving a checkpoint (Ctrl-C again to stop at once)",
+        if self.signum is not None:
+            if signum == signal.SIGINT == self.signum:
+                raise KeyboardInterrupt
+            return  # already stopping
+        self.signum = signum
+        again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
+        print(f"\nmcsd-train: {STOP_SIGNALS[signum]}: stopping after this step and saving a checkpoint{again}",
               file=sys.stderr, flush=True)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGINT, self._request)
+        if threading.current_thread() is threading.main_thread():  # after Lightning's own SLURM handlers
+            self._previous_handlers = {signum: signal.signal(signum, self._request) for signum in STOP_SIGNALS}
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if not trainer.strategy.reduce_boolean_decision(self.requested, all=False):
+        if not trainer.strategy.reduce_boolean_decision(self.signum is not None, all=False):
             return
         folder = Path(trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else
                       Path(trainer.default_root_dir) / CHECKPOINT_DIR)
@@ -82,9 +94,38 @@ class StopOnInterrupt(L.Callback):
         trainer.should_stop = True
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGINT, self._previous_handler)
-            self._previous_handler = None
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
+
+
+def requeue_slurm_job() -> str | None:
+    """Put this SLURM job back in the queue (``scontrol requeue``), as Lightning's
+    ``SLURMEnvironment(auto_requeue=True)`` does: the job starts again with the same command,
+    run directory and all, and resumes from the checkpoint it finds there. Returns the job id,
+    or ``None`` outside SLURM or when the requeue failed (said in one line)."""
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    job = job or os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.error("scontrol requeue %s failed: %s", job, error)
+        return None
+    if result.returncode != 0:
+        log.error("scontrol requeue %s failed: %s", job, result.stderr.strip())
+        return None
+    return job
+
+
+def own_checkpoint(run_dir: Path) -> Path | None:
+    """The latest checkpoint already in this run's own directory: a SLURM job requeued after a
+    preemption or time limit starts again in its run directory and goes on from there."""
+    try:
+        return latest_checkpoint(run_dir)
+    except MCSDError:
+        return None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
@@ -180,7 +221,14 @@ def _same_global_batch(composed: DictConfig, checkpoint: dict[str, Any], batch_g
 def resume_config(cfg: DictConfig) -> DictConfig:
     """The config of the run to resume, with this command's overrides on top (``cfg``
     itself when nothing is resumed). Also makes it the Hydra config of this run, so that
-    the choices it logs are the resumed run's."""
+    the choices it logs are the resumed run's. A run whose own directory already holds a
+    checkpoint (a requeued SLURM job) goes on from it, in that directory."""
+    own = own_checkpoint(Path(HydraConfig.get().runtime.output_dir))
+    if own is not None and not cfg.get("resume") and not cfg.get("ckpt_path"):
+        log.info("this run's directory already holds %s (a requeued job): going on from it", own)
+        with open_dict(cfg):
+            cfg.ckpt_path = str(own)
+        return cfg
     if cfg.get("resume"):
         ckpt_path = latest_checkpoint(cfg.resume)
     elif cfg.get("ckpt_path"):
