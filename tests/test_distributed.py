@@ -186,3 +186,15 @@ def test_slurm_resources_given_by_hand_that_disagree_are_refused_before_submitti
         errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
         assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert not log.exists()  # nothing was submitted
+
+
+def test_bf16_compute_under_fsdp_trains_close_to_fp32(runs: tuple[Path, Path, Path]) -> None:
+    """trainer.strategy.mixed_precision=bf16 (auto's choice on GPUs): bf16 gathered weights under
+    autocast, fp32 reduction and master weights; on gloo CPUs here. Its losses stay within 1% of fp32's."""
+    cwd, fsdp, _ = runs
+    result = run_cli("mcsd-train", *RUN, *FSDP, "trainer.strategy.mixed_precision=bf16", "paths.log_dir=bf16", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    bf16, fp32 = losses(only_run(cwd / "bf16")), losses(fsdp)
+    assert sorted(bf16["val/loss"]) == sorted(fp32["val/loss"])
+    for step, value in bf16["val/loss"].items():
+        assert value == pytest.approx(fp32["val/loss"][step], rel=1e-2) and value != fp32["val/loss"][step]

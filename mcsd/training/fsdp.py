@@ -13,6 +13,7 @@ resumes on any number of processes. The same config runs on CPUs (gloo) and GPUs
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 import warnings
@@ -95,6 +96,25 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self.mixed_precision == "auto":
             return torch.bfloat16 if self.root_device.type == "cuda" else torch.float32
         return PRECISIONS[self.mixed_precision]
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """16-bit compute also runs under autocast: the models keep their states and carries in fp32
+        (as under ``bf16-mixed``), which a bf16 weight alone would not accept as an input."""
+        if self.param_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.root_device.type, dtype=self.param_dtype)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._autocast():
+            return super().training_step(*args, **kwargs)
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._autocast():
+            return super().validation_step(*args, **kwargs)
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with self._autocast():
+            return super().test_step(*args, **kwargs)
 
     def shard(self, model: CausalLM) -> None:
         """``fully_shard`` every layer, then the root module (embedding, final norm, LM head)."""

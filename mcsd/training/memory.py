@@ -6,7 +6,7 @@ Parameters, gradients and AdamW's two moments follow from the parameter count (o
 device). Activations are measured, not modelled: one forward and loss of the model on the meta
 device (shapes without memory) at this process's batch, summing the tensors autograd saves for
 the backward (with activation checkpointing: the layers' inputs, plus one layer recomputed), plus
-the vocabulary-sized transients of the loss. On a CPU the process's memory before the model
+the vocabulary-sized transients of the loss (16-bit compute: halved, an estimate). On a CPU the process's memory before the model
 (Python, torch, Lightning) is measured and added; the data, built later, is not counted.
 """
 
@@ -43,12 +43,12 @@ def peak_resident_bytes() -> int:
     return resident_bytes()
 
 
-def saved_activation_bytes(model_cfg: Mapping[str, Any], batch: int, length: int, dtype: torch.dtype) -> int:
-    """Bytes of the tensors a training forward and loss save for the backward (parameters
+def saved_activation_bytes(model_cfg: Mapping[str, Any], batch: int, length: int) -> int:
+    """Bytes of the tensors a training forward and loss save for the backward in fp32 (parameters
     excluded, each storage once), measured on the meta device: no memory, any size."""
     saved: dict[int, int] = {}
     with torch.device("meta"):
-        model = build_model(model_cfg).to(dtype)
+        model = build_model(model_cfg)
         weights = {parameter.untyped_storage()._cdata for parameter in model.parameters()}
         ids = torch.zeros(batch, length, dtype=torch.long)
 
@@ -114,11 +114,13 @@ def plan_memory(model_cfg: Mapping[str, Any], batch: int, length: int, processes
         gathered = width * (2 * largest_layer + root)
     else:  # DDP copies the gradients into its buckets
         gathered = 4 * count if processes > 1 else 0
-    activations = saved_activation_bytes(model_cfg, batch, length, compute_dtype)
+    activations = saved_activation_bytes(model_cfg, batch, length)
     if model.config.activation_checkpointing:  # the backward recomputes one layer at a time
-        whole = saved_activation_bytes({**model.config.to_dict(), "activation_checkpointing": False}, batch, length,
-                                       compute_dtype)
+        whole = saved_activation_bytes({**model.config.to_dict(), "activation_checkpointing": False}, batch, length)
         activations += (whole - activations) // model.config.num_layers
+    # Autocast does not reach the meta device: 16-bit compute is taken to halve what is saved
+    # (its matmul outputs; the states and carries stay fp32: an estimate).
+    activations = activations * width // 4
     # Transients over the vocabulary, fp32, at the loss: the logits' gradient, the cross-entropy's
     # softmax in the backward, the train perplexity's softmax and their copies (5 measured at size=base).
     activations += VOCABULARY_TRANSIENTS * 4 * batch * length * model.config.vocab_size
