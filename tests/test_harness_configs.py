@@ -37,7 +37,7 @@ def test_warmup_then_cosine_to_the_floor() -> None:
 @pytest.mark.parametrize(
     ("launcher", "target"),
     [("local_parallel", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"),
-     ("slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher")],
+     ("slurm", "hydra_plugins.mcsd_slurm_launcher.TrainerSlurmLauncher")],
 )
 def test_launchers_compose(launcher: str, target: str) -> None:
     cfg = compose_with_hydra(f"hydra/launcher={launcher}")

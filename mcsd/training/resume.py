@@ -79,8 +79,10 @@ class StopOnSignal(L.Callback):
         print(f"\nmcsd-train: {STOP_SIGNALS[signum]}: stopping after this step and saving a checkpoint{again}",
               file=sys.stderr, flush=True)
 
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if threading.current_thread() is threading.main_thread():  # after Lightning's own SLURM handlers
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After Lightning's own handlers (registered after on_fit_start), which would otherwise end
+        # the epoch on SIGTERM before any checkpoint is written.
+        if threading.current_thread() is threading.main_thread():
             self._previous_handlers = {signum: signal.signal(signum, self._request) for signum in STOP_SIGNALS}
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
