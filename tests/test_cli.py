@@ -145,7 +145,7 @@ def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     [
         (["data=text_files", "data.paths=[missing.txt]"], "data.paths: missing.txt does not exist"),
         (["data=text_files", "data.paths=[empty.txt]"], "data=text_files: the corpus has no text"),
-        (["data=text_files", "data.paths=[small.txt]", "data.seq_len=512"],
+        (["data=text_files", "data.paths=[small.txt]", "data.sample_by=line", "data.seq_len=512"],
          "data.seq_len=512 is too long for this corpus"),
         (["data=wikitext103"], "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use "
                                "data=text_files"),
@@ -157,6 +157,7 @@ def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
         (["ckpt_path=truncated.ckpt"], "truncated.ckpt is not a readable checkpoint (truncated or corrupt)"),
         (["data=text_files", "data.paths=[latin1.txt]"], "latin1.txt is not UTF-8 text (byte 6: b'\\xe9'): convert it"),
         (["data=text_files"], "data.paths is missing: give it on the command line (data.paths=...)"),
+        (["data.num_proc=0"], "data.num_proc=0 must be a positive number of processes"),
         (["size=huge"], "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
         (["-m", "model=mcsd,rnn"],
          f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),

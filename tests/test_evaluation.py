@@ -167,7 +167,8 @@ def test_rolling_perplexity_equals_the_harness_validation_perplexity(checkpoint:
     data = LanguageModelDataModule(source="text_files", paths=[str(corpus)], tokenizer_path=str(checkpoint / "model" /
                                    "tokenizer.json"), vocab_size=512, seq_len=length, batch_size=4,
                                    val_fraction=0.25, test_fraction=0.0, cache_dir=str(tmp_path / "cache"))
-    val_blocks = data.build()["val"][:]["input_ids"]
+    val = data.build()["val"]
+    val_blocks = torch.stack([val[index]["input_ids"] for index in range(len(val))])
     assert (val_blocks[:, 0] == tokenizer.token_to_id("<|endoftext|>")).all()
     module = LanguageModelModule(model=json.loads((checkpoint / "model" / "config.json").read_text()),
                                  optimizer=torch.optim.AdamW)

@@ -152,16 +152,16 @@ def build_cache(corpus: str, cache_dir: str, start: multiprocessing.synchronize.
     train_tokenizer = datamodule.train_tokenizer
     datamodule.train_tokenizer = lambda *args: trained.append(1) or train_tokenizer(*args)
     start.wait()
-    data = LanguageModelDataModule(source="text_files", paths=[corpus], vocab_size=2048, seq_len=64,
-                                   cache_dir=cache_dir)
+    data = LanguageModelDataModule(source="text_files", paths=[corpus], sample_by="line", vocab_size=2048,
+                                   seq_len=64, cache_dir=cache_dir)
     data.build()
     Path(out).write_text(data.tokenizer.to_str())
     Path(f"{out}.trained").write_text(str(len(trained)))
 
 
 def test_two_runs_build_one_shared_cache_at_once(tmp_path: Path) -> None:
-    """Started together on one cache folder, both succeed; one trains the tokenizer and packs
-    the corpus, the other waits and reuses them."""
+    """Started together on one cache folder, both succeed; one trains the tokenizer and writes
+    the token shards, the other waits and reuses them."""
     rng = random.Random(0)
     words = [f"w{index}{'x' * (index % 7)}" for index in range(3000)]
     corpus = tmp_path / "corpus.txt"
@@ -181,4 +181,4 @@ def test_two_runs_build_one_shared_cache_at_once(tmp_path: Path) -> None:
     assert outputs[0].read_text() == outputs[1].read_text()
     assert sum(int(Path(f"{out}.trained").read_text()) for out in outputs) == 1  # built once, then found
     (cache,) = [path for path in (tmp_path / "cache").iterdir() if path.name.startswith("files-")]
-    assert len(list(cache.glob("tokenizer-*.json"))) == 1 and len(list(cache.glob("blocks-*.arrow"))) == 1
+    assert len(list(cache.glob("tokenizer-*.json"))) == 1 and len(list(cache.glob("tokens-*/train/index.json"))) == 1

@@ -116,7 +116,7 @@ def test_resume_is_exact_from_any_stop_point(tmp_path: Path) -> None:
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     corpus = tmp_path / "small.txt"
     corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)))
-    common = [*FAST, "data=text_files", f"data.paths=[{corpus}]", "data.token_budget=10240",
+    common = [*FAST, "data=text_files", f"data.paths=[{corpus}]", "data.sample_by=line", "data.token_budget=10240",
               "callbacks.model_checkpoint.every_n_train_steps=1", "trainer.val_check_interval=100",
               "test_after_training=false"]
     whole = tmp_path / "whole"

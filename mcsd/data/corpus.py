@@ -1,7 +1,9 @@
 """Where the text comes from: the embedded corpus, local files, or the Hugging Face Hub.
 
-Each source loads a ``datasets.Dataset`` with one ``text`` column (one document a row)
-and has a fingerprint that names it in the cache.
+A data config names up to three splits of documents (``train``, and ``val``/``test`` where the
+corpus has its own); each is a :class:`DocumentSource`: a fingerprint that names it in the cache,
+and a stream of its documents, opened only when its tokens are built (a cached corpus is never
+read or downloaded again).
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ import codecs
 import hashlib
 import os
 import socket
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import datasets
@@ -19,57 +24,112 @@ from mcsd.errors import MCSDError
 
 LOADERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 HUB_HINT = "use data=text_files data.paths=[your.txt,...] to train on local files instead"
+SPLITS = ("train", "val", "test")
+SAMPLE_BY = ("document", "paragraph", "line")
 
 
 class DataError(MCSDError):
     """The data configuration or the data itself cannot be used."""
 
 
-def _digest(*parts: object) -> str:
+def digest(*parts: object) -> str:
+    """A short stable hash of ``parts`` (cache names)."""
     return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()[:16]
 
 
-def _text_column(dataset: datasets.Dataset, text_field: str, source: str) -> datasets.Dataset:
+@dataclass(frozen=True)
+class DocumentSource:
+    """The documents of one split: ``open()`` gives a ``datasets`` (iterable) dataset with a
+    ``text`` column, one document a row, in a fixed order."""
+
+    description: str  # for messages and progress bars: "data=text_files", "data=wikitext103 val"
+    fingerprint: str
+    open: Callable[[], datasets.Dataset | datasets.IterableDataset]
+
+    def documents(self, batch_size: int = 1000) -> Iterator[list[str]]:
+        """The documents in order, in lists of up to ``batch_size``; empty ones (whitespace only) left out."""
+        for batch in self.open().iter(batch_size=batch_size):
+            texts = [text for text in batch["text"] if text and text.strip()]
+            if texts:
+                yield texts
+
+
+def _text_column(dataset: datasets.Dataset | datasets.IterableDataset, text_field: str,
+                 source: str) -> datasets.Dataset | datasets.IterableDataset:
     """Keep only ``text_field``, renamed to ``text``."""
-    if text_field not in dataset.column_names:
-        raise DataError(f"data.text_field={text_field!r} is not a column of {source} (columns: {dataset.column_names})")
+    columns = dataset.column_names
+    if columns is not None and text_field not in columns:
+        raise DataError(f"data.text_field={text_field!r} is not a column of {source} (columns: {columns})")
     dataset = dataset.select_columns([text_field])
     return dataset if text_field == "text" else dataset.rename_column(text_field, "text")
 
 
-def embedded_corpus() -> tuple[datasets.Dataset, str]:
+def embedded_corpus() -> dict[str, DocumentSource]:
     """The Python documentation topics that ship inside CPython (``pydoc_data``): about
     0.5 MB of English prose and code, one topic a document; needs no network."""
     from pydoc_data.topics import topics
 
     texts = [topics[name] for name in sorted(topics)]
-    return datasets.Dataset.from_dict({"text": texts}), "pydoc-" + _digest(*texts)
+    return {"train": DocumentSource("data=embedded", "pydoc-" + digest(*texts),
+                                    lambda: datasets.Dataset.from_dict({"text": texts}))}
 
 
-def text_files(paths: list[str], text_field: str, cache_dir: Path) -> tuple[datasets.Dataset, str]:
-    """Local ``.txt`` (one file = one document), ``.jsonl``/``.json`` or ``.parquet`` files."""
+def _checked_files(paths: list[str], field: str) -> list[Path]:
+    """``paths`` resolved, each an existing file of a type we read."""
     if not paths:
-        raise DataError("data.paths is empty: list the files to train on, e.g. data.paths=[a.txt,b.txt]")
-    groups: dict[str, list[str]] = {}
-    identity = []
+        raise DataError(f"{field} is empty: list the files to train on, e.g. {field}=[a.txt,b.txt]")
+    files = []
     for raw in paths:
         path = Path(raw).expanduser().resolve()
         if not path.is_file():
-            raise DataError(f"data.paths: {raw} does not exist (looked for {path}): fix the path or drop it")
-        loader = LOADERS.get(path.suffix.lower())
-        if loader is None:
-            raise DataError(f"data.paths: {raw} is not .txt, .jsonl, .json or .parquet: convert it or drop it")
-        groups.setdefault(loader, []).append(str(path))
-        stat = path.stat()
-        identity.append((str(path), stat.st_size, stat.st_mtime_ns))
-    parts = []
-    for loader, files in groups.items():
-        options = {"sample_by": "document"} if loader == "text" else {}
-        if loader != "parquet":
-            _require_utf8(files)
-        part = datasets.load_dataset(loader, data_files=files, split="train", cache_dir=str(cache_dir), **options)
-        parts.append(_text_column(part, "text" if loader == "text" else text_field, files[0]))
-    return datasets.concatenate_datasets(parts), "files-" + _digest(text_field, *sorted(identity))
+            raise DataError(f"{field}: {raw} does not exist (looked for {path}): fix the path or drop it")
+        if path.suffix.lower() not in LOADERS:
+            raise DataError(f"{field}: {raw} is not .txt, .jsonl, .json or .parquet: convert it or drop it")
+        files.append(path)
+    return files
+
+
+def text_files(paths: list[str] | Mapping[str, list[str]], text_field: str, sample_by: str,
+               cache_dir: Path) -> dict[str, DocumentSource]:
+    """Local ``.txt`` (a file is a document, or its paragraphs or lines: ``sample_by``),
+    ``.jsonl``/``.json`` or ``.parquet`` files (a row is a document), streamed. ``paths`` is a
+    list (the training documents) or a mapping from split names to lists (a corpus's own
+    ``val``/``test`` files)."""
+    if sample_by not in SAMPLE_BY:
+        raise DataError(f"data.sample_by={sample_by!r} is unknown: use one of {', '.join(SAMPLE_BY)}")
+    named = dict(paths) if isinstance(paths, Mapping) else {"train": list(paths)}
+    unknown = sorted(set(named) - set(SPLITS))
+    if unknown or "train" not in named:
+        raise DataError(f"data.paths names splits {sorted(named)}: use train (required), val and test, e.g. "
+                        "data.paths={train:[a.txt],val:[b.txt]}")
+    sources = {}
+    for split, listed in named.items():
+        field = "data.paths" if not isinstance(paths, Mapping) else f"data.paths.{split}"
+        files = _checked_files([str(path) for path in listed or []], field)
+        identity = [(str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
+        sources[split] = DocumentSource("data=text_files" + ("" if split == "train" else f" {split}"),
+                                        "files-" + digest(text_field, sample_by, *identity),
+                                        _file_stream(files, text_field, sample_by, cache_dir))
+    return sources
+
+
+def _file_stream(files: list[Path], text_field: str, sample_by: str,
+                 cache_dir: Path) -> Callable[[], datasets.IterableDataset]:
+    """Opens the files as one stream, grouped by type in the order the types first appear."""
+    def open_stream() -> datasets.IterableDataset:
+        groups: dict[str, list[str]] = {}
+        for path in files:
+            groups.setdefault(LOADERS[path.suffix.lower()], []).append(str(path))
+        parts = []
+        for loader, group in groups.items():
+            options = {"sample_by": sample_by} if loader == "text" else {}
+            if loader != "parquet":
+                _require_utf8(group)
+            part = datasets.load_dataset(loader, data_files=group, split="train", streaming=True,
+                                         cache_dir=str(cache_dir), **options)
+            parts.append(_text_column(part, "text" if loader == "text" else text_field, group[0]))
+        return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    return open_stream
 
 
 def _require_utf8(files: list[str], chunk_bytes: int = 1 << 24) -> None:
@@ -103,22 +163,47 @@ def hub_is_reachable(timeout: float = 5.0) -> bool:
     return True
 
 
-def hub_dataset(
-    name: str, path: str, subset: str | None, split: str, text_field: str, max_documents: int | None,
-    streaming: bool, cache_dir: Path,
-) -> tuple[datasets.Dataset, str]:
-    """A dataset from the Hub (``load_dataset(path, subset, split=...)``), optionally only its
-    first ``max_documents`` rows, read by streaming so that nothing more is downloaded."""
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-    if not offline and not hub_is_reachable():
-        raise DataError(f"data={name} needs the Hugging Face Hub, which is unreachable from here: {HUB_HINT}")
-    try:
-        loaded = datasets.load_dataset(path, subset, split=split, streaming=streaming, cache_dir=str(cache_dir))
-        if streaming:
-            rows = loaded.take(max_documents) if max_documents else loaded
-            loaded = datasets.Dataset.from_list([{text_field: row[text_field]} for row in rows])
-        elif max_documents:
-            loaded = loaded.select(range(min(max_documents, len(loaded))))
-    except (ConnectionError, OSError) as error:
-        raise DataError(f"data={name}: could not load {path} from the Hub ({type(error).__name__}): {HUB_HINT}") from error
-    return _text_column(loaded, text_field, path), "hub-" + _digest(path, subset, split, text_field, max_documents)
+def hub_dataset(name: str, path: str, subset: str | None, splits: Mapping[str, str | None], text_field: str,
+                max_documents: int | None, streaming: bool, cache_dir: Path) -> dict[str, DocumentSource]:
+    """The splits of a dataset on the Hub (or in a local folder ``load_dataset`` reads):
+    ``splits`` maps ``train`` (required), ``val`` and ``test`` to the dataset's own split names
+    (null: drawn from the training documents); each split optionally only its first
+    ``max_documents`` rows, read by streaming so that nothing more is downloaded."""
+    unknown = sorted(set(splits) - set(SPLITS))
+    if unknown or not splits.get("train"):
+        raise DataError(f"data.splits={dict(splits)} must name the dataset's train split (and optionally val, "
+                        "test), e.g. data.splits={train:train,val:validation,test:test}")
+    local = Path(str(path)).expanduser().is_dir()
+    sources = {}
+    for split, dataset_split in splits.items():
+        if dataset_split is None:
+            continue
+        sources[split] = DocumentSource(
+            f"data={name}" + ("" if split == "train" else f" {split}"), "hub-" + digest(path, subset, dataset_split, text_field, max_documents),
+            _hub_stream(name, str(path), subset, split, str(dataset_split), text_field, max_documents,
+                        streaming, cache_dir, local))
+    return sources
+
+
+def _hub_stream(name: str, path: str, subset: str | None, split: str, dataset_split: str, text_field: str,
+                max_documents: int | None, streaming: bool, cache_dir: Path,
+                local: bool) -> Callable[[], datasets.Dataset | datasets.IterableDataset]:
+    def open_stream() -> datasets.Dataset | datasets.IterableDataset:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        if not local and not offline and not hub_is_reachable():
+            raise DataError(f"data={name} needs the Hugging Face Hub, which is unreachable from here: {HUB_HINT}")
+        try:
+            loaded: Any = datasets.load_dataset(path, subset, split=dataset_split, streaming=streaming,
+                                                cache_dir=str(cache_dir))
+        except ValueError as error:
+            if "split" not in str(error).lower():
+                raise
+            raise DataError(f"data.splits.{split}={dataset_split!r} is not a split of {path} ({error}): name one "
+                            "it has, or null to hold documents out of the training split") from None
+        except (ConnectionError, OSError) as error:
+            raise DataError(f"data={name}: could not load {path} from the Hub ({type(error).__name__}): "
+                            f"{HUB_HINT}") from error
+        if max_documents:
+            loaded = loaded.take(max_documents) if streaming else loaded.select(range(min(max_documents, len(loaded))))
+        return _text_column(loaded, text_field, path)
+    return open_stream

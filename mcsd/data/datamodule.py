@@ -1,24 +1,24 @@
-"""The LightningDataModule: corpus -> tokenizer -> tokens -> packed blocks -> splits.
+"""The LightningDataModules of text: corpus -> tokenizer -> token shards -> blocks -> splits.
 
-Documents are tokenized with ``datasets.map`` (cached as Arrow files), each preceded by
-``<|endoftext|>`` (as lm-eval scores a text: from an ``<|endoftext|>`` prefix), and packed
-into blocks of ``seq_len + 1`` tokens (inputs and shifted targets). Blocks are split into train/val/test by a permutation drawn from ``seed``, so a
-corpus of one long document splits as well as one of many. Everything derived is cached
-under ``cache_dir/<corpus fingerprint>/``: the tokenizer (``tokenizer-<vocab>.json``), the
-token and block files. The train loader is a ``torchdata`` ``StatefulDataLoader`` whose
-order is a function of ``(seed, epoch)``: Lightning saves its position in checkpoints, so a
-resumed run sees the same batches, in this epoch and every later one.
+Each split's documents are tokenized once, streamed, into memory-mapped token shards under
+``cache_dir/<corpus fingerprint>/`` (:mod:`mcsd.data.tokens`), each document after
+``<|endoftext|>`` (as lm-eval scores a text: from an ``<|endoftext|>`` prefix); training reads
+blocks of ``seq_len + 1`` tokens (inputs and shifted targets) from them lazily. Validation and
+test are whole documents: a corpus's own splits where the config names them, else documents held
+out of the training split, drawn from ``seed``. The train loader is a ``torchdata``
+``StatefulDataLoader`` whose order is a function of ``(seed, epoch)``: Lightning saves its
+position in checkpoints, so a resumed run sees the same batches, in this epoch and every later one.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import datasets
 import lightning as L
 import numpy as np
 from filelock import FileLock
@@ -27,13 +27,13 @@ from torch.utils.data import DataLoader, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from mcsd.data.corpus import DataError, embedded_corpus, hub_dataset, text_files
+from mcsd.data.corpus import DataError, DocumentSource, digest, embedded_corpus, hub_dataset, text_files
 from mcsd.data.tokenizer import eos_id, load_tokenizer, train_tokenizer
+from mcsd.data.tokens import PackedBlocks, TokenStore, open_or_build
 
 log = logging.getLogger(__name__)
 SOURCES = ("embedded", "text_files", "hub")
-
-
+HELD_OUT = ("val", "test")
 class EpochShuffleSampler(StatefulDistributedSampler):
     """Pass ``k`` over the data is in the order ``DistributedSampler`` draws from
     ``(seed, k)``; the checkpointed state is the pass and the samples yielded in it.
@@ -84,21 +84,51 @@ class EpochShuffleSampler(StatefulDistributedSampler):
         self.epoch = state_dict["epoch"]
 
 
-def load_corpus(data: Mapping[str, Any], hf_cache: Path) -> tuple[datasets.Dataset, str]:
-    """The documents (a ``text`` column) and a fingerprint of the corpus a data config names
-    (its ``source`` and that source's fields; the defaults of :class:`LanguageModelDataModule`
-    for those it lacks)."""
+def corpus_sources(data: Mapping[str, Any], hf_cache: Path) -> dict[str, DocumentSource]:
+    """The splits of documents a data config names (``train``, and ``val``/``test`` where the
+    corpus has its own), by its ``source`` and that source's fields (the defaults of
+    :class:`LanguageModelDataModule` for those it lacks). Nothing is read yet."""
     source = data.get("source", "embedded")
     if source == "embedded":
         return embedded_corpus()
     text_field = data.get("text_field") or "text"
     if source == "text_files":
-        return text_files([str(path) for path in data.get("paths") or []], text_field, hf_cache)
+        paths = data.get("paths")
+        paths = {split: list(files or []) for split, files in paths.items()} if isinstance(paths, Mapping) else \
+            [str(path) for path in paths or []]
+        return text_files(paths, text_field, data.get("sample_by", "document"), hf_cache)
     if source != "hub":
         raise DataError(f"data.source={source!r} is unknown: use one of {', '.join(SOURCES)}")
     return hub_dataset(data.get("name", "hub"), data.get("hub_path"), data.get("hub_subset"),
-                       data.get("hub_split", "train"), text_field, data.get("max_documents"),
+                       dict(data.get("splits") or {"train": "train"}), text_field, data.get("max_documents"),
                        data.get("streaming", False), hf_cache)
+
+
+def _sample(source: DocumentSource, max_bytes: int) -> Iterator[str]:
+    """The first documents of ``source``, up to ``max_bytes`` of UTF-8 text in all."""
+    seen = 0
+    for text in itertools.chain.from_iterable(source.documents()):
+        seen += len(text.encode())
+        if seen > max_bytes and seen > len(text.encode()):
+            return
+        yield text
+
+
+def hold_out(lengths: np.ndarray, seed: int, wanted: Mapping[str, tuple[float, int | None]]) -> dict[str, np.ndarray]:
+    """Whole documents for each held-out split in ``wanted`` (name: (fraction of the tokens,
+    or a count of documents)), drawn in the order of a permutation from ``seed``; ``train`` is
+    the rest. Each list in corpus order."""
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    total_before = np.concatenate([[0], np.cumsum(lengths[order])])
+    chosen, position = {}, 0
+    for split, (fraction, count) in wanted.items():
+        if count is None:
+            target = total_before[position] + fraction * total_before[-1]
+            count = max(1, int(np.searchsorted(total_before, target, side="left")) - position)
+        chosen[split] = np.sort(order[position:position + count])
+        position += count
+    chosen["train"] = np.sort(order[position:])
+    return chosen
 
 
 class SplitsDataModule(L.LightningDataModule):
@@ -150,117 +180,148 @@ class LanguageModelDataModule(SplitsDataModule):
     """Token blocks for next-token prediction from one of three ``source``\\ s:
 
     - ``embedded``: CPython's ``pydoc_data`` topics (no network);
-    - ``text_files``: ``paths`` of local .txt/.jsonl/.json/.parquet files;
-    - ``hub``: ``load_dataset(hub_path, hub_subset, split=hub_split)``.
+    - ``text_files``: ``paths`` of local .txt/.jsonl/.json/.parquet files (a list, or a mapping
+      of ``train``/``val``/``test`` to lists);
+    - ``hub``: ``load_dataset(hub_path, hub_subset, split=...)`` for each split ``splits`` names.
     """
 
     def __init__(
         self,
         source: str = "embedded",
         name: str = "embedded",
-        paths: list[str] | None = None,
+        paths: list[str] | Mapping[str, list[str]] | None = None,
+        sample_by: str = "document",
         hub_path: str | None = None,
         hub_subset: str | None = None,
-        hub_split: str = "train",
+        splits: Mapping[str, str | None] | None = None,
         streaming: bool = False,
         max_documents: int | None = None,
         text_field: str = "text",
         separate_documents: bool = True,
         tokenizer_path: str | None = None,
+        tokenizer_sample_bytes: int = 100_000_000,
         vocab_size: int = 4096,
         seq_len: int = 256,
         batch_size: int = 16,
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
+        val_documents: int | None = None,
+        test_documents: int | None = None,
         seed: int = 0,
         cache_dir: str = "logs/cache",
+        num_proc: int | None = None,
+        shard_tokens: int = 1 << 28,
+        verify_shards: bool = True,
         num_workers: int = 0,
         token_budget: int | None = None,
     ) -> None:
         super().__init__()
         if source not in SOURCES:
             raise DataError(f"data.source={source!r} is unknown: use one of {', '.join(SOURCES)}")
-        for field, value in (("seq_len", seq_len), ("batch_size", batch_size), ("vocab_size", vocab_size)):
+        for field, value in (("seq_len", seq_len), ("batch_size", batch_size), ("vocab_size", vocab_size),
+                             ("tokenizer_sample_bytes", tokenizer_sample_bytes), ("shard_tokens", shard_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise DataError(f"data.{field}={value!r} must be a positive integer")
+        if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
+            raise DataError(f"data.num_proc={num_proc!r} must be a positive number of processes (or null: one per "
+                            "CPU core)")
         if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
             raise DataError(f"data.val_fraction={val_fraction} and data.test_fraction={test_fraction} must be "
                             "fractions in [0, 1) that leave room for training (val_fraction > 0)")
+        for field, value in (("val_documents", val_documents), ("test_documents", test_documents)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise DataError(f"data.{field}={value!r} must be a positive number of documents (or null: "
+                                f"data.{field.split('_')[0]}_fraction)")
         if token_budget is not None and token_budget < 1:
             raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
-        # Plain types only (an OmegaConf list is refused by weights-only checkpoint loading).
-        paths = [str(path) for path in paths] if paths is not None else None
+        # Plain types only (an OmegaConf container is refused by weights-only checkpoint loading).
+        if isinstance(paths, Mapping):
+            paths = {str(split): [str(path) for path in files or []] for split, files in paths.items()}
+        elif paths is not None:
+            paths = [str(path) for path in paths]
+        splits = {str(split): None if name is None else str(name) for split, name in splits.items()} if splits \
+            else None
         self.save_hyperparameters(logger=False)
         self.tokenizer: Tokenizer | None = None
-        self.splits: dict[str, datasets.Dataset] = {}
+        self.splits: dict[str, PackedBlocks] = {}
 
     # -- building (cached) ------------------------------------------------------------
 
-    def build(self) -> dict[str, datasets.Dataset]:
-        """Load or make the tokenizer and the packed splits (idempotent, cached)."""
+    def build(self) -> dict[str, PackedBlocks]:
+        """Load or make the tokenizer and each split's token shards (cached; an unfinished
+        build goes on where it stopped), then the blocks of each split."""
         h = self.hparams
         cache_root = Path(h.cache_dir).expanduser()
-        corpus, fingerprint = load_corpus(self.hparams, cache_root / "hf")
-        corpus = corpus.filter(lambda row: bool(row["text"] and row["text"].strip()), desc="dropping empty documents")
-        if len(corpus) == 0:
-            raise DataError(f"data={h.name}: the corpus has no text (every document is empty): give it files with text")
-        cache = cache_root / fingerprint
+        sources = corpus_sources(self.hparams, cache_root / "hf")
+        corpus = sources["train"].fingerprint if len(sources) == 1 else \
+            sources["train"].fingerprint.split("-")[0] + "-" + digest(*(f"{k}={v.fingerprint}" for k, v in
+                                                                         sorted(sources.items())))
+        cache = cache_root / corpus
         cache.mkdir(parents=True, exist_ok=True)
         with FileLock(str(cache / "build.lock")):  # runs sharing a cache build it once, one after another
-            return self._build_cached(corpus, cache)
-
-    def _build_cached(self, corpus: datasets.Dataset, cache: Path) -> dict[str, datasets.Dataset]:
-        h = self.hparams
-        if h.tokenizer_path:
-            self.tokenizer = load_tokenizer(h.tokenizer_path)
-            tokenizer_file = cache / f"tokenizer-{Path(h.tokenizer_path).name}.json"
-            self.tokenizer.save(str(tokenizer_file))
-        else:
-            tokenizer_file = cache / f"tokenizer-{h.vocab_size}.json"
-            if tokenizer_file.is_file():
-                self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-            else:
-                log.info("training a %d-token byte-level BPE on %d documents", h.vocab_size, len(corpus))
-                self.tokenizer = train_tokenizer((row["text"] for row in corpus), h.vocab_size)
-                self.tokenizer.save(str(tokenizer_file))
-        if self.tokenizer.get_vocab_size() > h.vocab_size:
-            raise DataError(f"the tokenizer has {self.tokenizer.get_vocab_size()} tokens but model.vocab_size="
-                            f"{h.vocab_size}: raise model.vocab_size or use a smaller tokenizer")
-        separator = [eos_id(self.tokenizer)] if h.separate_documents else []
-        tag = f"{tokenizer_file.stem}-{'eos-first' if separator else 'joined'}"
-        tokenizer = self.tokenizer
-
-        def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-            return {"ids": [separator + encoding.ids for encoding in tokenizer.encode_batch(batch["text"])]}
-
-        tokens = corpus.map(encode, batched=True, remove_columns=["text"], desc="tokenizing",
-                            cache_file_name=str(cache / f"tokens-{tag}.arrow"), new_fingerprint=f"tokens-{tag}")
-        total = sum(len(ids) for ids in tokens["ids"])
-        block = h.seq_len + 1
-
-        def pack(batch: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:
-            flat = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in batch["ids"]])
-            usable = len(flat) // block * block
-            return {"input_ids": flat[:usable].reshape(-1, block).tolist()}
-
-        # One map batch packs the whole corpus into blocks (nothing dropped between batches).
-        blocks = tokens.map(pack, batched=True, batch_size=len(tokens), remove_columns=["ids"], desc="packing",
-                            cache_file_name=str(cache / f"blocks-{tag}-{block}.arrow"),
-                            new_fingerprint=f"blocks-{tag}-{block}")
-        num_val = max(1, round(len(blocks) * h.val_fraction))
-        num_test = max(1, round(len(blocks) * h.test_fraction)) if h.test_fraction > 0 else 0
-        if len(blocks) < num_val + num_test + 1:
-            raise DataError(
-                f"data.seq_len={h.seq_len} is too long for this corpus: its {total} tokens make {len(blocks)} blocks "
-                f"of {block}, fewer than the {num_val + num_test + 1} that train/val/test need; lower data.seq_len"
-            )
-        order = np.random.default_rng(h.seed).permutation(len(blocks))
-        self.splits = {
-            "val": blocks.select(order[:num_val]),
-            "test": blocks.select(order[num_val : num_val + num_test]),
-            "train": blocks.select(order[num_val + num_test :]),
-        }
-        for split in self.splits.values():
-            split.set_format("torch", columns=["input_ids"])
+            self.tokenizer = self._tokenizer(sources["train"], cache)
+            separator = eos_id(self.tokenizer) if h.separate_documents else None
+            tokens = cache / f"tokens-{digest(self.tokenizer.to_str())}-{'eos' if separator is not None else 'joined'}"
+            num_proc = h.num_proc or len(os.sched_getaffinity(0))
+            stores = {split: open_or_build(source, tokens / split, self.tokenizer, separator, num_proc,
+                                           h.verify_shards, h.shard_tokens) for split, source in sources.items()}
+        self.splits = self._blocks(stores)
         return self.splits
 
+    def _tokenizer(self, train: DocumentSource, cache: Path) -> Tokenizer:
+        """``tokenizer_path``'s, or a BPE trained on the first ``tokenizer_sample_bytes`` of the
+        training documents (cached)."""
+        h = self.hparams
+        if h.tokenizer_path:
+            tokenizer = load_tokenizer(h.tokenizer_path)
+        else:
+            path = cache / f"tokenizer-{h.vocab_size}-{h.tokenizer_sample_bytes}.json"
+            if path.is_file():
+                tokenizer = Tokenizer.from_file(str(path))
+            else:
+                log.info("training a %d-token byte-level BPE on the first %d bytes of %s", h.vocab_size,
+                         h.tokenizer_sample_bytes, train.description)
+                tokenizer = train_tokenizer(_sample(train, h.tokenizer_sample_bytes), h.vocab_size)
+                temporary = path.with_name(f".{path.name}.tmp")
+                tokenizer.save(str(temporary))
+                os.replace(temporary, path)
+        if tokenizer.get_vocab_size() > h.vocab_size:
+            raise DataError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but model.vocab_size="
+                            f"{h.vocab_size}: raise model.vocab_size or use a smaller tokenizer")
+        return tokenizer
+
+    def _blocks(self, stores: dict[str, TokenStore]) -> dict[str, PackedBlocks]:
+        """Each split's blocks: its own store's documents, or whole documents held out of
+        the training store (``*_fraction`` of its tokens or ``*_documents``, drawn from ``seed``)."""
+        h = self.hparams
+        train = stores["train"]
+        wanted = {split: (h[f"{split}_fraction"], h[f"{split}_documents"]) for split in HELD_OUT
+                  if split not in stores and (h[f"{split}_fraction"] > 0 or h[f"{split}_documents"])}
+        needed = 1 + sum(count or 1 for _, count in wanted.values())
+        if train.documents < needed:
+            raise DataError(
+                f"data={h.name}: the corpus has {train.documents} document(s), but validation and test are whole "
+                f"documents held out of training, so it needs at least {needed}: give more files, cut .txt files "
+                "into documents (data.sample_by=paragraph or line), or name held-out files "
+                "(data.paths={train:[...],val:[...],test:[...]})")
+        chosen = hold_out(train.lengths, h.seed, wanted)
+        if len(chosen["train"]) == 0:
+            raise DataError(f"data={h.name}: holding out {', '.join(wanted)} leaves no training document: lower "
+                            "data.val_fraction / data.test_fraction (or *_documents)")
+        block = h.seq_len + 1
+        splits = {split: PackedBlocks(train, documents, block) for split, documents in chosen.items()}
+        splits |= {split: PackedBlocks(store, np.arange(store.documents), block) for split, store in stores.items()
+                   if split != "train"}
+        splits.setdefault("test", PackedBlocks(train, np.zeros(0, np.int64), block))  # test_fraction=0: none
+        for split in ("train", "val", *(["test"] if splits["test"].documents else [])):
+            if len(splits[split]) == 0:
+                raise DataError(
+                    f"data.seq_len={h.seq_len} is too long for this corpus: its {split} documents "
+                    f"({splits[split].tokens} tokens) make no block of {block} tokens; lower data.seq_len"
+                    + ("" if split == "train" or split in stores else f" or raise data.{split}_fraction"))
+        return {split: splits[split] for split in ("train", "val", "test")}
+
+    def describe(self) -> dict[str, Any]:
+        """Sizes for logs: tokens (in blocks) and documents per split."""
+        return {**super().describe(),
+                **{f"data/{name}_documents": split.documents for name, split in self.splits.items()}}

@@ -11,6 +11,7 @@ the swapped control per N) and ``context_probe.png/pdf`` to its run folder
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tokenizers import Tokenizer
 
 import mcsd
 from mcsd.cli import fail, hydra_app, require_wandb_login
-from mcsd.data.datamodule import load_corpus
+from mcsd.data.datamodule import corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.data.corpus import DataError
 from mcsd.errors import MCSDError
@@ -31,17 +32,19 @@ from mcsd.probes.context import ContextProbe, probe_context
 
 
 def probe_documents(data: DictConfig, tokenizer: Tokenizer, length: int, count: int, cache_dir: str | Path) -> torch.Tensor:
-    """The first ``count`` pieces of ``length`` tokens of the corpus ``data`` names, ``[D, length]``:
-    each document tokenized as in training (after ``<|endoftext|>`` when the data config
-    separates documents) and cut into consecutive non-overlapping pieces; its remainder is dropped."""
+    """The first ``count`` pieces of ``length`` tokens of the corpus ``data`` names (its own test
+    split where it names one, e.g. WikiText-103's), ``[D, length]``: each document tokenized as in
+    training (after ``<|endoftext|>`` when the data config separates documents) and cut into
+    consecutive non-overlapping pieces; its remainder is dropped."""
     if "source" not in data:
         raise MCSDError(f"data={data.get('name', '?')} has no text documents: probe on a text corpus "
                         "(data=embedded, data=text_files data.paths=[...], data=wikitext103)")
-    corpus, _ = load_corpus(data, Path(cache_dir).expanduser() / "hf")
+    sources = corpus_sources(data, Path(cache_dir).expanduser() / "hf")
+    documents = sources.get("test", sources["train"]).documents()  # a corpus's own test split where it has one
     eos = tokenizer.token_to_id(EOS_TOKEN) if data.get("separate_documents", True) else None
     pieces: list[list[int]] = []
-    for row in corpus:
-        ids = ([eos] if eos is not None else []) + tokenizer.encode(row["text"]).ids
+    for text in itertools.chain.from_iterable(documents):
+        ids = ([eos] if eos is not None else []) + tokenizer.encode(text).ids
         pieces += [ids[start:start + length] for start in range(0, len(ids) - length + 1, length)]
         if len(pieces) >= count:
             break
