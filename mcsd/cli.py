@@ -17,6 +17,7 @@ from typing import NoReturn, TypeVar
 
 import hydra
 from hydra.core.plugins import Plugins
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from mcsd.errors import MCSDError
@@ -84,6 +85,10 @@ def run_or_exit(app: str, function: Callable[[], Result]) -> Result:
         return function()
     except (MCSDError, FileNotFoundError) as error:
         fail(app, str(error))
+    except InstantiationException as error:  # a config object that refused its settings
+        if not isinstance(error.__cause__, MCSDError):
+            raise
+        fail(app, str(error.__cause__))
 
 
 def require_values(cfg: DictConfig) -> None:
