@@ -21,7 +21,9 @@ if [ "$corpus" = embedded ]; then
 elif [ "$corpus" = own ]; then
   data=(); name=own
 else
+  # A .txt file is one document: its paragraphs are the documents that validation holds out whole.
   data=(data=text_files "data.paths=[$(realpath "$corpus")]"); name="$(basename "${corpus%.*}")"
+  [[ "$corpus" == *.txt ]] && data+=(data.sample_by=paragraph)
 fi
 name="${folder:-$name}"
 export OMP_NUM_THREADS=1  # two jobs side by side, one core each

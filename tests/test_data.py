@@ -15,9 +15,11 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
+from harness import run_cli
 from mcsd.data import DataError, LanguageModelDataModule
-from mcsd.data.datamodule import _sample, corpus_sources
+from mcsd.data.datamodule import EpochShuffleSampler, _sample, corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN, train_tokenizer
 from mcsd.data.tokens import PackedBlocks, TokenStore, build_store, open_or_build, store_key
 
@@ -236,6 +238,22 @@ def test_tokenizer_is_trained_once_and_cached(tmp_path: Path) -> None:
     assert torch.equal(blocks_of(third.build()["train"]), blocks_of(second.splits["train"]))
 
 
+def test_mcsd_prepare_builds_the_shards_that_training_then_reads(tmp_path: Path) -> None:
+    result = run_cli("mcsd-prepare", "data=embedded", "model.vocab_size=512", "data.seq_len=128",
+                     f"paths.cache_dir={tmp_path / 'cache'}", f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (index,) = (tmp_path / "cache").glob("pydoc-*/tokens-*/train/index.json")
+    stamp = index.stat().st_mtime_ns
+    data = LanguageModelDataModule(source="embedded", vocab_size=512, seq_len=128, cache_dir=str(tmp_path / "cache"))
+    splits = data.build()
+    assert index.stat().st_mtime_ns == stamp  # found, not built again
+    assert f"token shards: {index.parent.parent}" in result.stdout
+    for name in ("train", "val", "test"):
+        split = splits[name]
+        assert f"{name}: {split.documents:,} documents, {split.tokens:,} tokens, {len(split):,} blocks of 129 tokens" \
+            in result.stdout
+
+
 def test_embedded_corpus_needs_no_network(tmp_path: Path) -> None:
     data = LanguageModelDataModule(source="embedded", vocab_size=512, seq_len=128, cache_dir=str(tmp_path))
     splits = data.build()
@@ -281,6 +299,18 @@ def test_train_order_is_a_function_of_seed_and_pass_and_resumes_anywhere(tmp_pat
         rest = lightning_epochs(resumed, 3 - epoch, first=restored if done else None, skip=done)
         assert len(rest) == len(stream) - stop
         assert all(torch.equal(a, b) for a, b in zip(rest, stream[stop:])), stop
+
+
+@pytest.mark.parametrize(("replicas", "drop_last"), [(1, True), (3, True), (3, False)])
+def test_each_pass_is_distributed_samplers_order(replicas: int, drop_last: bool) -> None:
+    """The sampler holds its pass as a tensor, but the order is torch's DistributedSampler's."""
+    blocks = list(range(50))
+    for rank in range(replicas):
+        ours = EpochShuffleSampler(blocks, num_replicas=replicas, rank=rank, seed=3, drop_last=drop_last, batch_size=1)
+        theirs = DistributedSampler(blocks, num_replicas=replicas, rank=rank, seed=3, drop_last=drop_last)
+        for epoch in range(2):
+            theirs.set_epoch(epoch)
+            assert list(ours) == list(theirs)
 
 
 @pytest.mark.parametrize(

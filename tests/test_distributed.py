@@ -21,6 +21,7 @@ from mcsd.train import train
 
 RUN = [*FAST, "logger=csv", "test_after_training=false"]
 FSDP = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=4"]
+DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=4"]
 SINGLE = ["data.batch_size=8"]  # the same global batch on one process
 
 
@@ -75,15 +76,16 @@ def test_sharded_checkpoints_and_the_final_folder_load_on_one_process(runs: tupl
     assert mcsd.load_tokenizer(fsdp / "checkpoints" / "step-000003.ckpt").get_vocab_size() == 512
 
 
-@pytest.mark.parametrize(("source", "overrides"), [("fsdp", []), ("fsdp", ["trainer=cpu"]), ("single", FSDP)],
-                         ids=["2->2", "2->1", "1->2"])
+@pytest.mark.parametrize(("source", "overrides"), [("fsdp", []), ("fsdp", ["trainer=cpu"]), ("single", FSDP),
+                                                   ("single", DDP)], ids=["2->2", "2->1", "1->2", "1->2 ddp"])
 def test_a_checkpoint_resumes_exactly_on_two_or_one_process(runs: tuple[Path, Path, Path], source: str,
                                                             overrides: list[str]) -> None:
-    """From step 3, on the same number of processes or another: the losses of the unbroken run.
-    The global batch is kept by itself (4 per process on 2, 8 on 1)."""
+    """From step 3, on the same number of processes or another (FSDP2, or DDP reading the same
+    token shards): the losses of the unbroken run. The global batch is kept by itself (4 per
+    process on 2, 8 on 1)."""
     cwd, fsdp, single = runs
     run = {"fsdp": fsdp, "single": single}[source]
-    log_dir = f"resumed-{source}-{len(overrides)}"
+    log_dir = f"resumed-{source}-to-{overrides[0].split('=')[1] if overrides else 'same'}"
     result = run_cli("mcsd-train", f"ckpt_path={run / 'checkpoints' / 'step-000003.ckpt'}", *overrides,
                      f"paths.log_dir={log_dir}", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]

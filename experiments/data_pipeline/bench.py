@@ -4,9 +4,13 @@
         LanguageModelDataModule.build() of data=text_files on CORPUS_DIR/*.jsonl: the BPE on its
         sample, then the token shards; wall time of each phase, tokens, peak memory of this
         process and of its tokenizing workers (VmHWM).
-    python bench.py encode_batch NAME CORPUS_DIR TOKENIZER --threads N
-        tokenizers' own Tokenizer.encode_batch on the same documents (read in batches of 1000 as
-        the build reads them), N Rayon threads: the time spent in encode_batch alone.
+    python bench.py encode_batch NAME CORPUS_DIR TOKENIZER --threads N [--fast]
+        tokenizers' own Tokenizer.encode_batch (--fast: encode_batch_fast, no offsets, what the
+        build calls) on the same documents (read in batches of 1000 as the build reads them), N
+        Rayon threads: the time spent in encode_batch alone.
+    python bench.py datasets_map NAME CORPUS_DIR TOKENIZER --num-proc N
+        the alternative we measured against: datasets.load_dataset (an Arrow copy of the corpus)
+        then Dataset.map(num_proc=N) encoding each batch; wall time, tokens/s, bytes written.
     python bench.py loading NAME CACHE CORPUS_DIR --batches N
         seconds per batch drawn from the shard-backed train loader (size=small's batch).
 """
@@ -29,6 +33,38 @@ def vm_hwm() -> int:
     raise RuntimeError("no VmHWM")
 
 
+class PssSampler:
+    """The peak, over time, of the proportional set size (PSS) of this process and its children
+    summed: their memory without counting pages they share (forked workers) twice."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        import threading
+
+        import psutil
+
+        self.peak, self.stop = 0, threading.Event()
+        self.process = psutil.Process()
+        self.thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self.thread.start()
+
+    def _run(self, interval: float) -> None:
+        import psutil
+
+        while not self.stop.wait(interval):
+            total = 0
+            for process in [self.process, *self.process.children(recursive=True)]:
+                try:
+                    total += process.memory_full_info().pss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+
+    def close(self) -> int:
+        self.stop.set()
+        self.thread.join()
+        return self.peak
+
+
 def data_module(corpus: Path, cache: Path, **options):
     from mcsd.data import LanguageModelDataModule
 
@@ -49,16 +85,18 @@ def build(args: argparse.Namespace) -> dict:
         return store
 
     tokens.build_store = timed_build_store  # what open_or_build calls
+    sampler = PssSampler()
     start = time.perf_counter()
     data = data_module(args.corpus, args.cache, num_proc=args.num_proc)
     splits = data.build()
     total = time.perf_counter() - start
+    peak_pss = sampler.close()
     store = splits["train"].store
     text_bytes = sum(path.stat().st_size for path in args.corpus.glob("*.jsonl"))
     return {"corpus_file_bytes": text_bytes, "documents": store.documents, "tokens": store.tokens,
             "num_proc": args.num_proc, "total_seconds": total, **phases,
             "tokens_per_second": store.tokens / phases["shards_seconds"],
-            "peak_main_bytes": vm_hwm(),
+            "peak_main_bytes": vm_hwm(), "peak_pss_all_processes_bytes": peak_pss,
             "peak_worker_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
             "shard_bytes": sum(path.stat().st_size for path in store.folder.glob("*.bin"))}
 
@@ -74,12 +112,40 @@ def encode_batch(args: argparse.Namespace) -> dict:
     source = text_files(sorted(str(path) for path in args.corpus.glob("*.jsonl")), "text", "document",
                         Path("/tmp/hf-bench"))["train"]
     spent, count = 0.0, 0
+    encode = tokenizer.encode_batch_fast if args.fast else tokenizer.encode_batch
     for texts in source.documents(1000):
         start = time.perf_counter()
-        encodings = tokenizer.encode_batch(texts)
+        encodings = encode(texts)
         spent += time.perf_counter() - start
         count += sum(len(encoding.ids) for encoding in encodings)
-    return {"threads": args.threads, "tokens": count, "encode_seconds": spent, "tokens_per_second": count / spent}
+    return {"threads": args.threads, "fast": args.fast, "tokens": count, "encode_seconds": spent, "tokens_per_second": count / spent}
+
+
+def datasets_map(args: argparse.Namespace) -> dict:
+    import shutil
+
+    import datasets
+    from tokenizers import Tokenizer
+
+    cache = Path("/tmp/hf-bench-map")
+    shutil.rmtree(cache, ignore_errors=True)
+    start = time.perf_counter()
+    corpus = datasets.load_dataset("json", data_files=sorted(str(path) for path in args.corpus.glob("*.jsonl")),
+                                   split="train", cache_dir=str(cache))
+    loaded = time.perf_counter()
+    tokenizer = Tokenizer.from_file(str(args.tokenizer))
+
+    def encode(batch: dict) -> dict:
+        return {"ids": [encoding.ids for encoding in tokenizer.encode_batch_fast(batch["text"])]}
+
+    tokens = corpus.map(encode, batched=True, num_proc=args.num_proc, remove_columns=["text"])
+    done = time.perf_counter()
+    count = sum(len(ids) for batch in tokens.iter(batch_size=10000) for ids in batch["ids"])
+    written = sum(path.stat().st_size for path in cache.rglob("*") if path.is_file())
+    shutil.rmtree(cache, ignore_errors=True)
+    return {"num_proc": args.num_proc, "tokens": count, "load_seconds": loaded - start, "map_seconds": done - loaded,
+            "tokens_per_second": count / (done - start), "map_tokens_per_second": count / (done - loaded),
+            "bytes_written": written}
 
 
 def loading(args: argparse.Namespace) -> dict:
@@ -108,6 +174,12 @@ def main() -> None:
     two.add_argument("corpus", type=Path)
     two.add_argument("tokenizer", type=Path)
     two.add_argument("--threads", type=int, default=2)
+    two.add_argument("--fast", action="store_true")
+    four = sub.add_parser("datasets_map")
+    four.add_argument("name")
+    four.add_argument("corpus", type=Path)
+    four.add_argument("tokenizer", type=Path)
+    four.add_argument("--num-proc", type=int, default=2)
     three = sub.add_parser("loading")
     three.add_argument("name")
     three.add_argument("cache", type=Path)

@@ -23,7 +23,7 @@ if [ -z "$given_base" ]; then
   rm -rf "$base"
   overrides=(); for override in "$@"; do [[ "$override" == seed=*,* ]] || overrides+=("$override"); done
   OMP_NUM_THREADS=2 mcsd-train model=rwkv4 size=small data=text_files "data.paths=[$split/train.txt]" \
-    data.seq_len=256 data.batch_size=16 data.token_budget=1000000 trainer.val_check_interval=50 \
+    data.sample_by=paragraph data.seq_len=256 data.batch_size=16 data.token_budget=1000000 trainer.val_check_interval=50 \
     scheduler.warmup_steps=20 hydra.run.dir="$base" paths.log_dir="$here/logs/$name" ${overrides[@]+"${overrides[@]}"}
 fi
 "$here/../sweep.sh" rwkv_perspectives "ablation --reference RWKV-4" ${replace[@]+"${replace[@]}"} --name "$name" \

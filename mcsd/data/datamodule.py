@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,9 +22,10 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from filelock import FileLock
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
@@ -34,6 +36,8 @@ from mcsd.data.tokens import PackedBlocks, TokenStore, open_or_build
 log = logging.getLogger(__name__)
 SOURCES = ("embedded", "text_files", "hub")
 HELD_OUT = ("val", "test")
+
+
 class EpochShuffleSampler(StatefulDistributedSampler):
     """Pass ``k`` over the data is in the order ``DistributedSampler`` draws from
     ``(seed, k)``; the checkpointed state is the pass and the samples yielded in it.
@@ -65,10 +69,24 @@ class EpochShuffleSampler(StatefulDistributedSampler):
         self.yielded = start
         return self._pass(start)
 
-    def _pass(self, start: int) -> Iterator[int]:
-        for index in itertools.islice(DistributedSampler.__iter__(self), start, None):
-            self.yielded += 1
-            yield index
+    def _pass(self, start: int, chunk: int = 8192) -> Iterator[int]:
+        """``DistributedSampler``'s order for this pass (the same permutation) from ``start``,
+        held as one tensor rather than its Python lists: 8 bytes a block, not ~100, which
+        matters for corpora of millions of blocks."""
+        size = len(self.dataset)  # type: ignore[arg-type]
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(size, generator=generator)
+        else:
+            order = torch.arange(size)
+        if not self.drop_last and self.total_size > size:  # padded by repeating the order, as DistributedSampler
+            order = order.repeat(math.ceil(self.total_size / size))
+        mine = order[: self.total_size][self.rank :: self.num_replicas].numpy()
+        for begin in range(start, len(mine), chunk):
+            for index in mine[begin : begin + chunk].tolist():
+                self.yielded += 1
+                yield index
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "epoch": self.epoch, "num_replicas": self.num_replicas}

@@ -168,12 +168,9 @@ def _encoded(batches: Iterator[list[str]], tokenizer: Tokenizer, separator: int 
              num_proc: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each batch encoded, in order: in this process for one batch or ``num_proc=1``, else by
     ``num_proc`` forked workers with at most two batches each in flight (bounded memory)."""
-    first = next(batches, None)
-    second = next(batches, None) if first is not None else None
-    if first is None:
-        return
-    if second is None or num_proc == 1:
-        for batch in itertools.chain([first], [second] if second is not None else [], batches):
+    head = list(itertools.islice(batches, 2))
+    if len(head) < 2 or num_proc == 1:
+        for batch in itertools.chain(head, batches):
             yield encode_documents(batch, tokenizer, separator, dtype)
         return
     before = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -182,7 +179,7 @@ def _encoded(batches: Iterator[list[str]], tokenizer: Tokenizer, separator: int 
         with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker,
                                  initargs=(tokenizer.to_str(), separator, dtype.str)) as pool:
             pending: deque = deque()
-            for batch in itertools.chain([first, second], batches):
+            for batch in itertools.chain(head, batches):
                 pending.append(pool.submit(_encode_in_worker, batch))
                 if len(pending) >= 2 * num_proc:
                     yield pending.popleft().result()
