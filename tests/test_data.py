@@ -211,6 +211,9 @@ def test_damaged_or_foreign_token_caches_are_refused_in_one_line(tmp_path: Path)
     (store / "index.json").write_text(json.dumps(index))
     with pytest.raises(DataError, match="was built with another tokenizer .'0123456789abcdef'"):
         module(tmp_path, **options).build()
+    (store / "index.json").write_text("{")
+    with pytest.raises(DataError, match=r"the token cache index .*index.json is unreadable \(JSONDecodeError\)"):
+        module(tmp_path, **options).build()
 
 
 def test_the_tokenizer_is_trained_on_a_bounded_sample(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 # memory (num_proc=2), tokens/s beside tokenizers' own encode_batch and encode_batch_fast with 2
 # threads on the same text and beside datasets.map(num_proc=2), the peak memory of a size=small
 # training run on each corpus, and the time to load a batch.
-#   bash experiments/data_pipeline/run.sh [--replace]      # ~60 minutes on 2 cores, 6 GB of disk
+#   bash experiments/data_pipeline/run.sh [--replace]      # ~45 minutes on 2 cores, 6 GB of disk
 # Results go to trial/, or with --replace to results/ (the committed ones). The corpora and caches
 # are written to $WORK (default /tmp/mcsd-data-pipeline) and left there.
 set -euo pipefail

@@ -95,8 +95,12 @@ class TokenStore:
     @classmethod
     def open(cls, folder: Path, key: StoreKey, verify: bool = True) -> TokenStore:
         """The store in ``folder``, checked against ``key``, each shard's size and (``verify``) CRC-32."""
-        index = json.loads((folder / INDEX_FILE).read_text())
-        built = StoreKey(**index["key"])
+        try:
+            index = json.loads((folder / INDEX_FILE).read_text())
+            built = StoreKey(**index["key"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise DataError(f"the token cache index {folder / INDEX_FILE} is unreadable ({type(error).__name__}): "
+                            f"delete {folder} to build it again") from None
         if built != key:
             what = next(field for field in ("source", "tokenizer", "vocab_size", "separator")
                         if getattr(built, field) != getattr(key, field))
@@ -104,9 +108,12 @@ class TokenStore:
                             f"({getattr(built, what)!r}, this run: {getattr(key, what)!r}): delete the folder to "
                             "build it again for this run")
         lengths = []
-        for number, shard in enumerate(index["shards"]):
+        for shard in index["shards"]:
             _check_shard(folder, shard, np.dtype(index["dtype"]), verify)
-            lengths.append(np.load(folder / shard["lengths"]))
+            try:
+                lengths.append(np.load(folder / shard["lengths"]))
+            except (OSError, ValueError):
+                lengths.append(np.zeros(0, np.uint32))  # refused just below
             if int(lengths[-1].sum()) != shard["tokens"] or len(lengths[-1]) != shard["documents"]:
                 raise DataError(f"the token cache shard {folder / shard['lengths']} does not match its index: "
                                 f"delete {folder} to build it again")
