@@ -123,12 +123,13 @@ def corpus_sources(data: Mapping[str, Any], hf_cache: Path) -> dict[str, Documen
 
 
 def _sample(source: DocumentSource, max_bytes: int) -> Iterator[str]:
-    """The first documents of ``source``, up to ``max_bytes`` of UTF-8 text in all."""
+    """The first documents of ``source``, up to ``max_bytes`` of UTF-8 text in all (at least one)."""
     seen = 0
     for text in itertools.chain.from_iterable(source.documents()):
-        seen += len(text.encode())
-        if seen > max_bytes and seen > len(text.encode()):
+        size = len(text.encode())
+        if seen and seen + size > max_bytes:
             return
+        seen += size
         yield text
 
 
