@@ -4,7 +4,10 @@ checkpoint of a run.
 
 A model folder holds ``model.safetensors`` (the weights), ``config.json`` (the resolved
 model config with its ``_target_``) and, when written by ``mcsd-train``, the run's
-``tokenizer.json``. A run directory holds its final model folder in ``model/`` and its
+``tokenizer.json``. A folder that ``mcsd-export`` wrote for Hugging Face ``transformers``
+(``config.json`` of ``model_type`` ``mcsd``: the model config under ``mcsd_model``, the weights
+under ``model.``) loads the same way, and so does a Hub repository of one (``user/name``,
+downloaded with ``huggingface_hub``). A run directory holds its final model folder in ``model/`` and its
 checkpoints in ``checkpoints/`` (``step-XXXXXX.ckpt``, ``last.ckpt``); every checkpoint
 carries the model config (``hyper_parameters.model``), the weights (``state_dict``, under
 ``model.``) and the tokenizer (``tokenizer``, as JSON), so an intermediate checkpoint
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -38,12 +42,16 @@ MODEL_DIR = "model"  # a run's final model folder
 CHECKPOINT_DIR = "checkpoints"
 LAST_CHECKPOINT = "last.ckpt"
 CHECKPOINT_TOKENIZER_KEY = "tokenizer"
-STATE_DICT_PREFIX = "model."  # the LightningModule's attribute that holds the model
+STATE_DICT_PREFIX = "model."  # the LightningModule's (and the Hugging Face model's) attribute that holds the model
+EXPORTED_MODEL_TYPE = "mcsd"  # config.json's model_type in a folder mcsd-export wrote
+EXPORTED_CONFIG_KEY = "mcsd_model"  # where such a config.json holds the model config
+HUB_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 @dataclasses.dataclass(frozen=True)
 class SavedModel:
-    """Where a model lies: a model ``folder`` or a Lightning ``checkpoint`` file."""
+    """Where a model lies: a model ``folder``, an ``exported`` Hugging Face folder or a Lightning
+    ``checkpoint`` file."""
 
     kind: str
     path: Path
@@ -59,9 +67,13 @@ class SavedModel:
 
 def locate(path: str | Path) -> SavedModel:
     """The saved model at ``path``: a model folder, a run directory (its ``model/`` folder,
-    else its ``checkpoints/last.ckpt``) or a ``.ckpt`` file."""
+    else its ``checkpoints/last.ckpt``), a ``.ckpt`` file, a folder ``mcsd-export`` wrote, or
+    a Hub repository id of one (downloaded once into the Hugging Face cache)."""
+    fix = ("point to a model folder (mcsd.save), an mcsd-train run directory or one of its .ckpt files, "
+           "an mcsd-export folder or its Hub repository")
+    if not Path(path).expanduser().exists() and HUB_REPO_ID.fullmatch(str(path)):
+        path = download_from_hub(str(path), fix)
     path = Path(path).expanduser()
-    fix = "point to a model folder (mcsd.save), an mcsd-train run directory or one of its .ckpt files"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: {fix}")
     if path.is_file():
@@ -72,11 +84,36 @@ def locate(path: str | Path) -> SavedModel:
         return SavedModel("checkpoint", path)
     for folder in (path, path / MODEL_DIR):
         if (folder / CONFIG_FILE).is_file() and (folder / WEIGHTS_FILE).is_file():
-            return SavedModel("folder", folder)
+            return SavedModel("exported" if _is_exported(folder) else "folder", folder)
     if (path / CHECKPOINT_DIR / LAST_CHECKPOINT).exists():
         return SavedModel("checkpoint", path / CHECKPOINT_DIR / LAST_CHECKPOINT)
     raise FileNotFoundError(f"{path} holds no {CONFIG_FILE} + {WEIGHTS_FILE} nor {CHECKPOINT_DIR}/{LAST_CHECKPOINT}: "
                             f"{fix}")
+
+
+def _is_exported(folder: Path) -> bool:
+    """Whether ``folder``'s config.json is a Hugging Face config of ``model_type`` mcsd."""
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        raise MCSDError(f"{folder / CONFIG_FILE} is not readable JSON: save or export the model again") from None
+    return isinstance(config, dict) and config.get("model_type") == EXPORTED_MODEL_TYPE
+
+
+def download_from_hub(repo_id: str, fix: str) -> Path:
+    """The local snapshot of the Hub repository ``repo_id`` (the Hugging Face cache's copy when
+    it is there, e.g. offline with ``HF_HUB_OFFLINE=1``)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.py", "*.md"]))
+    except HFValidationError:
+        raise FileNotFoundError(f"{repo_id} does not exist: {fix}") from None
+    except Exception as error:  # huggingface_hub raises network, auth and offline errors of many types
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FileNotFoundError(f"{repo_id} is not a local path, and as a Hub repository it could not be "
+                                f"downloaded ({reason}): {fix}") from None
 
 
 def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = None) -> Path:
@@ -119,6 +156,8 @@ def read_config(saved: SavedModel) -> LMConfig:
     """The resolved config of a saved model, without loading its weights."""
     if saved.kind == "folder":
         return make_config(json.loads((saved.path / CONFIG_FILE).read_text()))
+    if saved.kind == "exported":
+        return make_config(json.loads((saved.path / CONFIG_FILE).read_text())[EXPORTED_CONFIG_KEY])
     return make_config(read_checkpoint(saved.path)["hyper_parameters"]["model"])
 
 
@@ -137,6 +176,12 @@ def read_weights(saved: SavedModel) -> dict[str, torch.Tensor]:
     """The model weights of a saved model, by parameter name."""
     if saved.kind == "folder":
         return load_file(str(saved.path / WEIGHTS_FILE))
+    if saved.kind == "exported":  # the Hugging Face model's weights, under model., less tied copies
+        weights = {key.removeprefix(STATE_DICT_PREFIX): value
+                   for key, value in load_file(str(saved.path / WEIGHTS_FILE)).items()}
+        if read_config(saved).tie_embeddings:
+            weights.setdefault("lm_head.weight", weights["embed.weight"])
+        return weights
     if saved.path.is_dir():
         check_sharded_checkpoint(saved.path)
         state_dict = read_sharded(saved.path, {"state_dict"})["state_dict"]

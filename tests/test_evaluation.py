@@ -1,4 +1,4 @@
-"""Downstream evaluation: the lm-eval model class, mcsd-eval, Table 2, offline behaviour."""
+"""Downstream evaluation: lm-eval's HFLM over the transformers model, mcsd-eval, Table 2, offline behaviour."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 import yaml
 from lm_eval.api.instance import Instance
+from omegaconf import OmegaConf
 
 import mcsd
 from conftest import tiny_config
 from harness import FAST, compose_train, run_cli
 from mcsd.data import LanguageModelDataModule
 from mcsd.data.tokenizer import train_tokenizer
-from mcsd.evaluation.lm import MCSDEvalModel
+from mcsd.evaluation.run import language_model
 from mcsd.evaluation.table2 import PAPER_ROWS, table2_markdown
 from mcsd.models import registry
 from mcsd.train import train
@@ -37,8 +38,14 @@ def request(kind: str, *arguments: object) -> Instance:
     return Instance(request_type=kind, doc={}, arguments=arguments, idx=0)
 
 
+def hflm(path: Path, batch_size: int):
+    """What mcsd-eval scores with: lm-eval's HFLM over the saved model."""
+    cfg = OmegaConf.create({"device": "cpu", "batch_size": batch_size, "max_length": 2048})
+    return language_model(mcsd.locate(path), cfg)
+
+
 def test_loglikelihoods_equal_the_forward_pass(checkpoint: Path) -> None:
-    lm = MCSDEvalModel(str(checkpoint), batch_size=3)
+    lm = hflm(checkpoint, batch_size=3)
     model, tokenizer = mcsd.load(checkpoint), mcsd.load_tokenizer(checkpoint)
     pairs = [("The for statement", " is used to iterate"), ("x", " = 1"), ("", "Hello world"),
              ("A much longer context about the with statement and context managers", " in Python."),
@@ -59,13 +66,13 @@ def test_loglikelihoods_equal_the_forward_pass(checkpoint: Path) -> None:
 
 @pytest.mark.parametrize("name", registry.architectures())
 def test_every_architecture_scores_through_the_lm_eval_class(name: str, tmp_path: Path) -> None:
-    """The lm-eval class reads any registered architecture: a saved tiny model's
-    loglikelihoods are its forward pass's (through the architecture's training form)."""
+    """HFLM reads any registered architecture: a saved tiny model's loglikelihoods are its
+    forward pass's (through the architecture's training form)."""
     text = "the king of a far land ships gold and silver to every harbour along the coast " * 20
     tokenizer = train_tokenizer([text], 300)
     model = mcsd.build_model(tiny_config(name, vocab_size=300)).eval()
     mcsd.save(model, tmp_path / "model", tokenizer)
-    lm = MCSDEvalModel(str(tmp_path / "model"), batch_size=2)
+    lm = hflm(tmp_path / "model", batch_size=2)
     pairs = [("the king of", " a far land"), ("gold and", " silver to every harbour")]
     scored = lm.loglikelihood([request("loglikelihood", *pair) for pair in pairs])
     for (context, continuation), (logprob, _) in zip(pairs, scored):
@@ -77,7 +84,7 @@ def test_every_architecture_scores_through_the_lm_eval_class(name: str, tmp_path
 
 
 def test_generate_until_stops_at_the_stop_string_and_equals_generate(checkpoint: Path) -> None:
-    lm = MCSDEvalModel(str(checkpoint), max_gen_toks=24)
+    lm = hflm(checkpoint, batch_size=1)
     model, tokenizer = mcsd.load(checkpoint), mcsd.load_tokenizer(checkpoint)
     prompt = "The try statement"
     ids = torch.tensor([tokenizer.encode(prompt).ids])

@@ -4,12 +4,14 @@
     mcsd-eval ckpt=... tasks=[arc_easy,lambada_openai] limit=100
     mcsd-eval ckpt=... tasks=local                                # bundled offline tasks
     mcsd-eval ckpt=... tasks=[my_task] include_path=my_tasks/     # your own task YAMLs
-Writes results.json, table2.md (and a W&B table) to the run directory.
+Writes results.json, table2.md (and a W&B table) to the run directory. The model is scored by
+lm-eval's own ``HFLM``, over the model as a Hugging Face ``transformers`` model (:mod:`mcsd.hf`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -21,9 +23,12 @@ import mcsd
 from mcsd.cli import hydra_app, require_wandb_login
 from mcsd.data.corpus import hub_is_reachable
 from mcsd.errors import MCSDError
+from mcsd.data.tokenizer import eos_id
 from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
+from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import registry
+from mcsd.saved_model import SavedModel
 
 
 def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | None, int | None]:
@@ -62,20 +67,37 @@ def check_tasks(tasks: list[str], include_path: str | None) -> Any:
 
 
 def token_perplexity(samples: list[dict[str, Any]], tokenizer: Any) -> float:
-    """exp(-sum log p / tokens) over a rolling task's documents: comparable to training's val/ppl."""
+    """exp(-sum log p / tokens) over a rolling task's documents: comparable to training's val/ppl
+    (``tokenizer``: the model's, as a ``transformers`` tokenizer)."""
     total, count = 0.0, 0
     for sample in samples:
         total += float(sample["filtered_resps"][0] if isinstance(sample["filtered_resps"], list)
                        else sample["filtered_resps"])
-        count += len(tokenizer.encode(sample["target"]).ids)
+        count += len(tokenizer(sample["target"], add_special_tokens=False).input_ids)
     return math.exp(-total / count)
+
+
+class _DropModelInstanceNote(logging.Filter):
+    """HFLM warns that a model given as an object ignores its loading arguments: mcsd-eval gives
+    it the model it loaded itself, and the arguments it needs (batch size, context length)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`pretrained` model kwarg is not of type `str`" not in str(record.msg)
+
+
+def language_model(saved: SavedModel, cfg: DictConfig) -> Any:
+    """lm-eval's own ``HFLM`` over the saved model as a ``transformers`` model, with its tokenizer."""
+    from lm_eval.models.huggingface import HFLM
+
+    logging.getLogger("lm_eval.models.huggingface").addFilter(_DropModelInstanceNote())
+    model, tokenizer = mcsd.load(saved.path, device=cfg.device), mcsd.load_tokenizer(saved.path)
+    return HFLM(pretrained=as_hf_model(model, eos_id(tokenizer)), tokenizer=as_hf_tokenizer(tokenizer),
+                batch_size=cfg.batch_size, max_length=cfg.max_length)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Run lm-eval on ``cfg.ckpt`` and write the results; return lm-eval's results dict."""
     from lm_eval import simple_evaluate
-
-    from mcsd.evaluation.lm import MCSDEvalModel
 
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
@@ -84,8 +106,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
     manager = check_tasks(tasks, include_path)
-    lm = MCSDEvalModel(str(saved.path), batch_size=cfg.batch_size, device=cfg.device, max_length=cfg.max_length,
-                       max_gen_toks=cfg.max_gen_toks)
+    lm = language_model(saved, cfg)
     outcome = simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=cfg.limit,
                               task_manager=manager, log_samples=True, random_seed=cfg.seed,
                               numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
@@ -93,8 +114,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     for task, samples in outcome.get("samples", {}).items():
         if manager.task_index.get(task) and samples and "word_perplexity,none" in results.get(task, {}):
             results[task]["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
-    params = sum(p.numel() for p in lm.model.parameters())
-    label = f"{registry.of_config(lm.model.config).label} {saved.name}"
+    model = lm.model.model  # the project's CausalLM inside the transformers model
+    params = sum(p.numel() for p in model.parameters())
+    label = f"{registry.of_config(model.config).label} {saved.name}"
     summary = {"model": str(saved.path), "params": params, "tasks": tasks, "num_fewshot": num_fewshot,
                "limit": cfg.limit, "results": results, "n-shot": outcome.get("n-shot"),
                "versions": outcome.get("versions"), "config": OmegaConf.to_container(cfg, resolve=True)}

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from mcsd.models.registry import Architecture
 
 
+PREFILL_FORM = "chunk"  # the form a prompt is read in before decoding
+
+
 class InitStep(NamedTuple):
     """One step of a model's initialisation: ``initialise(module)`` draws the values of the
     submodule at ``path`` and returns the parameters it wrote."""
@@ -49,7 +52,9 @@ class DecodingState:
 
     MCSD layers hold fixed-size fp32 section states; attention layers hold a KV cache. Both
     are advanced in place (so a state must not be reused after it has been advanced:
-    ``copy.deepcopy`` one that is to be continued twice).
+    ``copy.deepcopy`` one that is to be continued twice). Every tensor of a layer's state has
+    the batch as its first dimension (streams x batch, stream-major, where an architecture
+    runs several streams), so that beam search can reorder the rows of any state.
     """
 
     position: int
@@ -137,6 +142,11 @@ class TokenMixer(nn.Module):
     stream (``residual_weights``), which the skeleton re-draws at a depth-scaled std.
     """
 
+    state_rewinds: ClassVar[bool] = False
+    """Whether the state keeps an entry per position (a KV cache), so that moving the position
+    back forgets the tokens after it (assisted decoding's cache crop); a recurrent state has
+    folded every token in and cannot forget one."""
+
     def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> Any:
         """The state before the first token (``None`` where the mixer needs none);
         ``capacity`` is a hint of how many tokens will follow (a KV cache preallocates)."""
@@ -169,6 +179,11 @@ class Layer(nn.Module):
         self.mlp = config.make_mlp(layer_index)
         self.mlp_has_state = isinstance(self.mlp, TokenMixer)
         self.activation_checkpointing = config.activation_checkpointing
+
+    @property
+    def state_rewinds(self) -> bool:
+        """Whether every state of the layer keeps an entry per position (:attr:`TokenMixer.state_rewinds`)."""
+        return self.mixer.state_rewinds and (not self.mlp_has_state or self.mlp.state_rewinds)
 
     def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> LayerState:
         mlp = self.mlp.init_state(batch_size, capacity, device, dtype) if self.mlp_has_state else None
@@ -299,7 +314,9 @@ class CausalLM(nn.Module):
         layers = [layer.init_state(batch_size, capacity, device, dtype) for layer in self.layers]
         return DecodingState(position=0, layers=layers)
 
-    def _run(self, input_ids: torch.Tensor, state: DecodingState, form: str) -> tuple[torch.Tensor, DecodingState]:
+    def run(self, input_ids: torch.Tensor, state: DecodingState, form: str) -> tuple[torch.Tensor, DecodingState]:
+        """Continue ``state`` with ``input_ids`` ``[B, N]`` in ``form``: the final-normed hidden states
+        ``[B, N, D]`` of every position and the state after them."""
         if form not in self.architecture.forms:
             raise ConfigError(f"form={form!r} is not a form of {self.architecture.name}: use one of "
                               f"{', '.join(self.architecture.forms)}")
@@ -339,12 +356,12 @@ class CausalLM(nn.Module):
         """The final-normed hidden states ``[B, N, D]`` that the LM head reads (a loss on a few
         positions applies ``lm_head`` to those alone)."""
         fresh = DecodingState(position=0, layers=[None] * len(self.layers))
-        hidden, _ = self._run(input_ids, fresh, form or self.default_form)
+        hidden, _ = self.run(input_ids, fresh, form or self.default_form)
         return hidden
 
     def prefill(
         self, input_ids: torch.Tensor, state: DecodingState | None = None, max_new_tokens: int = 0,
-        form: str = "chunk",
+        form: str = PREFILL_FORM,
     ) -> tuple[torch.Tensor, DecodingState]:
         """Process a prompt (or continue ``state`` with more tokens), in the chunkwise form
         unless ``form`` says otherwise.
@@ -356,19 +373,24 @@ class CausalLM(nn.Module):
         """
         if state is None:
             state = self.init_state(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
-        hidden, state = self._run(input_ids, state, form)
+        hidden, state = self.run(input_ids, state, form)
         return self.lm_head(hidden[:, -1]), state
 
     def step(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:
         """Decode one token per batch row: ``token_ids`` ``[B]`` -> logits ``[B, vocab]``, through
         each layer's :meth:`Layer.step` (the recurrent form's numbers, without its sequence axis)."""
+        hidden, state = self.step_hidden(token_ids, state)
+        return self.lm_head(hidden), state
+
+    def step_hidden(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:
+        """:meth:`step` up to the final-normed hidden state ``[B, D]`` that the LM head reads."""
         x = self.streams.split(self.embed(token_ids.reshape(-1, 1)))[:, 0]
         layers = []
         for layer, layer_state in zip(self.layers, state.layers):
             x, layer_state = layer.step(x, layer_state, state.position)
             layers.append(layer_state)
         hidden = self.streams.merge(self.final_norm(x)[:, None])[:, 0]
-        return self.lm_head(hidden), DecodingState(position=state.position + 1, layers=layers)
+        return hidden, DecodingState(position=state.position + 1, layers=layers)
 
     def step_function(self, compile: bool = False) -> Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]:
         """:meth:`step`, or with ``compile`` its ``torch.compile``d twin (one graph for every

@@ -95,6 +95,8 @@ class CausalSelfAttention(TokenMixer):
     init_std) projections; ``out_proj`` writes into the residual stream (the skeleton draws
     it at init_std / sqrt(2 L))."""
 
+    state_rewinds = True  # the KV cache holds each position's key and value
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.num_heads = config.num_channels

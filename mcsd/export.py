@@ -1,0 +1,214 @@
+"""mcsd-export: a trained model as a Hugging Face ``transformers`` folder (and Hub repository).
+
+    mcsd-export ckpt=logs/train/runs/<run> out=exported/my-model
+    mcsd-export ckpt=... out=... push_to_hub=user/my-model
+
+The folder holds ``config.json`` (``model_type`` mcsd, an ``auto_map`` to ``modeling_mcsd.py``,
+which imports the installed mcsd package), ``model.safetensors``, ``generation_config.json``,
+the tokenizer (``tokenizer.json``, ``tokenizer_config.json``) and a model card (``README.md``).
+It is written beside ``out`` first and moved into place whole, so a failure leaves nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+
+import mcsd
+from mcsd.cli import git_commit, hydra_app
+from mcsd.errors import MCSDError
+from mcsd.hf import as_hf_model, as_hf_tokenizer
+from mcsd.models import CausalLM, registry
+from mcsd.saved_model import CHECKPOINT_DIR, LAST_CHECKPOINT, MODEL_DIR, SavedModel, read_checkpoint
+from mcsd.training.resume import OVERRIDES_KEY, WANDB_RUN_KEY
+
+REMOTE_CODE_FILE = "modeling_mcsd.py"
+AUTO_MAP = {"AutoConfig": "modeling_mcsd.MCSDHFConfig", "AutoModel": "modeling_mcsd.MCSDHFModel",
+            "AutoModelForCausalLM": "modeling_mcsd.MCSDHFForCausalLM"}
+
+
+def write_export(model: CausalLM, tokenizer: Tokenizer, folder: Path, card: str) -> Path:
+    """Write ``model`` and ``tokenizer`` as a ``from_pretrained`` folder, with the model card ``card``."""
+    hf_tokenizer = as_hf_tokenizer(tokenizer)
+    hf_model = as_hf_model(model, hf_tokenizer.eos_token_id)
+    hf_model.config.auto_map = dict(AUTO_MAP)
+    hf_model.save_pretrained(folder)
+    hf_tokenizer.save_pretrained(folder)
+    shutil.copyfile(resources.files("mcsd.hf") / "remote_code.py", folder / REMOTE_CODE_FILE)
+    (folder / "README.md").write_text(card)
+    return folder
+
+
+def run_directory(saved: SavedModel) -> Path | None:
+    """The ``mcsd-train`` run directory a saved model belongs to, if it lies in one."""
+    if saved.kind == "checkpoint" and saved.path.parent.name == CHECKPOINT_DIR:
+        return saved.path.parent.parent
+    if saved.kind == "folder" and saved.path.name == MODEL_DIR:
+        return saved.path.parent
+    return None
+
+
+def _last_value(rows: list[dict[str, str]], key: str) -> float | None:
+    values = [float(row[key]) for row in rows if row.get(key) not in (None, "")]
+    return values[-1] if values else None
+
+
+def describe_training(saved: SavedModel) -> dict[str, Any]:
+    """What the model card says of the training run: tokens, data, final validation perplexity,
+    the command's overrides and the W&B run (each ``None`` where the run left no record)."""
+    run = run_directory(saved)
+    checkpoint_path = saved.path if saved.kind == "checkpoint" else (
+        run / CHECKPOINT_DIR / LAST_CHECKPOINT if run else None)
+    checkpoint = read_checkpoint(checkpoint_path) if checkpoint_path and checkpoint_path.exists() else {}
+    facts: dict[str, Any] = {"overrides": checkpoint.get(OVERRIDES_KEY), "wandb_run": checkpoint.get(WANDB_RUN_KEY),
+                             "tokens": None, "val_ppl": None, "data": None}
+    tokens_seen = checkpoint.get("state_dict", {}).get("tokens_seen")
+    if isinstance(tokens_seen, torch.Tensor):
+        facts["tokens"] = int(tokens_seen)
+    if run is None:
+        return facts
+    if (run / ".hydra" / "overrides.yaml").is_file():
+        facts["overrides"] = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text()) or []
+    if (run / ".hydra" / "config.yaml").is_file() and (run / ".hydra" / "hydra.yaml").is_file():
+        data = (yaml.safe_load((run / ".hydra" / "config.yaml").read_text()) or {}).get("data", {})
+        choices = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text())["hydra"]["runtime"]["choices"]
+        source = data.get("hub_path") or data.get("paths")
+        facts["data"] = f"`data={choices.get('data')}`" + (f" ({source})" if source else "")
+    metrics = sorted(run.glob("csv/version_*/metrics.csv"))
+    if metrics and saved.kind == "folder":  # the final model: the run's last records
+        with metrics[-1].open() as file:
+            rows = list(csv.DictReader(file))
+        facts["val_ppl"] = _last_value(rows, "val/ppl")
+        tokens = _last_value(rows, "trainer/tokens")
+        facts["tokens"] = int(tokens) if tokens is not None else facts["tokens"]
+    return facts
+
+
+def model_card(model: CausalLM, saved: SavedModel, facts: dict[str, Any]) -> str:
+    """The model card (README.md): what the model is, how it was trained, how to use it."""
+    architecture = registry.of_config(model.config)
+    variant = architecture.variant_of(model.config.to_dict())
+    params = sum(parameter.numel() for parameter in model.parameters())
+
+    def known(value: Any, form: str = "{}") -> str:
+        return "not recorded" if value is None or (isinstance(value, float) and math.isnan(value)) else form.format(value)
+
+    command = "mcsd-train " + " ".join(facts["overrides"]) if facts["overrides"] is not None else None
+    rows = [("architecture", f"{architecture.label} (`{architecture.name}`), variant `{variant}`"),
+            ("parameters", f"{params:,}"),
+            ("training tokens", known(facts["tokens"], "{:,}")),
+            ("data", known(facts["data"])),
+            ("final validation perplexity", known(facts["val_ppl"], "{:.2f}")),
+            ("command", known(command, "`{}`")),
+            ("W&B run", known(facts["wandb_run"], "`{}`")),
+            ("exported from", f"`{saved.name}` (mcsd commit `{git_commit()}`)")]
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    tags = "\n".join(f"- {tag}" for tag in dict.fromkeys(["mcsd", architecture.name]))
+    return f"""---
+library_name: transformers
+tags:
+{tags}
+- text-generation
+---
+
+# {architecture.label} language model ({variant})
+
+Trained and exported with the mcsd research harness
+(`mcsd-export`). The model class lives in the `mcsd` package: install it, then load with
+`trust_remote_code=True` (the folder's `modeling_mcsd.py` only imports it).
+
+| | |
+|---|---|
+{table}
+
+## Use
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained(PATH_OR_REPO, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(PATH_OR_REPO)
+ids = tokenizer("The ", return_tensors="pt").input_ids
+print(tokenizer.decode(model.generate(ids, max_new_tokens=50, do_sample=False)[0]))
+```
+
+```bash
+lm_eval --model hf --model_args pretrained=PATH_OR_REPO,trust_remote_code=True --tasks arc_easy
+```
+
+Batches are padded on the right (the model reads each row from its first position);
+`generate` decodes a padded batch row by row.
+"""
+
+
+def push(folder: Path, repo_id: str, private: bool) -> str:
+    """Upload ``folder`` to the Hub repository ``repo_id`` (created if needed); return its URL."""
+    from huggingface_hub import HfApi
+
+    from mcsd.data.corpus import hub_is_reachable
+
+    later = f"the export is in {folder}; upload it later with `hf upload {repo_id} {folder}`"
+    if not hub_is_reachable():
+        raise MCSDError(f"push_to_hub={repo_id}: the Hugging Face Hub is unreachable from here: {later}")
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message="Upload a model exported by mcsd")
+    except Exception as error:  # huggingface_hub raises HTTP, auth and network errors of many types
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise MCSDError(f"push_to_hub={repo_id}: {reason}: {later}") from None
+    return f"https://huggingface.co/{repo_id}"
+
+
+def export(cfg: DictConfig) -> Path:
+    """Export ``cfg.ckpt`` to ``cfg.out`` (and push it to ``cfg.push_to_hub``); return the folder."""
+    if cfg.push_to_hub:
+        from huggingface_hub import get_token
+
+        if get_token() is None:
+            raise MCSDError(f"push_to_hub={cfg.push_to_hub} needs a Hugging Face token: run `hf auth login` "
+                            "(or set HF_TOKEN), or export without push_to_hub")
+    saved = mcsd.locate(cfg.ckpt)
+    out = Path(cfg.out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not cfg.overwrite:
+        raise MCSDError(f"out={out} exists: choose a new folder, or overwrite=true to replace it")
+    if saved.kind == "exported" and out.resolve() == saved.path.resolve():
+        raise MCSDError(f"out={out} is the folder being exported: choose another folder")
+    model, tokenizer = mcsd.load(saved.path), mcsd.load_tokenizer(saved.path)
+    staging = out.parent / f".{out.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        write_export(model, tokenizer, staging, model_card(model, saved, describe_training(saved)))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if out.is_dir():
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
+    staging.rename(out)
+    print(f"exported {saved.name} to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)",
+          flush=True)
+    if cfg.push_to_hub:
+        print(f"pushed to {push(out, cfg.push_to_hub, cfg.private)}", flush=True)
+    return out
+
+
+@hydra_app("mcsd-export", "export")
+def main(cfg: DictConfig) -> None:
+    """Entry point of ``mcsd-export``."""
+    export(cfg)
+
+
+if __name__ == "__main__":
+    main()

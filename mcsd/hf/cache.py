@@ -1,0 +1,119 @@
+"""A ``transformers`` :class:`~transformers.Cache` around the project's decoding state, so that
+``generate`` reads the prompt once and then runs each model's lean one-token step (fixed
+recurrent states and KV caches per layer, hybrids included)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from mcsd.errors import MCSDError
+from mcsd.models import DecodingState
+
+
+def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` (a layer state: tensors in tuples, named tuples, lists and dataclasses) with
+    ``function`` applied to each tensor."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return function(value)
+    if isinstance(value, list):
+        return [map_tensors(item, function) for item in value]
+    if isinstance(value, tuple):
+        items = [map_tensors(item, function) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{field.name: map_tensors(getattr(value, field.name), function)
+                                            for field in dataclasses.fields(value) if field.init})
+    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: map_tensors knows tensors, tuples, "
+                    "lists and dataclasses")
+
+
+class DecodingCache(Cache):
+    """The decoding state of a batch of ``batch_size`` rows, after ``state.position`` tokens.
+
+    Beam search reorders its rows (every state tensor is batch-first, :class:`DecodingState`).
+    A cache whose every layer keeps an entry per position (``rewinds``: attention-only models)
+    can be cropped back, which assisted decoding needs; a recurrent state cannot, and says so.
+    """
+
+    def __init__(self, state: DecodingState, batch_size: int, rewinds: bool) -> None:
+        super().__init__(layers=[])
+        self.state = state
+        self.rows = batch_size
+        self.rewinds = rewinds
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rows={self.rows}, position={self.state.position})"
+
+    def __len__(self) -> int:
+        return len(self.state.layers)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.state.position
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1  # no maximum: recurrent states are fixed, KV caches grow
+
+    @property
+    def batch_size(self) -> int:
+        return self.rows
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return True
+
+    @property
+    def is_croppable(self) -> bool:
+        return self.rewinds
+
+    def reset(self) -> None:
+        raise MCSDError("this cache cannot be reset in place: start again without past_key_values")
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first ``max_length`` tokens (the last ``-max_length`` dropped if negative)."""
+        keep = self.state.position + max_length if max_length < 0 else max_length
+        if keep >= self.state.position:
+            return
+        if not self.rewinds:
+            raise MCSDError("a recurrent decoding state cannot be cropped (assisted decoding, or anything that "
+                            "takes tokens back): its tokens are folded into fixed-size states; decode without it")
+        self.state = DecodingState(position=keep, layers=self.state.layers)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.select_rows(beam_idx)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.select_rows(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        device = next(iter(self._tensors()), torch.empty(0)).device
+        self.select_rows(torch.arange(self.rows, device=device).repeat_interleave(repeats))
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep the state rows ``rows`` (with repeats), in that order, in every stream."""
+
+        def select(tensor: torch.Tensor) -> torch.Tensor:
+            streams = tensor.shape[0] // self.rows
+            index = rows.to(tensor.device)
+            if streams > 1:
+                offsets = torch.arange(streams, device=tensor.device)[:, None] * self.rows
+                index = (offsets + index[None, :]).flatten()
+            return tensor.index_select(0, index)
+
+        self.state = DecodingState(position=self.state.position, layers=map_tensors(self.state.layers, select))
+        self.rows = len(rows)
+
+    def _tensors(self) -> list[torch.Tensor]:
+        found: list[torch.Tensor] = []
+        map_tensors(self.state.layers, lambda tensor: found.append(tensor) or tensor)
+        return found

@@ -1,0 +1,202 @@
+"""Every registered architecture as a ``transformers`` model: ``MCSDHFModel`` (hidden states)
+and ``MCSDHFForCausalLM`` (logits, loss and ``generate``), both holding the project's
+:class:`~mcsd.models.CausalLM` as ``model``.
+
+- A forward without a cache (``use_cache=False``) runs the architecture's training form: the
+  logits of ``CausalLM.forward``. With a cache it reads the tokens in the prefill form and, one
+  token at a time, runs the lean step of ``mcsd-generate``.
+- Padding: every model here reads a row from its first position (MCSD's slope normaliser and
+  every recurrent state depend on the absolute position), so a forward takes right padding
+  only (``attention_mask`` zeros after a row's last token: causal positions before them are
+  unaffected) and refuses left padding in one line. ``generate`` on a padded batch decodes each
+  row alone, so each row gets exactly what it gets by itself.
+- Beam search reorders the decoding state; assisted decoding needs a cache crop, which only an
+  attention-only model has (``transformers`` refuses it for the others, ``_is_stateful``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from mcsd.api import build_model
+from mcsd.errors import MCSDError
+from mcsd.hf.cache import DecodingCache
+from mcsd.hf.configuration import MCSDHFConfig
+from mcsd.models import CausalLM
+from mcsd.models.common import PREFILL_FORM
+
+
+def check_right_padded(attention_mask: torch.Tensor | None) -> None:
+    """Refuse an ``attention_mask`` with a token after padding (left padding), in one line."""
+    if attention_mask is None or attention_mask.dim() != 2 or bool(attention_mask.all()):
+        return
+    after_padding = (attention_mask[:, 1:] > attention_mask[:, :-1]).any(dim=1)
+    if bool(after_padding.any()):
+        row = int(after_padding.nonzero()[0, 0])
+        raise MCSDError(
+            f"attention_mask row {row} has a token after padding (left padding): mcsd models read each row from its "
+            "first position (MCSD's slope normaliser and every recurrent state depend on it), so pad on the right "
+            "(tokenizer.padding_side='right'); generate() decodes a padded batch row by row")
+
+
+class MCSDHFPreTrainedModel(PreTrainedModel):
+    """What both classes share: the wrapped :class:`CausalLM`, its decoding cache and loading."""
+
+    config_class = MCSDHFConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Layer"]
+    _tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"}  # when tie_word_embeddings
+
+    def __init__(self, config: MCSDHFConfig, model: CausalLM | None = None) -> None:
+        super().__init__(config)
+        if config.mcsd_model is None:
+            raise MCSDError("config.mcsd_model is missing: build the config from a model config "
+                            "(MCSDHFConfig(mcsd_model=...)) or load an exported folder")
+        self.model = model if model is not None else build_model(config.mcsd_model)
+        self.rewinds = all(layer.state_rewinds for layer in self.model.layers)
+        self._is_stateful = not self.rewinds  # transformers refuses assisted decoding for stateful models
+        self.post_init()
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        """Nothing: the wrapped model initialises itself when built (the project's scheme, with its
+        depth-scaled residual weights), and ``from_pretrained`` loads every weight."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model makes its own DecodingCache
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.embed
+
+    def set_input_embeddings(self, value: torch.nn.Module) -> None:
+        self.model.embed = value
+
+    def hidden_states(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        past_key_values: DecodingCache | None,
+        use_cache: bool | None,
+        inputs_embeds: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, DecodingCache | None]:
+        """The final-normed hidden states ``[B, N, D]`` of ``input_ids`` (after the cache's tokens)
+        and the cache after them (``None`` without ``use_cache``)."""
+        if inputs_embeds is not None or input_ids is None:
+            raise MCSDError("inputs_embeds is not supported: pass input_ids")
+        if past_key_values is not None and not isinstance(past_key_values, DecodingCache):
+            raise MCSDError(f"past_key_values is a {type(past_key_values).__name__}: mcsd models keep their own "
+                            "DecodingCache (pass the one a previous call returned, or none)")
+        check_right_padded(attention_mask)
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if past_key_values is None and not use_cache:
+            return self.model.hidden_states(input_ids), None
+        cache = past_key_values
+        if cache is None:
+            cache = DecodingCache(self.model.init_state(input_ids.shape[0], input_ids.shape[1]), input_ids.shape[0],
+                                  self.rewinds)
+        if input_ids.shape[1] == 1 and cache.state.position > 0:
+            hidden, cache.state = self.model.step_hidden(input_ids[:, 0], cache.state)
+            return hidden[:, None], cache
+        hidden, cache.state = self.model.run(input_ids, cache.state, PREFILL_FORM)
+        return hidden, cache
+
+
+class MCSDHFModel(MCSDHFPreTrainedModel):
+    """The model up to its final-normed hidden states (``AutoModel``)."""
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: DecodingCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Any,
+    ) -> BaseModelOutputWithPast:
+        hidden, cache = self.hidden_states(input_ids, attention_mask, past_key_values, use_cache, inputs_embeds)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache)
+
+
+class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
+    """The language model (``AutoModelForCausalLM``): logits, the shifted next-token loss of
+    ``labels`` (``-100`` not scored; the loss of ``CausalLM.loss``) and ``generate``."""
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.model.lm_head
+
+    def set_output_embeddings(self, value: torch.nn.Module) -> None:
+        self.model.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: DecodingCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast:
+        hidden, cache = self.hidden_states(input_ids, attention_mask, past_key_values, use_cache, inputs_embeds)
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.model.lm_head(hidden[:, kept])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+
+    def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """``GenerationMixin.generate``; a padded batch (an ``attention_mask`` with zeros) is decoded
+        row by row, each row unpadded, and laid out as ``generate`` lays out a batch: the row as
+        given up to its last token, the new tokens, then ``pad_token_id`` to the longest row."""
+        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+        attention_mask = kwargs.get("attention_mask")
+        if input_ids is None or attention_mask is None or bool(attention_mask.all()):
+            self._check_unmasked_batch(input_ids, attention_mask, kwargs)
+            return super().generate(inputs, **kwargs)
+        refused = [name for name in ("stopping_criteria", "streamer", "return_dict_in_generate", "assistant_model")
+                   if kwargs.get(name)]
+        if refused:
+            raise MCSDError(f"generate() with {refused[0]} on a padded batch: mcsd models decode a padded batch row "
+                            "by row; call generate() on each row alone")
+        kwargs = {key: value for key, value in kwargs.items() if key not in ("input_ids", "attention_mask")}
+        outputs = []
+        for row, mask in zip(input_ids, attention_mask):
+            tokens = mask.nonzero()[:, 0]
+            lead, last = int(tokens[0]), int(tokens[-1])
+            generated = super().generate(row[None, lead:last + 1], attention_mask=mask[None, lead:last + 1], **kwargs)
+            outputs += [torch.cat([row[:lead], sequence]) for sequence in generated]
+        pad = self.generation_config.pad_token_id if kwargs.get("pad_token_id") is None else kwargs["pad_token_id"]
+        if pad is None:
+            pad = self.config.eos_token_id
+        width = max(len(sequence) for sequence in outputs)
+        return torch.stack([torch.nn.functional.pad(sequence, (0, width - len(sequence)), value=pad)
+                            for sequence in outputs])
+
+    def _check_unmasked_batch(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                              kwargs: dict[str, Any]) -> None:
+        """A batch given without a mask whose rows start with the pad token: padding that
+        ``generate`` cannot tell from text when the pad token is the end-of-text token."""
+        if input_ids is None or attention_mask is not None or input_ids.shape[0] < 2:
+            return
+        pad = kwargs.get("pad_token_id", self.generation_config.pad_token_id)
+        eos = self.generation_config.eos_token_id
+        if pad is not None and pad == eos and bool((input_ids[:, 0] == pad).any()):
+            raise MCSDError(f"generate() on a batch whose rows start with the pad token ({pad}, also the end-of-text "
+                            "token) and no attention_mask: padding cannot be told from text; pass the tokenizer's "
+                            "attention_mask, or generate one row at a time (lm-eval: batch_size=1 for generation tasks)")
+
+
+def as_hf_model(model: CausalLM, eos_token_id: int) -> MCSDHFForCausalLM:
+    """``model`` (its weights, not a copy) as a ``transformers`` language model whose
+    end-of-text, beginning and pad token is ``eos_token_id`` (the tokenizer's ``<|endoftext|>``)."""
+    tokens = {"bos_token_id": eos_token_id, "eos_token_id": eos_token_id, "pad_token_id": eos_token_id}
+    hf_model = MCSDHFForCausalLM(MCSDHFConfig(mcsd_model=model.config.to_dict(), **tokens), model=model)
+    hf_model.generation_config = GenerationConfig(**tokens)
+    return hf_model.train(model.training)
