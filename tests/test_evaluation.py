@@ -15,13 +15,12 @@ from lm_eval.api.instance import Instance
 from omegaconf import OmegaConf
 
 import mcsd
-from conftest import tiny_config
+from conftest import tiny_config, variant_cases
 from harness import FAST, compose_train, run_cli
 from mcsd.data import LanguageModelDataModule
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.evaluation.run import language_model
 from mcsd.evaluation.table2 import PAPER_ROWS, table2_markdown
-from mcsd.models import registry
 from mcsd.train import train
 from mcsd.training.module import LanguageModelModule
 
@@ -64,13 +63,13 @@ def test_loglikelihoods_equal_the_forward_pass(checkpoint: Path) -> None:
         assert greedy == bool((log_probs.argmax(-1) == torch.tensor(target)).all())
 
 
-@pytest.mark.parametrize("name", registry.architectures())
-def test_every_architecture_scores_through_the_lm_eval_class(name: str, tmp_path: Path) -> None:
-    """HFLM reads any registered architecture: a saved tiny model's loglikelihoods are its
-    forward pass's (through the architecture's training form)."""
+@pytest.mark.parametrize("case", variant_cases())
+def test_every_architecture_scores_through_hflm(case: str, tmp_path: Path) -> None:
+    """HFLM reads any registered architecture and variant: a saved tiny model's loglikelihoods
+    (and a whole text's, rolling from the <|endoftext|> prefix) are its forward pass's."""
     text = "the king of a far land ships gold and silver to every harbour along the coast " * 20
     tokenizer = train_tokenizer([text], 300)
-    model = mcsd.build_model(tiny_config(name, vocab_size=300)).eval()
+    model = mcsd.build_model(tiny_config(case, vocab_size=300)).eval()
     mcsd.save(model, tmp_path / "model", tokenizer)
     lm = hflm(tmp_path / "model", batch_size=2)
     pairs = [("the king of", " a far land"), ("gold and", " silver to every harbour")]
@@ -81,6 +80,12 @@ def test_every_architecture_scores_through_the_lm_eval_class(name: str, tmp_path
         with torch.no_grad():
             log_probs = F.log_softmax(model(torch.tensor([(context_ids + target)[:-1]]))[0, -len(target):], dim=-1)
         assert logprob == pytest.approx(float(log_probs.gather(-1, torch.tensor(target)[:, None]).sum()), rel=1e-5)
+    document = "gold and silver to every harbour along the coast"
+    (rolling,) = lm.loglikelihood_rolling([request("loglikelihood_rolling", document)])
+    ids = [tokenizer.token_to_id("<|endoftext|>"), *tokenizer.encode(document).ids]
+    with torch.no_grad():
+        log_probs = F.log_softmax(model(torch.tensor([ids[:-1]]))[0], dim=-1)
+    assert rolling == pytest.approx(float(log_probs.gather(-1, torch.tensor(ids[1:])[:, None]).sum()), rel=1e-5)
 
 
 def test_generate_until_stops_at_the_stop_string_and_equals_generate(checkpoint: Path) -> None:

@@ -79,11 +79,13 @@ class DecodingCache(Cache):
     def reset(self) -> None:
         raise MCSDError("this cache cannot be reset in place: start again without past_key_values")
 
-    def crop(self, max_length: int) -> None:
-        """Keep the first ``max_length`` tokens (the last ``-max_length`` dropped if negative)."""
-        keep = self.state.position + max_length if max_length < 0 else max_length
-        if keep >= self.state.position:
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` tokens (``transformers``' convention: zero or negative)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): give minus the number of tokens to remove")
+        if tokens_to_remove == 0:
             return
+        keep = max(self.state.position + tokens_to_remove, 0)
         if not self.rewinds:
             raise MCSDError("a recurrent decoding state cannot be cropped (assisted decoding, or anything that "
                             "takes tokens back): its tokens are folded into fixed-size states; decode without it")

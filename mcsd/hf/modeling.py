@@ -70,6 +70,18 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the model makes its own DecodingCache
 
+    def _prepare_cache_for_generation(self, generation_config: Any, model_kwargs: dict[str, Any],
+                                      generation_mode: Any, batch_size: int, max_cache_length: int) -> None:
+        """``generate`` starts from an empty :class:`DecodingCache` (a KV cache preallocated for
+        ``max_cache_length`` tokens, as ``mcsd-generate`` does), unless it was given one."""
+        if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
+            super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size,
+                                                  max_cache_length)
+            return
+        rows = batch_size * max(generation_config.num_beams, generation_config.num_return_sequences)
+        model_kwargs["past_key_values"] = DecodingCache(self.model.init_state(rows, max_cache_length), rows,
+                                                        self.rewinds)
+
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed
 
