@@ -157,7 +157,11 @@ def read_config(saved: SavedModel) -> LMConfig:
     if saved.kind == "folder":
         return make_config(json.loads((saved.path / CONFIG_FILE).read_text()))
     if saved.kind == "exported":
-        return make_config(json.loads((saved.path / CONFIG_FILE).read_text())[EXPORTED_CONFIG_KEY])
+        config = json.loads((saved.path / CONFIG_FILE).read_text()).get(EXPORTED_CONFIG_KEY)
+        if config is None:
+            raise MCSDError(f"{saved.path / CONFIG_FILE} has no {EXPORTED_CONFIG_KEY}: export the model again "
+                            "with mcsd-export")
+        return make_config(config)
     return make_config(read_checkpoint(saved.path)["hyper_parameters"]["model"])
 
 

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 import mcsd
 from conftest import tiny_config, variant_cases
 from harness import FAST, run_cli
+from mcsd.bench.run import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
 from mcsd.export import write_export
@@ -207,6 +208,13 @@ def test_exported_folders_and_hub_ids_load_in_the_harness(exported: dict[str, tu
     assert all(torch.equal(value, fresh.state_dict()[key]) for key, value in model.state_dict().items())
     assert mcsd.load_tokenizer(folder).encode(TEXT).ids == mcsd.load_tokenizer(saved).encode(TEXT).ids
     assert mcsd.locate(folder).kind == "exported"
+    assert model_source(str(folder), "tiny", None)[:2] == ("mcsd", "full")  # mcsd-bench models=[FOLDER]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (broken / "config.json").write_text(json.dumps({"model_type": "mcsd"}))
+    with pytest.raises(MCSDError, match="config.json has no mcsd_model: export the model again"):
+        mcsd.load(broken)
     snapshot = tmp_path / "hub" / "models--someone--tiny-mcsd" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
     for file in folder.iterdir():
