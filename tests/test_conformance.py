@@ -91,7 +91,7 @@ def test_step_is_the_recurrent_form_on_one_token(case: str) -> None:
         twin = copy.deepcopy(start)
         for offset in range(3):
             token = input_ids[:, position + offset]
-            hidden, twin = model._run(token[:, None], twin, "recurrent")
+            hidden, twin = model.run(token[:, None], twin, "recurrent")
             logits, start = model.step(token, start)
             assert torch.equal(logits, model.lm_head(hidden[:, -1])), (position, offset)
             assert start.position == twin.position == position + offset + 1

@@ -155,6 +155,11 @@ def test_auto_classes_config_and_hidden_states(exported: dict[str, tuple[Path, P
         output = base(ids)
         assert torch.allclose(output.last_hidden_state, model.hidden_states(ids), rtol=1e-6, atol=1e-6)
         assert isinstance(output.past_key_values, DecodingCache) and output.past_key_values.get_seq_length() == 9
+    trained = AutoModelForCausalLM.from_pretrained(folder).train()  # fine-tuning: the training form, no state
+    output = trained(ids, labels=ids)
+    output.loss.backward()
+    assert output.past_key_values is None and trained.model.embed.weight.grad is not None
+    assert torch.equal(output.loss.detach(), model.loss(ids, torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1))[0])
 
 
 def test_the_tokenizer_gives_the_project_ids(exported: dict[str, tuple[Path, Path]]) -> None:
@@ -264,6 +269,24 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(t
     assert generated.returncode == 0 and generated.stdout == run_cli(
         "mcsd-generate", f"ckpt={trained_run}", "prompt=The ", "temperature=0", "max_new_tokens=12",
         cwd=tmp_path).stdout
+    evaluated = run_cli("mcsd-eval", f"ckpt={trained_run}", "tasks=local", "limit=8", "batch_size=4",
+                        "wandb.enabled=false", "paths.log_dir=eval", cwd=tmp_path, env=offline)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    (eval_run,) = (tmp_path / "eval" / "eval" / "runs").iterdir()
+    lm_eval = subprocess.run(
+        [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
+         f"pretrained={out},trust_remote_code=True", "--tasks", "mcsd_local_mc,mcsd_local_ppl", "--include_path",
+         str(eval_run / "local_tasks"), "--limit", "8", "--batch_size", "4", "--device", "cpu", "--output_path",
+         str(tmp_path / "lm_eval")], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**{key: value for key, value in offline.items() if value}, "PATH": "/usr/bin:/bin",
+             "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert lm_eval.returncode == 0, lm_eval.stderr[-3000:]
+    (cli_file,) = (tmp_path / "lm_eval").rglob("results_*.json")
+    ours = json.loads((eval_run / "results.json").read_text())["results"]
+    theirs = json.loads(cli_file.read_text())["results"]
+    for task, metric in [("mcsd_local_mc", "acc,none"), ("mcsd_local_mc", "acc_norm,none"),
+                         ("mcsd_local_ppl", "bits_per_byte,none"), ("mcsd_local_ppl", "word_perplexity,none")]:
+        assert theirs[task][metric] == ours[task][metric]  # lm-eval's own CLI on the export = mcsd-eval
     before = (out / "model.safetensors").read_bytes()
     refusals = {
         "is not a .ckpt file": ["ckpt=" + str(out / "README.md"), f"out={tmp_path / 'other'}"],

@@ -2,8 +2,8 @@
 and ``MCSDHFForCausalLM`` (logits, loss and ``generate``), both holding the project's
 :class:`~mcsd.models.CausalLM` as ``model``.
 
-- A forward without a cache (``use_cache=False``) runs the architecture's training form: the
-  logits of ``CausalLM.forward``. With a cache it reads the tokens in the prefill form and, one
+- A forward without a cache (``use_cache=False``, or in training mode) runs the architecture's
+  training form: the logits of ``CausalLM.forward``. With a cache it reads the tokens in the prefill form and, one
   token at a time, runs the lean step of ``mcsd-generate``.
 - Padding: every model here reads a row from its first position (MCSD's slope normaliser and
   every recurrent state depend on the absolute position), so a forward takes right padding
@@ -105,7 +105,7 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
                             "DecodingCache (pass the one a previous call returned, or none)")
         check_right_padded(attention_mask)
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if past_key_values is None and not use_cache:
+        if past_key_values is None and (not use_cache or self.training):  # training: its form, no state kept
             return self.model.hidden_states(input_ids), None
         cache = past_key_values
         if cache is None:
