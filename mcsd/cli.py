@@ -50,9 +50,11 @@ logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
 # ${mcsd.wandb_offline:} is true unless WANDB_MODE=online.
 OmegaConf.register_new_resolver("mcsd.wandb_offline", lambda: os.environ.get("WANDB_MODE", "offline") != "online",
                                 replace=True)
-# ${mcsd.times:a,b} and ${mcsd.floordiv:a,b}: sizes that follow a swept one (an MLP twice the width).
+# ${mcsd.times:a,b}, ${mcsd.floordiv:a,b} and ${mcsd.min:a,b}: sizes that follow a swept one (an MLP twice
+# the width, a batch that shrinks as sequences grow).
 OmegaConf.register_new_resolver("mcsd.times", lambda a, b: int(a) * int(b), replace=True)
 OmegaConf.register_new_resolver("mcsd.floordiv", lambda a, b: int(a) // int(b), replace=True)
+OmegaConf.register_new_resolver("mcsd.min", lambda a, b: min(int(a), int(b)), replace=True)  # a capped size
 # ${mcsd.gpus_per_node:accelerator,devices}: the GPUs a SLURM task set needs (a cluster's auto is its GPUs).
 OmegaConf.register_new_resolver("mcsd.gpus_per_node",
                                 lambda accelerator, devices: 0 if accelerator == "cpu" else devices, replace=True)

@@ -69,6 +69,40 @@ def test_forms_agree_at_every_length_and_chunk_size(case: str) -> None:
 
 @pytest.mark.parametrize("case", CASES)
 @torch.no_grad()
+def test_forms_agree_to_round_off_in_float64(case: str) -> None:
+    """In an fp64 model every form (and the lean step) follows the input's dtype: the forms
+    agree to fp64 round-off, unless the architecture fixes constants in fp32 by design (MCSD),
+    where they agree to those constants' precision."""
+    architecture = registry.get(case.split("/")[0])
+    model = tiny_model(case).double()
+    input_ids = torch.randint(0, 101, (2, 70))
+    reference = model(input_ids, form="parallel")
+    tolerance = 1e-6 if architecture.fp32_constants else 1e-14
+    for form in architecture.forms:
+        assert relative_rms_error(model(input_ids, form=form), reference) < tolerance, form
+    assert relative_rms_error(decode_all(model, input_ids, split=5), reference[:, 4:]) < tolerance
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+@torch.no_grad()
+def test_a_model_without_mlps_is_its_mixers_alone(name: str) -> None:
+    """``mlp_hidden_size=0``: no MLP and no norm before it in any layer; the forms still agree and
+    the parameters are the full model's less its MLPs and their norms."""
+    full, bare = tiny_model(name), tiny_model(name, mlp_hidden_size=0)
+    assert all(layer.mlp is None and layer.mlp_norm is None for layer in bare.layers)
+    mlps = sum(p.numel() for layer in full.layers for module in (layer.mlp, layer.mlp_norm) for p in module.parameters())
+    assert sum(p.numel() for p in bare.parameters()) == sum(p.numel() for p in full.parameters()) - mlps
+    input_ids = torch.randint(0, 101, (2, 40))
+    reference = bare(input_ids, form="parallel")
+    for form in registry.get(name).forms:
+        assert relative_rms_error(bare(input_ids, form=form), reference) < TOLERANCE, form
+    assert relative_rms_error(decode_all(bare, input_ids, split=3), reference[:, 2:]) < TOLERANCE
+    with pytest.raises(mcsd.ConfigError, match="mlp_hidden_size=0 .no MLP. leaves nothing to size"):
+        mcsd.build_model(tiny_config(name, mlp_hidden_size=0, equal_params_to="mcsd"))
+
+
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
 def test_prompt_split_anywhere_decodes_like_one_pass(case: str) -> None:
     model = tiny_model(case)
     input_ids = torch.randint(0, 101, (3, 90))

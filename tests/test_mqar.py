@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from harness import FAST, compose_train, read_metrics, run_cli, series
 from hydra_plugins.mcsd_arms_sweeper import registry_arms
 from hydra.errors import HydraException
+import mcsd
 from mcsd.data import MQARDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mqar import IGNORE_INDEX, mqar_accuracy, mqar_examples
@@ -154,6 +155,32 @@ def test_registry_settings_go_into_their_architectures_arms_alone() -> None:
     assert arms == [arm + ["model.chunk_size=32"] if arm[0] == "model=mcsd" else arm for arm in plain]
     with pytest.raises(HydraException, match="registry_settings names 'msd', which is not registered"):
         registry_arms(["default"], None, {"msd": ["model.chunk_size=32"]})
+
+
+@pytest.mark.parametrize("seq_len, num_pairs, batch_size", [(64, 4, 512), (128, 8, 512), (256, 16, 256)])
+def test_zoology_protocol_composes_to_zoology_figure2(tmp_path: Path, seq_len: int, num_pairs: int,
+                                                     batch_size: int) -> None:
+    """experiment=mqar_zoology is zoology's Figure 2 (iclr24_zoology_figure2/configs.py): its data
+    sizes, epochs, vocabulary, batch sizes, widths, learning rates and layer counts, no MLP."""
+    from hydra import compose, initialize_config_module
+
+    cfg = compose_train(tmp_path / "run", "experiment=mqar_zoology", f"data.seq_len={seq_len}")
+    assert (cfg.data.num_train, cfg.data.num_val, cfg.model.vocab_size) == (100_000, 3_000, 8192)
+    assert (cfg.data.num_pairs, cfg.data.batch_size) == (num_pairs, batch_size)
+    assert (cfg.trainer.max_epochs, cfg.trainer.max_steps) == (64, -1)
+    assert cfg.model.mlp_hidden_size == 0 and cfg.model.num_layers == 4
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        sweep = compose("train", overrides=["experiment=mqar_zoology"], return_hydra_config=True).hydra.sweeper
+    assert sweep.params["model.hidden_size"] == "64,128,256,512" and sweep.params["data.seq_len"] == "64,128,256"
+    rates = [float(rate) for rate in sweep.params["optimizer.lr"].split(",")]
+    assert rates == pytest.approx([10 ** (-4 + 2 * index / 3) for index in range(4)], rel=1e-7)
+    assert list(sweep.registry_settings["transformer"]) == ["model.num_layers=2", "model.num_channels=1"]
+    arm = compose_train(tmp_path / "arm", "experiment=mqar_zoology", "model=transformer", "model.hidden_size=64",
+                        *sweep.registry_settings["transformer"])
+    transformer = mcsd.build_model(arm.model)
+    assert all(layer.mlp is None and layer.mlp_norm is None for layer in transformer.layers)
+    expected = 2 * 8192 * 64 + 64 + 2 * (64 + 4 * 64 * 64)  # embedding, head, final norm; norm, qkv, out
+    assert sum(p.numel() for p in transformer.parameters()) == expected
 
 
 def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(tmp_path: Path) -> None:

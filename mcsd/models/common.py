@@ -168,15 +168,17 @@ class TokenMixer(nn.Module):
 
 class Layer(nn.Module):
     """One pre-RMSNorm residual layer: the mixer and the MLP that the config gives layer
-    ``layer_index``."""
+    ``layer_index`` (no MLP, and no norm before it, with ``mlp_hidden_size=0``: zoology's MQAR
+    models are their mixers alone)."""
 
     def __init__(self, config: LMConfig, layer_index: int) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.mixer = config.make_mixer(layer_index)
-        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mlp = config.make_mlp(layer_index)
+        has_mlp = config.mlp_hidden_size > 0
+        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps) if has_mlp else None
+        self.mlp = config.make_mlp(layer_index) if has_mlp else None
         self.mlp_has_state = isinstance(self.mlp, TokenMixer)
         self.activation_checkpointing = config.activation_checkpointing
 
@@ -191,10 +193,11 @@ class Layer(nn.Module):
 
     def reset_parameters(self) -> None:
         for module in (self.mixer_norm, self.mixer, self.mlp_norm, self.mlp):
-            module.reset_parameters()
+            if module is not None:
+                module.reset_parameters()
 
     def residual_weights(self) -> list[nn.Parameter]:
-        return [*self.mlp.residual_weights(), *self.mixer.residual_weights()]
+        return [*(self.mlp.residual_weights() if self.mlp is not None else []), *self.mixer.residual_weights()]
 
     def forward(
         self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str
@@ -211,6 +214,8 @@ class Layer(nn.Module):
         mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)
         mixed, mixer_state = self.mixer(self.mixer_norm(x), mixer_state, position, form)
         h = x + mixed
+        if self.mlp is None:
+            return h, LayerState(mixer_state, None)
         if self.mlp_has_state:
             out, mlp_state = self.mlp(self.mlp_norm(h), mlp_state, position, form)
         else:
@@ -222,6 +227,8 @@ class Layer(nn.Module):
         mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)
         mixed, mixer_state = self.mixer.step(self.mixer_norm(x), mixer_state, position)
         h = x + mixed
+        if self.mlp is None:
+            return h, LayerState(mixer_state, None)
         if self.mlp_has_state:
             out, mlp_state = self.mlp.step(self.mlp_norm(h), mlp_state, position)
         else:

@@ -43,7 +43,7 @@ class LMConfig:
     """Fields every architecture shares: the skeleton of Section 2.1.
 
     Pre-RMSNorm layers, an MLP of width ``mlp_hidden_size`` (GeGLU unless the architecture
-    has its own), token embedding, final RMSNorm and LM head. ``num_channels`` is MCSD's C
+    has its own; 0: no MLP, each layer its mixer alone), token embedding, final RMSNorm and LM head. ``num_channels`` is MCSD's C
     (the head count of attention-like mixers); ``hidden_size = num_channels * channel width``.
 
     ``equal_params_to``: the name of an architecture whose parameter count this one
@@ -65,8 +65,14 @@ class LMConfig:
     equal_params_to: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_channels", "num_layers", "mlp_hidden_size", "chunk_size"):
+        for name in ("vocab_size", "hidden_size", "num_channels", "num_layers", "chunk_size"):
             require_positive_int(name, getattr(self, name))
+        width = self.mlp_hidden_size
+        if not isinstance(width, int) or isinstance(width, bool) or width < 0:
+            raise ConfigError(f"model.mlp_hidden_size={width!r} must be a positive integer (or 0: no MLP)")
+        if width == 0 and self.equal_params_to is not None:
+            raise ConfigError(f"model.mlp_hidden_size=0 (no MLP) leaves nothing to size for model.equal_params_to="
+                              f"{self.equal_params_to}: set model.equal_params_to=null")
         if self.hidden_size % self.num_channels:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_channels="

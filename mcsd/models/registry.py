@@ -35,6 +35,10 @@ class Architecture:
       by the conformance tests; the first is the architecture's default.
     - ``setting_cases``: non-default values of its settings (config fields marked
       ``setting``: choices the paper leaves open), each also run by the conformance tests.
+    - ``fp32_constants``: whether the architecture computes constants in fp32 by design (MCSD's
+      slope and decay weights), which bounds how closely its forms agree in an fp64 model;
+      otherwise every computation follows the input's dtype and its forms agree to fp64
+      round-off (the conformance tests check it).
     """
 
     name: str
@@ -46,6 +50,7 @@ class Architecture:
     train_form: str = "chunk"
     variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: {"default": {}})
     setting_cases: tuple[Mapping[str, Any], ...] = ()
+    fp32_constants: bool = False
 
     def __post_init__(self) -> None:
         unknown = [form for form in (*self.forms, self.train_form) if form not in FORMS]

@@ -25,6 +25,7 @@ register(Architecture(
     label="MCSD",
     color="tab:blue",
     train_form="chunk",
+    fp32_constants=True,  # the slope and decay weights and normalisers (the spec: fp32 whatever the model's dtype)
     variants={  # Section 3.5's ablations (conf/ablation/) and Eq. 20's fusion
         "full": {},
         "slope_only": {"sections": ["slope"]},

@@ -54,17 +54,19 @@ def log_decay_values(kind: str, num_channels: int) -> list[float]:
     return [math.log(alpha) for alpha in decay_rates(num_channels)]
 
 
-def section_log_decay(kind: str, num_channels: int, device: torch.device) -> torch.Tensor:
-    """:func:`log_decay_values` as an fp32 tensor ``[C]``, never cast by ``model.to(dtype)``:
-    cached for eager calls (built once per device), a constant of a compiled graph."""
+def section_log_decay(kind: str, num_channels: int, device: torch.device,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`log_decay_values` as a tensor ``[C]``, fp32 (or ``dtype``: fp64 for a baseline run
+    in fp64), never cast by ``model.to(dtype)``: cached for eager calls (built once per device
+    and dtype), a constant of a compiled graph."""
     if torch.compiler.is_compiling():
-        return _log_decay_tensor(kind, num_channels, device)
-    return _cached_log_decay_tensor(kind, num_channels, device)
+        return _log_decay_tensor(kind, num_channels, device, dtype)
+    return _cached_log_decay_tensor(kind, num_channels, device, dtype)
 
 
-def _log_decay_tensor(kind: str, num_channels: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor(log_decay_values(kind, num_channels), dtype=torch.float64).to(device=device,
-                                                                                     dtype=torch.float32)
+def _log_decay_tensor(kind: str, num_channels: int, device: torch.device,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.tensor(log_decay_values(kind, num_channels), dtype=torch.float64).to(device=device, dtype=dtype)
 
 
 _cached_log_decay_tensor = functools.lru_cache(maxsize=None)(_log_decay_tensor)

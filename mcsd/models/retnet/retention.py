@@ -63,7 +63,7 @@ class MultiScaleRetention(TokenMixer):
         query = rotary(query, position, self.rope_base)
         key = rotary(key, position, self.rope_base) / math.sqrt(self.key_width)
         value = value.transpose(1, 2)
-        log_decay = section_log_decay("decay", self.num_heads, x.device)  # log(1 - 2^(-5-h))
+        log_decay = section_log_decay("decay", self.num_heads, x.device, state_dtype(value))  # log(1 - 2^(-5-h))
         retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size)
         mixed = self.norm(retained.transpose(1, 2)) * F.silu(gate)  # [B, N, H, dv]
         return self.out_proj(mixed.reshape(batch, length, -1)), state
@@ -76,7 +76,7 @@ class MultiScaleRetention(TokenMixer):
         value, gate = self.vg_proj(x).view(batch, 2, self.num_heads, self.value_width).unbind(1)
         if state is None:
             state = x.new_zeros(batch, self.num_heads, self.key_width, self.value_width, dtype=state_dtype(value))
-        log_decay = section_log_decay("decay", self.num_heads, x.device)[None, :].expand(batch, -1)
+        log_decay = section_log_decay("decay", self.num_heads, x.device, state_dtype(value))[None, :].expand(batch, -1)
         retained, state = decayed_attention_step(query, key / math.sqrt(self.key_width), value, log_decay, state)
         mixed = self.norm(retained) * F.silu(gate)  # [B, H, dv]
         return self.out_proj(mixed.reshape(batch, -1)), state

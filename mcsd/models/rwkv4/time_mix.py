@@ -78,7 +78,7 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         r = self.receptance(mix(shifted, x, self.mix_r))
         mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, form=form,
                                chunk_size=self.chunk_size)
-        return self.output(torch.sigmoid(r) * mixed), (x[:, -1].float(), wkv_state)
+        return self.output(torch.sigmoid(r) * mixed), (x[:, -1].to(state_dtype(x)), wkv_state)
 
     def step(self, x: torch.Tensor, state, position: int):
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
@@ -90,7 +90,7 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         if wkv_state is None:
             wkv_state = empty_wkv_state(x.shape[0], x.shape[1], x.device, state_dtype(v))
         mixed, wkv_state = wkv_step(torch.exp(self.time_decay), self.time_first, k, v, wkv_state)
-        return self.output(torch.sigmoid(r) * mixed), (x.float(), wkv_state)
+        return self.output(torch.sigmoid(r) * mixed), (x.to(state_dtype(x)), wkv_state)
 
 
 class ChannelMix(PerspectiveMixes, TokenMixer):
@@ -124,11 +124,11 @@ class ChannelMix(PerspectiveMixes, TokenMixer):
         shifted = token_shift(x, state)
         k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()
         r = torch.sigmoid(self.receptance(mix(shifted, x, self.mix_r)))
-        return r * self.value(k), x[:, -1].float()
+        return r * self.value(k), x[:, -1].to(state_dtype(x))
 
     def step(self, x: torch.Tensor, state, position: int):
         """One token per row, ``x`` ``[B, D]``."""
         shifted = torch.zeros_like(x) if state is None else state.to(x.dtype)
         k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()
         r = torch.sigmoid(self.receptance(mix(shifted, x, self.mix_r)))
-        return r * self.value(k), x.float()
+        return r * self.value(k), x.to(state_dtype(x))

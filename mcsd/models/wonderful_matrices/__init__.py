@@ -22,7 +22,7 @@ register(Architecture(
     color="tab:purple",
     train_form="chunk",
     setting_cases=({"attention_every": 2}, {"attention_every": 2, "dynamic_mask": False},
-                   {"attention_every": 2, "mlp": "cdmoe"}),
+                   {"attention_every": 2, "mlp": "cdmoe"}, {"attention_every": 2, "ssd_norm": "gate_first"}),
 ))
 
 __all__ = ["CrossDomainMoE", "DynamicMaskAttention", "StateSpaceDuality", "WonderfulMatricesConfig",

@@ -12,6 +12,7 @@ from mcsd.models.common import TokenMixer
 from mcsd.models.config import ConfigError, LMConfig, require_positive_int
 
 MLPS = ("geglu", "cdmoe")
+SSD_NORMS = ("per_head", "gate_first")
 
 
 @dataclasses.dataclass
@@ -22,6 +23,10 @@ class WonderfulMatricesConfig(LMConfig):
 
     - SSD: ``ssd_expand`` x D inner width (Mamba-2: 2), ``state_size`` N (the paper's MQAR: 128),
       dt's bias drawn as Mamba-2 does, log-uniform in [``dt_min``, ``dt_max``].
+    - ``ssd_norm``: SSD's gated norm. ``per_head`` (the paper's reading, the default):
+      ``RMSNorm_per_head(y) * silu(z)``, each head normalised, then gated; ``gate_first``: stock
+      Mamba-2's (``norm_before_gate=False``, one group): ``RMSNorm(y * silu(z))`` over the whole
+      inner width.
     - ``dynamic_mask``: attention adds the per-key bias exp(A_h softplus(dt_proj(v_j))) to its
       scores (the authors' later version; A starts at 0, a bias of 1 on every key: no effect).
     - ``mlp``: ``geglu`` (the skeleton's, width chosen for equal size) or ``cdmoe`` (a shared
@@ -35,6 +40,7 @@ class WonderfulMatricesConfig(LMConfig):
     attention_every: int = dataclasses.field(default=4, metadata={"setting": True, "legacy": 4})
     dynamic_mask: bool = dataclasses.field(default=True, metadata={"setting": True, "legacy": True})
     mlp: str = dataclasses.field(default="geglu", metadata={"setting": True, "legacy": "geglu", "sized_at": "geglu"})
+    ssd_norm: str = dataclasses.field(default="per_head", metadata={"setting": True, "legacy": "per_head"})
     ssd_expand: int = 2
     state_size: int = 128
     dt_min: float = 0.001
@@ -56,6 +62,8 @@ class WonderfulMatricesConfig(LMConfig):
             raise ConfigError(f"model.dynamic_mask={self.dynamic_mask!r} must be true or false")
         if self.mlp not in MLPS:
             raise ConfigError(f"model.mlp={self.mlp!r} is unknown: use one of {', '.join(MLPS)}")
+        if self.ssd_norm not in SSD_NORMS:
+            raise ConfigError(f"model.ssd_norm={self.ssd_norm!r} is unknown: use one of {', '.join(SSD_NORMS)}")
         for name in ("state_size", "cdmoe_retrieval_width"):
             if getattr(self, name) % 2:
                 raise ConfigError(f"model.{name}={getattr(self, name)} must be even (RoPE / product keys "

@@ -5,7 +5,8 @@ Per head h (``H = num_channels``, head width ``P = ssd_expand * D / H``), state 
 ``z, x, B, C, dt_raw = in_proj(u)`` with B, C ``[N]`` shared over heads;
 ``dt = softplus(dt_raw + dt_bias)``, ``A_h = -exp(A_log_h)`` with ``A_log = log(1..H)``;
 ``S_t = exp(dt_t A) S_{t-1} + B_t^T (dt_t x_t)``, ``y_t = C_t S_t + skip_h x_t`` (skip from 1);
-out ``= out_proj(RMSNorm_per_head(y) * silu(z))`` (Mamba-2's gated norm, per head as RetNet's).
+out ``= out_proj(RMSNorm_per_head(y) * silu(z))`` (Mamba-2's gated norm, per head as RetNet's;
+``ssd_norm=gate_first``: stock Mamba-2's ``RMSNorm(y * silu(z))`` over the whole inner width).
 That is ``decayed_attention(q = C, k = B, v = dt x, log_decay = dt A)``: its parallel, chunk
 and recurrent forms are SSD's. Decoding state: ``[B, H, N, P]`` fp32 per layer.
 """
@@ -46,7 +47,9 @@ class StateSpaceDuality(TokenMixer):
         self.dt_bias = nn.Parameter(torch.empty(self.num_heads))
         self.A_log = nn.Parameter(torch.empty(self.num_heads))
         self.skip = nn.Parameter(torch.empty(self.num_heads))
-        self.norm = ChannelRMSNorm(self.num_heads, self.head_width, config.norm_eps)
+        self.gate_first = config.ssd_norm == "gate_first"
+        self.norm = (ChannelRMSNorm(1, self.inner_width, config.norm_eps) if self.gate_first
+                     else ChannelRMSNorm(self.num_heads, self.head_width, config.norm_eps))
         self.out_proj = nn.Linear(self.inner_width, config.hidden_size, bias=False)
 
     def reset_parameters(self) -> None:
@@ -77,8 +80,8 @@ class StateSpaceDuality(TokenMixer):
         values = inner * dt[..., None].to(inner.dtype)
         mixed, state = decayed_attention(queries, keys, values, log_decay, state, form, self.chunk_size)
         mixed = mixed + self.skip[:, None, None].to(inner.dtype) * inner
-        gated = self.norm(mixed.transpose(1, 2)) * F.silu(gate.view(batch, length, self.num_heads, self.head_width))
-        return self.out_proj(gated.reshape(batch, length, self.inner_width)), state
+        gated = self.gated_norm(mixed.transpose(1, 2).reshape(batch, length, self.inner_width), gate)
+        return self.out_proj(gated), state
 
     def step(self, x: torch.Tensor, state: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
@@ -94,5 +97,12 @@ class StateSpaceDuality(TokenMixer):
             state = x.new_zeros(batch, self.num_heads, self.state_size, self.head_width, dtype=accumulate)
         mixed, state = decayed_attention_step(queries, keys, inner * dt[..., None].to(inner.dtype), log_decay, state)
         mixed = mixed + self.skip[:, None].to(inner.dtype) * inner
-        gated = self.norm(mixed) * F.silu(gate.view(batch, self.num_heads, self.head_width))
-        return self.out_proj(gated.reshape(batch, self.inner_width)), state
+        return self.out_proj(self.gated_norm(mixed.reshape(batch, self.inner_width), gate)), state
+
+    def gated_norm(self, mixed: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """``[..., inner]`` -> ``[..., inner]``: each head normalised then gated (``per_head``), or
+        gated then normalised over the whole width (``gate_first``)."""
+        if self.gate_first:
+            return self.norm((mixed * F.silu(gate))[..., None, :])[..., 0, :]
+        heads = (*mixed.shape[:-1], self.num_heads, self.head_width)
+        return (self.norm(mixed.view(heads)) * F.silu(gate.view(heads))).flatten(-2)
