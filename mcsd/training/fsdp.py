@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
-from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from mcsd.distributed import copy_into
