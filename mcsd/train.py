@@ -47,10 +47,11 @@ def _check(cfg: DictConfig) -> None:
         raise MCSDError(f"trainable={list(cfg.trainable)} trains part of a model that starts from scratch: "
                         "set init_from=RUN_DIR (the trained model to fine-tune) or trainable=null")
     if cfg.data.get("token_budget") is None:
-        max_steps = cfg.trainer.get("max_steps")
-        if not isinstance(max_steps, int) or max_steps < 1:
+        max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
+        by_epochs = max_steps == -1 and isinstance(max_epochs, int) and max_epochs >= 1
+        if not by_epochs and (not isinstance(max_steps, int) or max_steps < 1):
             raise MCSDError(f"trainer.max_steps={max_steps} must be a positive number of steps "
-                            "(or set data.token_budget=TOKENS)")
+                            "(or set data.token_budget=TOKENS, or trainer.max_steps=-1 with trainer.max_epochs=N)")
 
 
 def _memory_plan(cfg: DictConfig) -> MemoryPlan:

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 from harness import FAST, compose_train, read_metrics, run_cli, series
 from hydra_plugins.mcsd_arms_sweeper import registry_arms
 from hydra.errors import HydraException
 import mcsd
+from mcsd.bench.measure import inference_point
 from mcsd.data import MQARDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mqar import IGNORE_INDEX, mqar_accuracy, mqar_examples
@@ -183,6 +185,28 @@ def test_zoology_protocol_composes_to_zoology_figure2(tmp_path: Path, seq_len: i
     assert sum(p.numel() for p in transformer.parameters()) == expected
 
 
+def test_converging_protocol_stops_on_a_plateau_and_goes_on_while_accuracy_rises(tmp_path: Path) -> None:
+    """experiment=mqar_converge's early stopping on val/mqar_acc: a run that cannot learn (lr 0)
+    stops after `patience` epochs without a rise; a run that learns goes on while it rises."""
+    small = ["model=transformer", "model.hidden_size=32", "model.vocab_size=64", "data.seq_len=16",
+             "data.num_train=512", "data.num_val=64", "data.batch_size=32", "trainer.max_epochs=12",
+             "callbacks.early_stopping.patience=2", "callbacks.progress_bar.refresh_rate=0", "logger=csv",
+             "test_after_training=false", "scheduler.warmup_steps=2", "trainer.log_every_n_steps=4"]
+    epochs = {}
+    for name, lr in (("flat", 0.0), ("learning", 3e-3)):
+        run_dir = tmp_path / name
+        train(compose_train(run_dir, "experiment=mqar_converge", *small, f"optimizer.lr={lr}", "model.num_layers=2",
+                            "model.num_channels=1"))
+        accuracy = series(read_metrics(run_dir), "val/mqar_acc")
+        epochs[name] = [accuracy[step] for step in sorted(accuracy)]
+    flat, learning = epochs["flat"], epochs["learning"]
+    assert len(flat) == 1 + 3  # before training, then the best epoch and 2 without a rise (plus none more)
+    assert max(flat) - min(flat) < 0.001
+    assert len(learning) > len(flat) and learning[-1] > learning[0] + 0.1
+    rises = [index for index in range(1, len(learning)) if learning[index] > max(learning[:index]) + 0.001]
+    assert len(learning) - 1 - rises[-1] <= 2 or len(learning) == 13  # stopped within patience of its last rise
+
+
 def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(tmp_path: Path) -> None:
     """experiments/sweep.sh --add keeps the jobs already in the results folder and numbers the
     new sweep's jobs after them; the figure then draws both."""
@@ -219,12 +243,22 @@ def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(tmp_p
         "wonderful_matrices|default, attention_every=2"}
     assert set(runs["num_pairs"]) == {2} and set(runs["width"]) == {16, 32}  # K = T / 16
     figure = plot_mqar(runs, tmp_path / "figure")
-    assert [path.name for path in figure.paths] == ["mqar_recall.png", "mqar_recall.pdf", "mqar_recall_table.md"]
+    assert [path.name for path in figure.paths] == ["mqar_recall.png", "mqar_recall.pdf", "mqar_recall_state.png",
+                                                    "mqar_recall_state.pdf", "mqar_recall_table.md"]
+    # The state axis is mcsd-bench's state_bytes_per_sequence after the T tokens of an example.
+    for run in runs.drop_duplicates(["curve", "width"]).itertuples():
+        config = yaml.safe_load((tmp_path / "logs" / run.run / "hparams.yaml").read_text())
+        measured = inference_point(config["model"], batch_size=1, prompt_len=16, gen_len=16, repeats=1, warmup=0,
+                                   device="cpu", dtype="float32", seed=0)
+        assert run.state_bytes == measured["state_bytes_per_sequence"] > 0
+    attention = runs[runs["curve"] == "transformer|default"].drop_duplicates("width").set_index("width")["state_bytes"]
+    assert attention[16] == 2 * 2 * 32 * 16 * 4  # 2 layers, keys and values, T positions, fp32
+    assert (figure.table.groupby(["curve", "width"]).size() == 1).all()  # one point per curve and width
     assert figure.labels[:2] == ["MCSD full", "MCSD slope_only"] and len(figure.labels) == len(runs) // 4
     # Each point is the best of its two learning rates.
     best = runs.groupby(["curve", "width"])["accuracy"].max().reset_index()
     merged = figure.table.merge(best, on=["curve", "width"], suffixes=("", "_best"))
     assert len(merged) == len(figure.table) == 2 * len(figure.labels)
     assert (merged["accuracy"] == merged["accuracy_best"]).all() and (figure.table["lrs_tried"] == 2).all()
-    table = figure.paths[2].read_text()
+    table = figure.paths[-1].read_text()
     assert table.count("\n") == 2 + len(figure.table) and "| T=32, K=2 |" in table

@@ -1,22 +1,33 @@
-"""MQAR figure and table: accuracy vs model width, one panel per (T, K), one line per
-architecture (and variant), each point at its best learning rate (zoology's protocol).
+"""MQAR figures and table: accuracy vs model width, and accuracy vs the bytes of one
+sequence's decoding state (zoology's and Based's recall / state-size trade-off), one panel
+per (T, K), one line per architecture (and variant), each point at its best learning rate
+(zoology's protocol).
 
 A point's accuracy is the final ``val/mqar_acc`` of its run, averaged over seeds; the best
-learning rate is the one with the highest such mean.
+learning rate is the one with the highest such mean. A point's state is what ``mcsd-bench``
+reports as ``state_bytes_per_sequence``: every tensor of the decoding state after the T tokens
+of an example, fp32 (a recurrent model's fixed state; attention's KV cache of T positions).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.colors  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 
+from mcsd.api import build_model  # noqa: E402
+from mcsd.bench.measure import state_bytes  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
@@ -34,6 +45,21 @@ class MQARFigure:
     table: pd.DataFrame
 
 
+def decoding_state_bytes(model_node: dict[str, Any], seq_len: int) -> int:
+    """Bytes of one sequence's fp32 decoding state after ``seq_len`` tokens, for the model a run's
+    logged ``model`` node describes (the bench's ``state_bytes_per_sequence``)."""
+    return _state_bytes(json.dumps(model_node, sort_keys=True), seq_len)
+
+
+@functools.lru_cache(maxsize=None)
+def _state_bytes(model_json: str, seq_len: int) -> int:
+    torch.manual_seed(0)
+    model = build_model(json.loads(model_json)).eval()
+    with torch.inference_mode():
+        _, state = model.prefill(torch.zeros(1, seq_len, dtype=torch.long))
+    return state_bytes(state)
+
+
 def load_mqar_runs(root: str | Path) -> pd.DataFrame:
     """One row per MQAR run under ``root``: its curve, width, (T, K), learning rate, seed and
     final accuracy. Runs that logged no ``val/mqar_acc`` (language-model runs) are skipped."""
@@ -46,7 +72,8 @@ def load_mqar_runs(root: str | Path) -> pd.DataFrame:
         records.append({"run": run, "curve": f"{arch}|{variant}", "width": int(model["hidden_size"]),
                         "seq_len": int(data["seq_len"]), "num_pairs": int(data["num_pairs"]),
                         "lr": float((config.get("optimizer") or {})["lr"]), "seed": config.get("seed"),
-                        "params": config.get("model/params"), "accuracy": float(metrics[ACCURACY].dropna().iloc[-1])})
+                        "params": config.get("model/params"), "accuracy": float(metrics[ACCURACY].dropna().iloc[-1]),
+                        "state_bytes": decoding_state_bytes(model, int(data["seq_len"]))})
     if not records:
         raise MCSDError(f"{root} holds no MQAR runs (no {ACCURACY} in its logs): point it at an "
                         "experiment=mqar_recall sweep")
@@ -56,8 +83,9 @@ def load_mqar_runs(root: str | Path) -> pd.DataFrame:
 def best_learning_rate(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (curve, T, K, width): the learning rate of highest mean accuracy over seeds, that
     accuracy, its min and max over seeds, and the number of seeds and learning rates tried."""
-    by_lr = (runs.groupby(["curve", "seq_len", "num_pairs", "width", "lr"])["accuracy"]
-             .agg(["mean", "min", "max", "count"]).reset_index())
+    by_lr = (runs.groupby(["curve", "seq_len", "num_pairs", "width", "lr"])
+             .agg(mean=("accuracy", "mean"), min=("accuracy", "min"), max=("accuracy", "max"),
+                  count=("accuracy", "count"), state_bytes=("state_bytes", "first")).reset_index())
     best = by_lr.loc[by_lr.groupby(["curve", "seq_len", "num_pairs", "width"])["mean"].idxmax()].copy()
     best["lrs_tried"] = by_lr.groupby(["curve", "seq_len", "num_pairs", "width"])["lr"].count().to_numpy()
     best["label"] = [curve_label("ablation", curve, None) for curve in best["curve"]]
@@ -80,22 +108,37 @@ def markdown_mqar_table(best: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def curve_colors(curves: list[str]) -> dict[str, str]:
+    """Each curve's colour: an architecture's default variant its registered colour, any other
+    curve the next colour of matplotlib's cycle that no registered architecture uses."""
+    taken = {matplotlib.colors.to_hex(registry.get(name).color) for name in registry.architectures()}
+    spare = [color for color in plt.rcParams["axes.prop_cycle"].by_key()["color"]
+             if matplotlib.colors.to_hex(color) not in taken] or ["black"]
+    colors, others = {}, 0
+    for curve in curves:
+        arch = curve.split("|", 1)[0]
+        if arch in registry.architectures() and curve_order("ablation", curve)[2] == 0:
+            colors[curve] = registry.get(arch).color
+        else:
+            colors[curve] = spare[others % len(spare)]
+            others += 1
+    return colors
+
+
 def plot_mqar(runs: pd.DataFrame, output_dir: str | Path, name: str = "mqar_recall") -> MQARFigure:
     """Accuracy vs width (log2 axis) per (T, K), best learning rate per point, min-max over
     seeds as error bars; writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
     best = best_learning_rate(runs)
     settings = sorted({(row.seq_len, row.num_pairs) for row in best.itertuples()})
     curves = list(dict.fromkeys(best["curve"]))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = curve_colors(curves)
     figure, axes = plt.subplots(1, len(settings), figsize=(4.6 * len(settings), 4), squeeze=False, sharey=True)
     labels = []
-    for index, curve in enumerate(curves):
-        arch = curve.split("|", 1)[0]
+    for curve in curves:
         points = best[best["curve"] == curve]
         label = points["label"].iloc[0]
         labels.append(label)
-        first_variant = arch in registry.architectures() and curve_order("ablation", curve)[2] == 0
-        color = registry.get(arch).color if first_variant else colors[(index + 3) % len(colors)]
+        color = colors[curve]
         for ax, (t, k) in zip(axes[0], settings):
             point = points[(points["seq_len"] == t) & (points["num_pairs"] == k)].sort_values("width")
             ax.errorbar(point["width"], point["accuracy"], marker="o", color=color, label=label, capsize=3,
@@ -111,6 +154,33 @@ def plot_mqar(runs: pd.DataFrame, output_dir: str | Path, name: str = "mqar_reca
     figure.suptitle(f"MQAR: accuracy vs width (best of {int(best['lrs_tried'].max())} learning rates; "
                     f"{seeds} seed{'s' if seeds > 1 else ''})")
     paths = save_figure(figure, output_dir, name)
+    paths += plot_accuracy_vs_state(best, output_dir, f"{name}_state")
     paths.append(Path(output_dir) / f"{name}_table.md")
     paths[-1].write_text(markdown_mqar_table(best))
     return MQARFigure(paths=paths, labels=labels, table=best)
+
+
+def plot_accuracy_vs_state(best: pd.DataFrame, output_dir: str | Path, name: str) -> list[Path]:
+    """Accuracy vs decoding-state bytes per sequence (log axis), one point per curve and width
+    (best learning rate), widths joined per curve; one panel per (T, K). Writes ``<name>.png/.pdf``."""
+    settings = sorted({(row.seq_len, row.num_pairs) for row in best.itertuples()})
+    curves = list(dict.fromkeys(best["curve"]))
+    colors = curve_colors(curves)
+    figure, axes = plt.subplots(1, len(settings), figsize=(4.6 * len(settings), 4), squeeze=False, sharey=True)
+    for curve in curves:
+        points = best[best["curve"] == curve]
+        color = colors[curve]
+        for ax, (t, k) in zip(axes[0], settings):
+            point = points[(points["seq_len"] == t) & (points["num_pairs"] == k)].sort_values("width")
+            ax.plot(point["state_bytes"], point["accuracy"], marker="o", color=color, label=points["label"].iloc[0])
+            for row in point.itertuples():
+                ax.annotate(str(row.width), (row.state_bytes, row.accuracy), fontsize=6, xytext=(2, 2),
+                            textcoords="offset points")
+    for ax, (t, k) in zip(axes[0], settings):
+        ax.set(xscale="log", xlabel="decoding state per sequence (bytes, fp32)", title=f"T = {t}, K = {k}",
+               ylim=(-0.02, 1.02))
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("MQAR accuracy (best lr)")
+    axes[0][-1].legend(fontsize=8)
+    figure.suptitle("MQAR: accuracy vs decoding-state size (points labelled with the model width)")
+    return save_figure(figure, output_dir, name)
