@@ -214,8 +214,9 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
         source = EXPERIMENTS / folder / "cpu_quick"
         (experiments / folder / "cpu_quick").mkdir(parents=True)
         shutil.copy(source / "results.csv", experiments / folder / "cpu_quick" / "results.csv")
-    for folder in ("mqar_recall/cpu", "long_context/tinyshakespeare", "compare_architectures/tinyshakespeare",
-                   "rwkv_perspectives/tinyshakespeare", "wm_ablation/tinyshakespeare"):
+    for folder in ("mqar_recall/cpu", "mqar_converge/cpu", "long_context/tinyshakespeare",
+                   "compare_architectures/tinyshakespeare", "rwkv_perspectives/tinyshakespeare",
+                   "wm_ablation/tinyshakespeare"):
         shutil.copytree(EXPERIMENTS / folder, experiments / folder)  # the committed results
     (experiments / "table2_downstream" / "tiny").mkdir(parents=True)
     (experiments / "table2_downstream" / "tiny" / "results.json").write_text(json.dumps(
@@ -226,9 +227,9 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
                    resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     images = sum(1 for cell in notebook.cells for output in cell.get("outputs", [])
                  if "image/png" in output.get("data", {}))
-    assert images == 1 + 5 + 1 + 1 + 1 + 3 + 1 + 1  # Fig. 4, Figs. 5-8 and the bandwidth limit (cpu_quick),
-    # training cost, Fig. 9, decay study, MQAR, the long-context probe, the comparison, the perspectives and the
-    # Wonderful Matrices ablation
+    assert images == 1 + 5 + 1 + 1 + 1 + 3 + 1 + 1 + 1 + 2  # Fig. 4, Figs. 5-8 and the bandwidth limit
+    # (cpu_quick), training cost, Fig. 9, decay study, MQAR, the long-context probe, the comparison, the
+    # perspectives and the Wonderful Matrices ablation; MQAR's accuracy-vs-state figure, and mqar_converge's two
     markdown = "".join(output["data"].get("text/markdown", "") for cell in notebook.cells
                        for output in cell.get("outputs", []) if "data" in output)
     assert "| **tiny** (ours, measured) | 0.2M | - | 35.0 | - | - | - | - |" in markdown  # Table 2
@@ -236,6 +237,7 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
     assert "| Transformer |" in (experiments / "decay_init_study" / "tiny" / "decay_init_study_by_seed.md").read_text()
     assert (experiments / "fig5-8_inference" / "cpu_quick" / "fig8_throughput_vs_batch.pdf").is_file()
     assert "| MCSD full | 32 | 0.018 (lr 0.002) | 0.003 (lr 0.005) |" in markdown  # the committed MQAR table
+    assert "| Transformer | 64 | 0.993 (lr 0.001) | 0.993 (lr 0.001) |" in markdown  # and the converged anchor
     assert (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" / "perspective_weights.md").read_text() in markdown
     perspectives = experiments / "rwkv_perspectives" / "tinyshakespeare" / "rwkv_perspectives_table.md"
     assert perspectives.read_text() == (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" /
