@@ -117,8 +117,8 @@ def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:
     """With 450 MiB of room (of address space: it counts reserved memory too) a batch of 64
     decodes 2048 tokens with MCSD (fixed state), while the Transformer's KV cache (570 MiB)
     does not fit: recorded, not raised."""
-    csv_path = run_bench(tmp_path, "model_size=small", "inference.batch_sizes=[64]", "inference.gen_lengths=[2048]",
-                         "inference.repeats=1", "inference.warmup=1", "memory_limit_mb=450")
+    csv_path = run_bench(tmp_path, "model_size=small", "models=[mcsd,transformer]", "inference.batch_sizes=[64]",
+                         "inference.gen_lengths=[2048]", "inference.repeats=1", "inference.warmup=1", "memory_limit_mb=450")
     frame = pd.read_csv(csv_path).set_index("model")
     assert frame.loc["mcsd", "status"] == "ok" and frame.loc["transformer", "status"] == "oom"
     assert pd.isna(frame.loc["transformer", "latency_s"])

@@ -207,6 +207,30 @@ def test_converging_protocol_stops_on_a_plateau_and_goes_on_while_accuracy_rises
     assert len(learning) - 1 - rises[-1] <= 2 or len(learning) == 13  # stopped within patience of its last rise
 
 
+def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path: Path) -> None:
+    """experiment=mqar_converge's epoch cap (callbacks.epoch_cap) stops after its epochs, with the
+    learning-rate schedule still laid out over max_epochs: every step before the cap (its
+    learning rate, loss and validations) is the uncapped run's."""
+    small = ["model=transformer", "model.hidden_size=32", "model.vocab_size=64", "data.seq_len=16", "model.num_layers=2",
+             "model.num_channels=1", "data.num_train=256", "data.num_val=32", "data.batch_size=32",
+             "trainer.max_epochs=4", "callbacks.early_stopping.patience=10", "callbacks.progress_bar.refresh_rate=0",
+             "logger=csv", "test_after_training=false", "scheduler.warmup_steps=2", "trainer.log_every_n_steps=2",
+             "optimizer.lr=3e-3"]
+    logs = {}
+    for epochs in (2, 4):
+        run_dir = tmp_path / f"cap{epochs}"
+        train(compose_train(run_dir, "experiment=mqar_converge", *small, f"callbacks.epoch_cap.epochs={epochs}"))
+        logs[epochs] = read_metrics(run_dir)
+    capped, uncapped = logs[2], logs[4]
+    assert len(series(capped, "val/mqar_acc")) == 1 + 2 and len(series(uncapped, "val/mqar_acc")) == 1 + 4
+    for name in ("lr-AdamW/pg1", "train/loss", "val/mqar_acc"):
+        kept = series(capped, name)
+        assert kept and kept == {step: value for step, value in series(uncapped, name).items() if step in kept}
+    capped_rates, rates = series(capped, "lr-AdamW/pg1"), series(uncapped, "lr-AdamW/pg1")
+    assert max(capped_rates) < max(rates)  # it stopped at half the steps,
+    assert capped_rates[max(capped_rates)] > 2 * rates[max(rates)]  # its learning rate mid-schedule, not at the floor
+
+
 def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(tmp_path: Path) -> None:
     """experiments/sweep.sh --add keeps the jobs already in the results folder and numbers the
     new sweep's jobs after them; the figure then draws both."""

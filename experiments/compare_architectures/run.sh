@@ -5,7 +5,7 @@
 #      each (CSV logs and the training-curve figure copied here, as every sweep.sh experiment);
 #   3. mcsd-probe context on every trained model that has no probe yet (held-out documents of 4096 tokens);
 #   4. mcsd-bench inference and train (bench=compare) on the trained models of the first seed, side by side;
-#   5. mcsd-plot compare: the headline table, with MQAR from experiments/mqar_recall/cpu.
+#   5. mcsd-plot compare: the headline table, with MQAR from experiments/mqar_converge/cpu (trained to a plateau).
 #   bash experiments/compare_architectures/run.sh --replace          # the committed results (~1 hour)
 #   bash experiments/compare_architectures/run.sh                    # a trial, under trial/
 #   bash experiments/compare_architectures/run.sh --replace CORPUS.txt seed=0,1,2
@@ -40,4 +40,4 @@ for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \
     output_dir="$out/bench_$mode" wandb.enabled=false
 done
-mcsd-plot compare "$out" --mqar "$here/../mqar_recall/cpu"
+mcsd-plot compare "$out" --mqar "$here/../mqar_converge/cpu"

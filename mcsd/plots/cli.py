@@ -42,7 +42,7 @@ def _plot(args: argparse.Namespace) -> list:
     if args.kind == "compare":
         if args.source is None:
             raise MCSDError("mcsd-plot compare needs the folder of an experiments/compare_architectures run")
-        comparison = comparison_table(args.source, args.mqar)
+        comparison = comparison_table(args.source, args.mqar, args.mqar_anchor)
         print(markdown_comparison(comparison))
         return plot_comparison(comparison, args.out or args.source, args.name or "architectures_compared")
     if args.kind == "context":
@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="context: only the probes of these models (labels such as 'MCSD full,Transformer')")
     parser.add_argument("--mqar", default=None, metavar="DIR",
                         help="compare: the MQAR sweep folder to take accuracy from (default: SOURCE/mqar)")
+    parser.add_argument("--mqar-anchor", default="transformer", metavar="ARCH",
+                        help="compare: MQAR accuracy is read at the hardest (T, K) where this architecture still "
+                             "reaches 0.99 (default: transformer)")
     args = parser.parse_intermixed_args(argv)  # options may come before the source (sweep.sh)
     paths = run_or_exit("mcsd-plot", lambda: _plot(args))
     print("\n".join(str(path) for path in paths))

@@ -14,6 +14,7 @@ measurement is an empty cell.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import pandas as pd  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.context import DELTA_FILE, load_context_results  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
-from mcsd.plots.mqar import best_learning_rate, load_mqar_runs  # noqa: E402
+from mcsd.plots.mqar import best_learning_rate, curve_colors, load_mqar_runs  # noqa: E402
 from mcsd.plots.runs import curve_label, load_csv_runs  # noqa: E402
 
 KEY = ["arch", "variant"]
@@ -40,6 +41,7 @@ class Comparison:
 
     table: pd.DataFrame
     notes: dict[str, str]
+    context_curves: pd.DataFrame | None = None  # every row's Delta_N at every probed N
 
 
 def _training(root: Path) -> pd.DataFrame:
@@ -50,40 +52,75 @@ def _training(root: Path) -> pd.DataFrame:
                                   val_ppl_max=("value", "max")).reset_index()
 
 
-def _mqar(root: Path, notes: dict[str, str]) -> pd.DataFrame:
+MQAR_SOLVED = 0.99  # zoology's bar for "solves MQAR"
+
+
+def _mqar(root: Path, notes: dict[str, str], anchor: str) -> pd.DataFrame:
+    """Each row's accuracy (best learning rate) at one MQAR point: the hardest (T, K) where the
+    ``anchor`` architecture (attention) still reaches :data:`MQAR_SOLVED`, at the widest width it
+    reaches it there, so that the column separates models that recall from models that do not.
+    Without such a point (an anchor not run, or not converged), each row's hardest point run."""
+    anchor_label = registry.get(anchor).label  # an unknown name: a one-line error
     best = best_learning_rate(load_mqar_runs(root))
     best["arch"], best["variant"] = zip(*(curve.split("|", 1) for curve in best["curve"]))
-    hardest = best.sort_values(["seq_len", "num_pairs", "width"]).groupby(KEY).tail(1)
-    settings = {(int(row.seq_len), int(row.num_pairs), int(row.width)) for row in hardest.itertuples()}
-    notes["mqar"] = "; ".join(f"T={t}, K={k}, width {w}" for t, k, w in sorted(settings))
+    solved = best[(best["arch"] == anchor) & (best["accuracy"] >= MQAR_SOLVED)]
+    if len(solved):
+        point = solved.sort_values(["seq_len", "num_pairs", "width"]).iloc[-1]
+        chosen = best[(best["seq_len"] == point["seq_len"]) & (best["num_pairs"] == point["num_pairs"])
+                      & (best["width"] == point["width"])]
+        notes["mqar"] = (f"T={int(point['seq_len'])}, K={int(point['num_pairs'])}, width {int(point['width'])}: the hardest "
+                         f"setting where {anchor_label} reaches {MQAR_SOLVED} ({point['accuracy']:.3f})")
+    else:
+        chosen = best.sort_values(["seq_len", "num_pairs", "width"]).groupby(KEY).tail(1)
+        settings = {(int(row.seq_len), int(row.num_pairs), int(row.width)) for row in chosen.itertuples()}
+        notes["mqar"] = ("; ".join(f"T={t}, K={k}, width {w}" for t, k, w in sorted(settings))
+                         + f" (each row's hardest setting run: {anchor_label} reaches {MQAR_SOLVED} at none)")
+    chosen = chosen.copy()
     # A variant run with a setting of its own (the hybrid's attention_every=2, so that 2 layers hold an
     # attention layer) stands for its registered variant when that was not run itself; the note says so.
-    variants = set(zip(hardest["arch"], hardest["variant"]))
-    for index, row in hardest.iterrows():
+    variants = set(zip(chosen["arch"], chosen["variant"]))
+    for index, row in chosen.iterrows():
         base, _, setting = row["variant"].partition(", ")
         if setting and (row["arch"], base) not in variants:
-            hardest.loc[index, "variant"] = base
+            chosen.loc[index, "variant"] = base
             notes["mqar"] += f"; {registry.get(row['arch']).label} with {setting}"
-    return hardest.rename(columns={"accuracy": "mqar_acc"})[[*KEY, "mqar_acc"]]
+    return chosen.rename(columns={"accuracy": "mqar_acc"})[[*KEY, "mqar_acc"]]
 
 
-def _context(root: Path, notes: dict[str, str]) -> pd.DataFrame:
+def _context(root: Path, notes: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Delta_N at the window N where the rows' mean Delta_N (over seeds) spread the most (max -
+    min; the longest such N on a tie, e.g. one row), and every row's full Delta_N curve (mean
+    over seeds, for the figure)."""
     _, deltas = load_context_results(root)
-    longest = deltas[deltas["window"] == deltas["window"].max()]
-    notes["context"] = f"N={int(longest['window'].iloc[0])}, {int(longest['documents'].max())} documents"
-    return longest.groupby(KEY).agg(delta=("delta", "mean"), delta_low=("delta_low", "min"),
-                                    delta_high=("delta_high", "max"), swapped=("swapped", "mean")).reset_index()
+    curves = deltas.groupby([*KEY, "window"]).agg(delta=("delta", "mean"), delta_low=("delta_low", "min"),
+                                                  delta_high=("delta_high", "max"),
+                                                  swapped=("swapped", "mean")).reset_index()
+    spread = curves.groupby("window")["delta"].agg(lambda values: values.max() - values.min())
+    window = int(spread[spread == spread.max()].index.max())
+    notes["context_window"] = str(window)
+    notes["context"] = (f"N={window}, the window where the rows' Delta_N differ most (spread {spread.max():.3f} nats; "
+                        f"every N in the figure), {int(deltas['documents'].max())} documents")
+    return curves[curves["window"] == window].drop(columns="window"), curves
 
 
 def _decode(path: Path, notes: dict[str, str]) -> pd.DataFrame:
+    """Decode tokens/s (``batch / decode seconds per step``, each a median over the bench's
+    repeats) at the longest generated length, at the smallest batch and, when run, the largest;
+    and one sequence's decoding-state bytes there."""
     frame = pd.read_csv(path)
     frame = frame[(frame["status"] == "ok") & (frame["gen_len"] == frame["gen_len"].max())]
-    frame = frame[frame["batch"] == frame["batch"].min()]
+    frame = frame.assign(decode_tokens_per_s=frame["batch"] / frame["decode_s_per_token"])
+    smallest, largest = int(frame["batch"].min()), int(frame["batch"].max())
     notes["decode"] = (f"{int(frame['prompt_len'].iloc[0])}-token prompt + {int(frame['gen_len'].iloc[0])} generated, "
-                       f"batch {int(frame['batch'].iloc[0])}, {frame['device'].iloc[0]}")
-    frame = frame.assign(decode_tokens_per_s=1 / frame["decode_s_per_token"])
+                       f"batch {smallest}" + (f" and {largest}" if largest > smallest else "")
+                       + f" (batch x steps / decode seconds), {frame['device'].iloc[0]}")
     columns = ["decode_tokens_per_s"] + (["state_bytes_per_sequence"] if "state_bytes_per_sequence" in frame else [])
-    return frame.groupby(KEY)[columns].median().reset_index()
+    result = frame[frame["batch"] == smallest].groupby(KEY)[columns].median().reset_index()
+    if largest > smallest:
+        batched = frame[frame["batch"] == largest].groupby(KEY)["decode_tokens_per_s"].median()
+        result = result.merge(batched.rename("decode_batched_tokens_per_s").reset_index(), on=KEY, how="outer")
+        notes["decode_batch"] = str(largest)
+    return result
 
 
 def _train_speed(path: Path, notes: dict[str, str]) -> pd.DataFrame:
@@ -96,20 +133,21 @@ def _train_speed(path: Path, notes: dict[str, str]) -> pd.DataFrame:
     return frame.groupby(KEY)["tokens_per_s"].median().rename("train_tokens_per_s").reset_index()
 
 
-def comparison_table(root: str | Path, mqar: str | Path | None = None) -> Comparison:
+def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anchor: str = "transformer") -> Comparison:
     """Gather every measurement under ``root`` (and ``mqar``) into one row per architecture
     variant: every registered architecture's default variant, then each other variant that
-    has a result, in registry order."""
+    has a result, in registry order. MQAR accuracy is read where ``mqar_anchor`` still solves it."""
     root = Path(root)
     notes: dict[str, str] = {}
-    parts = []
+    parts, curves = [], None
     if any(root.rglob("metrics.csv")):
         parts.append(_training(root))
     mqar = Path(mqar) if mqar else root / "mqar"
     if mqar.is_dir():
-        parts.append(_mqar(mqar, notes))
+        parts.append(_mqar(mqar, notes, mqar_anchor))
     if (root / "probe").is_dir() and any((root / "probe").rglob(DELTA_FILE)):
-        parts.append(_context(root / "probe", notes))
+        at_window, curves = _context(root / "probe", notes)
+        parts.append(at_window)
     if (root / "bench_inference" / "results.csv").is_file():
         parts.append(_decode(root / "bench_inference" / "results.csv", notes))
     if (root / "bench_train" / "results.csv").is_file():
@@ -125,16 +163,17 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None) -> Compar
             match = measured[(measured["arch"] == name) & (measured["variant"] == variant)]
             row = match.iloc[0].to_dict() if len(match) else {"arch": name, "variant": variant}
             rows.append({"label": curve_label("ablation", f"{name}|{variant}", None), **row})
-    return Comparison(table=pd.DataFrame(rows), notes=notes)
+    return Comparison(table=pd.DataFrame(rows), notes=notes, context_curves=curves)
 
 
 # (header, the column that must be measured, the cell's format over the row)
 COLUMNS = [("model", "label", "{label}"), ("params", "params", "{params:,.0f}"),
            ("val ppl, mean (min-max)", "val_ppl", "{val_ppl:.2f} ({val_ppl_min:.2f}-{val_ppl_max:.2f})"),
            ("seeds", "seeds", "{seeds:.0f}"), ("MQAR acc", "mqar_acc", "{mqar_acc:.3f}"),
-           ("Delta_N [interval] / swapped", "delta", "{delta:+.3f} [{delta_low:+.3f}, {delta_high:+.3f}] / {swapped:+.3f}"),
+           ("Delta_N at N={context_window} [interval] / swapped", "delta", "{delta:+.3f} [{delta_low:+.3f}, {delta_high:+.3f}] / {swapped:+.3f}"),
            ("train tokens/s", "train_tokens_per_s", "{train_tokens_per_s:,.0f}"),
            ("decode tokens/s", "decode_tokens_per_s", "{decode_tokens_per_s:,.0f}"),
+           ("decode tokens/s, batch {decode_batch}", "decode_batched_tokens_per_s", "{decode_batched_tokens_per_s:,.0f}"),
            ("state KiB / sequence", "state_bytes_per_sequence", "{state_kib:,.1f}")]
 
 
@@ -145,11 +184,24 @@ def _cell(row: dict, column: str, text: str) -> str:
     return text.format(**row, state_kib=row.get("state_bytes_per_sequence", 0) / 1024)
 
 
+def _complete(text: str, notes: dict[str, str]) -> str:
+    """``text`` with its ``{note}`` fields filled from ``notes`` (``?`` where a note is missing)."""
+    return text.format_map(defaultdict(lambda: "?", notes))
+
+
+def _columns(comparison: Comparison) -> list[tuple[str, str, str]]:
+    """The table's columns: every one of :data:`COLUMNS` but a batched-decode column not run,
+    headers completed from the notes."""
+    return [(_complete(header, comparison.notes), column, text) for header, column, text in COLUMNS
+            if column != "decode_batched_tokens_per_s" or column in comparison.table]
+
+
 def markdown_comparison(comparison: Comparison) -> str:
     """The table as Markdown (an empty cell: not measured), with a line per column source below it."""
-    lines = ["| " + " | ".join(header for header, _, _ in COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    columns = _columns(comparison)
+    lines = ["| " + " | ".join(header for header, _, _ in columns) + " |", "|" + " --- |" * len(columns)]
     for row in comparison.table.to_dict("records"):
-        lines.append("| " + " | ".join(_cell(row, column, text) for _, column, text in COLUMNS) + " |")
+        lines.append("| " + " | ".join(_cell(row, column, text) for _, column, text in columns) + " |")
     tokens = comparison.table["tokens"].dropna() if "tokens" in comparison.table else pd.Series(dtype=float)
     sources = {"training": f"final validation perplexity after {int(tokens.max()):,} tokens" if len(tokens) else None,
                "mqar": comparison.notes.get("mqar"), "context": comparison.notes.get("context"),
@@ -159,35 +211,70 @@ def markdown_comparison(comparison: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
+# (column, title (completed from the notes), error-bar low and high columns, x scale)
 PANELS = [("val_ppl", "validation perplexity", "val_ppl_min", "val_ppl_max", "linear"),
           ("mqar_acc", "MQAR accuracy", None, None, "linear"),
-          ("delta", "Delta_N at the longest N (nats)", "delta_low", "delta_high", "linear"),
-          ("decode_tokens_per_s", "decode tokens/s", None, None, "linear"),
+          ("delta", "Delta_N at N={context_window} (nats)", "delta_low", "delta_high", "linear"),
+          ("decode_tokens_per_s", "decode tokens/s, batch 1", None, None, "linear"),
+          ("decode_batched_tokens_per_s", "decode tokens/s, batch {decode_batch}", None, None, "linear"),
           ("state_bytes_per_sequence", "decoding state bytes / sequence", None, None, "log")]
 
 
 def plot_comparison(comparison: Comparison, output_dir: str | Path, name: str = "architectures_compared") -> list[Path]:
     """One horizontal bar panel per measurement (min-max over seeds or the bootstrap interval as
-    error bars); writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
+    error bars) and, below them, every row's Delta_N curve over N; writes ``<name>.png/.pdf``
+    and ``<name>_table.md``."""
     table = comparison.table.iloc[::-1].reset_index(drop=True)  # the first row on top
     panels = [panel for panel in PANELS if panel[0] in table and table[panel[0]].notna().any()]
-    figure, axes = plt.subplots(1, max(len(panels), 1), figsize=(3.2 * max(len(panels), 1), 0.45 * len(table) + 1.6),
-                                sharey=True, squeeze=False)
+    curves = comparison.context_curves
+    width = max(len(panels), 1)
+    figure = plt.figure(figsize=(3.2 * width, 0.45 * len(table) + 1.6 + (4.0 if curves is not None else 0)),
+                        layout="constrained")
+    grid = figure.add_gridspec(2 if curves is not None else 1, width,
+                               height_ratios=[0.45 * len(table) + 1.6, 4.0] if curves is not None else None)
+    axes = [figure.add_subplot(grid[0, 0])]
+    axes += [figure.add_subplot(grid[0, index], sharey=axes[0]) for index in range(1, width)]
     colors = [registry.get(arch).color if arch in registry.architectures() else "tab:gray" for arch in table["arch"]]
-    for ax, (column, title, low, high, scale) in zip(axes[0], panels):
+    for ax, (column, title, low, high, scale) in zip(axes, panels):
         values = table[column].astype(float)
         error = None
         if low and high:
             error = np.vstack([(values - table[low].astype(float)).fillna(0), (table[high].astype(float) - values).fillna(0)])
         ax.barh(range(len(table)), values.fillna(0), xerr=error, color=colors, alpha=0.8, capsize=3)
-        ax.set(title=title, xscale=scale)
+        ax.set(title=_complete(title, comparison.notes), xscale=scale)
         if scale == "linear":
             ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(4))
         ax.grid(True, axis="x", alpha=0.3)
         if column == "delta":
             ax.axvline(0.0, color="black", linewidth=0.8)
-    axes[0][0].set_yticks(range(len(table)), table["label"])
+        if ax is not axes[0]:
+            ax.tick_params(labelleft=False)
+    axes[0].set_yticks(range(len(table)), table["label"])
+    if curves is not None:
+        _plot_context_curves(figure.add_subplot(grid[1, :]), comparison)
     paths = save_figure(figure, output_dir, name)
     paths.append(Path(output_dir) / f"{name}_table.md")
     paths[-1].write_text(markdown_comparison(comparison))
     return paths
+
+
+def _plot_context_curves(ax: plt.Axes, comparison: Comparison) -> None:
+    """Every row's mean Delta_N (over seeds) against N, the table's window marked."""
+    curves = comparison.context_curves
+    keys = [f"{arch}|{variant}" for arch, variant in comparison.table[KEY].itertuples(index=False)]
+    colors = curve_colors(keys)
+    for key, label in zip(keys, comparison.table["label"]):
+        arch, variant = key.split("|", 1)
+        curve = curves[(curves["arch"] == arch) & (curves["variant"] == variant)].sort_values("window")
+        if len(curve):
+            ax.plot(curve["window"], curve["delta"], marker="o", color=colors[key], label=label)
+    windows = sorted(int(window) for window in curves["window"].unique())
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.axvline(int(comparison.notes["context_window"]), color="gray", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(windows, [str(window) for window in windows])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set(xlabel="N: tokens of context kept", ylabel="Delta_N (nats), mean over seeds",
+           title="Delta_N at every N (dotted: the table's N)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)

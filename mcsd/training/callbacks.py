@@ -1,5 +1,5 @@
 """Callbacks of ours: the saved-model format (tokenizer in every checkpoint, the final model
-folder). What a checkpoint remembers for resuming: :mod:`mcsd.training.resume`."""
+folder) and a cap on training epochs that leaves the learning-rate schedule alone. What a checkpoint remembers for resuming: :mod:`mcsd.training.resume`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from mcsd import saved_model
 from mcsd.distributed import full_state_dict, is_sharded
+from mcsd.models.config import ConfigError
 
 
 
@@ -53,3 +54,19 @@ class SaveFinalModel(L.Callback):
             model = saved_model.whole_model(model.config, weights) if trainer.is_global_zero else None
         if trainer.is_global_zero:
             saved_model.save(model, self.dirpath, self._tokenizer(trainer))
+
+
+class EpochCap(L.Callback):
+    """Stop training after ``epochs`` epochs (after that epoch's validation) while the
+    trainer's ``max_epochs``, over which the learning-rate schedule is laid out, stays
+    longer: a compute cap under which every epoch before it is exactly that of the uncapped
+    run (experiment=mqar_converge caps its runs this way, keeping the schedule of its anchor)."""
+
+    def __init__(self, epochs: int) -> None:
+        if epochs < 1:
+            raise ConfigError(f"callbacks.epoch_cap.epochs={epochs}: give at least 1 epoch")
+        self.epochs = epochs
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch + 1 >= self.epochs:
+            trainer.should_stop = True
