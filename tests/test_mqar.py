@@ -205,6 +205,13 @@ def test_converging_protocol_stops_on_a_plateau_and_goes_on_while_accuracy_rises
     assert len(learning) > len(flat) and learning[-1] > learning[0] + 0.1
     rises = [index for index in range(1, len(learning)) if learning[index] > max(learning[:index]) + 0.001]
     assert len(learning) - 1 - rises[-1] <= 2 or len(learning) == 13  # stopped within patience of its last rise
+    # mcsd-plot mqar's account of each run: its epochs, examples, best accuracy and why it stopped.
+    runs = load_mqar_runs(tmp_path).set_index("run")
+    flat_run = runs.loc["flat/csv/version_0"]
+    assert (flat_run["epochs"], flat_run["stopped"], flat_run["examples"]) == (3, "plateau", 3 * 512)
+    learning_run = runs.loc["learning/csv/version_0"]
+    assert learning_run["epochs"] == len(learning) - 1 and learning_run["best_accuracy"] == max(learning[1:])
+    assert learning_run["stopped"] == ("plateau" if len(learning) < 13 else "cap")
 
 
 def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path: Path) -> None:
@@ -222,6 +229,8 @@ def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path:
         train(compose_train(run_dir, "experiment=mqar_converge", *small, f"callbacks.epoch_cap.epochs={epochs}"))
         logs[epochs] = read_metrics(run_dir)
     capped, uncapped = logs[2], logs[4]
+    runs = load_mqar_runs(tmp_path).set_index("run")
+    assert runs.loc["cap2/csv/version_0", "stopped"] == "cap" and runs.loc["cap2/csv/version_0", "epochs"] == 2
     assert len(series(capped, "val/mqar_acc")) == 1 + 2 and len(series(uncapped, "val/mqar_acc")) == 1 + 4
     for name in ("lr-AdamW/pg1", "train/loss", "val/mqar_acc"):
         kept = series(capped, name)
@@ -268,7 +277,8 @@ def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(tmp_p
     assert set(runs["num_pairs"]) == {2} and set(runs["width"]) == {16, 32}  # K = T / 16
     figure = plot_mqar(runs, tmp_path / "figure")
     assert [path.name for path in figure.paths] == ["mqar_recall.png", "mqar_recall.pdf", "mqar_recall_state.png",
-                                                    "mqar_recall_state.pdf", "mqar_recall_table.md"]
+                                                    "mqar_recall_state.pdf", "mqar_recall_table.md", "mqar_recall_runs.md"]
+    assert set(runs["stopped"]) == {"budget"} and set(runs["examples"]) == {2 * 16}  # 2 steps of 16 examples
     # The state axis is mcsd-bench's state_bytes_per_sequence after the T tokens of an example.
     for run in runs.drop_duplicates(["curve", "width"]).itertuples():
         config = yaml.safe_load((tmp_path / "logs" / run.run / "hparams.yaml").read_text())
@@ -284,5 +294,6 @@ def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(tmp_p
     merged = figure.table.merge(best, on=["curve", "width"], suffixes=("", "_best"))
     assert len(merged) == len(figure.table) == 2 * len(figure.labels)
     assert (merged["accuracy"] == merged["accuracy_best"]).all() and (figure.table["lrs_tried"] == 2).all()
-    table = figure.paths[-1].read_text()
+    table = figure.paths[-2].read_text()
     assert table.count("\n") == 2 + len(figure.table) and "| T=32, K=2 |" in table
+    assert figure.paths[-1].read_text().count("\n") == 2 + len(runs)  # a line per run

@@ -29,7 +29,7 @@ import pandas as pd  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.context import DELTA_FILE, load_context_results  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
-from mcsd.plots.mqar import best_learning_rate, curve_colors, load_mqar_runs  # noqa: E402
+from mcsd.plots.mqar import SOLVED, best_learning_rate, curve_colors, load_mqar_runs  # noqa: E402
 from mcsd.plots.runs import curve_label, load_csv_runs  # noqa: E402
 
 KEY = ["arch", "variant"]
@@ -52,29 +52,26 @@ def _training(root: Path) -> pd.DataFrame:
                                   val_ppl_max=("value", "max")).reset_index()
 
 
-MQAR_SOLVED = 0.99  # zoology's bar for "solves MQAR"
-
-
 def _mqar(root: Path, notes: dict[str, str], anchor: str) -> pd.DataFrame:
     """Each row's accuracy (best learning rate) at one MQAR point: the hardest (T, K) where the
-    ``anchor`` architecture (attention) still reaches :data:`MQAR_SOLVED`, at the widest width it
+    ``anchor`` architecture (attention) still reaches :data:`SOLVED`, at the widest width it
     reaches it there, so that the column separates models that recall from models that do not.
     Without such a point (an anchor not run, or not converged), each row's hardest point run."""
     anchor_label = registry.get(anchor).label  # an unknown name: a one-line error
     best = best_learning_rate(load_mqar_runs(root))
     best["arch"], best["variant"] = zip(*(curve.split("|", 1) for curve in best["curve"]))
-    solved = best[(best["arch"] == anchor) & (best["accuracy"] >= MQAR_SOLVED)]
+    solved = best[(best["arch"] == anchor) & (best["accuracy"] >= SOLVED)]
     if len(solved):
         point = solved.sort_values(["seq_len", "num_pairs", "width"]).iloc[-1]
         chosen = best[(best["seq_len"] == point["seq_len"]) & (best["num_pairs"] == point["num_pairs"])
                       & (best["width"] == point["width"])]
         notes["mqar"] = (f"T={int(point['seq_len'])}, K={int(point['num_pairs'])}, width {int(point['width'])}: the hardest "
-                         f"setting where {anchor_label} reaches {MQAR_SOLVED} ({point['accuracy']:.3f})")
+                         f"setting where {anchor_label} reaches {SOLVED} ({point['accuracy']:.3f})")
     else:
         chosen = best.sort_values(["seq_len", "num_pairs", "width"]).groupby(KEY).tail(1)
         settings = {(int(row.seq_len), int(row.num_pairs), int(row.width)) for row in chosen.itertuples()}
         notes["mqar"] = ("; ".join(f"T={t}, K={k}, width {w}" for t, k, w in sorted(settings))
-                         + f" (each row's hardest setting run: {anchor_label} reaches {MQAR_SOLVED} at none)")
+                         + f" (each row's hardest setting run: {anchor_label} reaches {SOLVED} at none)")
     chosen = chosen.copy()
     # A variant run with a setting of its own (the hybrid's attention_every=2, so that 2 layers hold an
     # attention layer) stands for its registered variant when that was not run itself; the note says so.

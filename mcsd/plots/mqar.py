@@ -34,6 +34,7 @@ from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.runs import curve_label, curve_order, run_identity, run_logs  # noqa: E402
 
 ACCURACY = "val/mqar_acc"
+SOLVED = 0.99  # zoology's bar for "solves MQAR"
 
 
 @dataclass
@@ -73,11 +74,56 @@ def load_mqar_runs(root: str | Path) -> pd.DataFrame:
                         "seq_len": int(data["seq_len"]), "num_pairs": int(data["num_pairs"]),
                         "lr": float((config.get("optimizer") or {})["lr"]), "seed": config.get("seed"),
                         "params": config.get("model/params"), "accuracy": float(metrics[ACCURACY].dropna().iloc[-1]),
-                        "state_bytes": decoding_state_bytes(model, int(data["seq_len"]))})
+                        "state_bytes": decoding_state_bytes(model, int(data["seq_len"])), **_course(config, metrics)})
     if not records:
         raise MCSDError(f"{root} holds no MQAR runs (no {ACCURACY} in its logs): point it at an "
                         "experiment=mqar_recall sweep")
     return pd.DataFrame(records)
+
+
+def _course(config: dict[str, Any], metrics: pd.DataFrame) -> dict[str, Any]:
+    """How a run went: its validations after training began (``epochs`` when validated once an
+    epoch), the tokens and examples it trained on, its best accuracy, the first validation at
+    :data:`SOLVED` or above, and why it stopped: ``plateau`` (its early stopping's rule holds at
+    the end: no rise above ``min_delta`` in ``patience`` validations), ``cap`` (the epoch cap),
+    ``max_epochs``, ``budget`` (a run with no early stopping: its steps or epochs) or
+    ``unfinished`` (none of these: interrupted)."""
+    validations = metrics.dropna(subset=[ACCURACY])
+    trained = validations[validations["step"] > 0]
+    accuracies = trained[ACCURACY].astype(float).tolist()
+    tokens = int(trained["trainer/tokens"].iloc[-1]) if len(trained) and "trainer/tokens" in trained else 0
+    callbacks = config.get("callbacks") or {}
+    stopping, cap = callbacks.get("early_stopping"), (callbacks.get("epoch_cap") or {}).get("epochs")
+    max_epochs = (config.get("trainer") or {}).get("max_epochs")
+    stopped = "budget" if stopping is None else "unfinished"
+    if stopping is not None:
+        best, waited = float("-inf"), 0
+        for accuracy in accuracies:  # Lightning's EarlyStopping, mode max
+            best, waited = (accuracy, 0) if accuracy - float(stopping["min_delta"]) > best else (best, waited + 1)
+        if waited >= int(stopping["patience"]):
+            stopped = "plateau"
+        elif cap is not None and len(accuracies) >= int(cap):
+            stopped = "cap"
+        elif max_epochs is not None and len(accuracies) >= int(max_epochs):
+            stopped = "max_epochs"
+    solved = [index + 1 for index, accuracy in enumerate(accuracies) if accuracy >= SOLVED]
+    return {"epochs": len(accuracies), "tokens": tokens, "examples": tokens // int((config.get("data") or {})["seq_len"]),
+            "best_accuracy": max(accuracies, default=float("nan")), "first_solved": solved[0] if solved else None,
+            "stopped": stopped}
+
+
+def markdown_mqar_runs(runs: pd.DataFrame) -> str:
+    """Every run: its curve, width, (T, K), learning rate, epochs, examples and tokens trained on,
+    final and best accuracy, the first epoch at :data:`SOLVED` and why it stopped."""
+    lines = [f"| curve | width | (T, K) | lr | epochs | examples | tokens | final | best | first >= {SOLVED} | stopped |",
+             "|" + " --- |" * 11]
+    order = runs.assign(order=[curve_order("ablation", curve) for curve in runs["curve"]])
+    for row in order.sort_values(["order", "width", "seq_len", "lr", "seed"]).itertuples():
+        first = "-" if pd.isna(row.first_solved) else str(int(row.first_solved))
+        lines.append(f"| {curve_label('ablation', row.curve, None)} | {row.width} | ({row.seq_len}, {row.num_pairs}) | "
+                     f"{row.lr:g} | {row.epochs} | {row.examples:,} | {row.tokens:,} | {row.accuracy:.3f} | "
+                     f"{row.best_accuracy:.3f} | {first} | {row.stopped} |")
+    return "\n".join(lines) + "\n"
 
 
 def best_learning_rate(runs: pd.DataFrame) -> pd.DataFrame:
@@ -127,7 +173,8 @@ def curve_colors(curves: list[str]) -> dict[str, str]:
 
 def plot_mqar(runs: pd.DataFrame, output_dir: str | Path, name: str = "mqar_recall") -> MQARFigure:
     """Accuracy vs width (log2 axis) per (T, K), best learning rate per point, min-max over
-    seeds as error bars; writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
+    seeds as error bars; writes ``<name>.png/.pdf``, ``<name>_state.png/.pdf`` (accuracy vs
+    state), ``<name>_table.md`` (the points) and ``<name>_runs.md`` (every run's course)."""
     best = best_learning_rate(runs)
     settings = sorted({(row.seq_len, row.num_pairs) for row in best.itertuples()})
     curves = list(dict.fromkeys(best["curve"]))
@@ -157,6 +204,8 @@ def plot_mqar(runs: pd.DataFrame, output_dir: str | Path, name: str = "mqar_reca
     paths += plot_accuracy_vs_state(best, output_dir, f"{name}_state")
     paths.append(Path(output_dir) / f"{name}_table.md")
     paths[-1].write_text(markdown_mqar_table(best))
+    paths.append(Path(output_dir) / f"{name}_runs.md")
+    paths[-1].write_text(markdown_mqar_runs(runs))
     return MQARFigure(paths=paths, labels=labels, table=best)
 
 
