@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_module
-from omegaconf import open_dict
+import yaml
+from omegaconf import OmegaConf, open_dict
 
 import mcsd
 from conftest import tiny_config
@@ -193,6 +194,29 @@ def test_a_saved_model_benches_beside_an_architecture(tmp_path: Path) -> None:
     assert list(frame["arch"]) == ["mcsd", "transformer"] and list(frame["size"]) == ["tiny", "saved"]
     assert frame["params"].iloc[1] == sum(p.numel() for p in model.parameters())
     assert model_label("transformer", frame["model"].iloc[1]) == "Transformer (run)"
+
+
+def test_a_runs_config_benches_as_its_model_with_random_weights(tmp_path: Path) -> None:
+    """``models`` takes a run's logged config (its ``model`` node, as in ``hparams.yaml``): the
+    run's architecture and variant with seeded random weights, costing what the registry's own
+    build of that variant costs."""
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        node = OmegaConf.to_container(compose("build", overrides=["model=mcsd", "size=tiny", "ablation=slope_only"]).model,
+                                      resolve=True)
+    logged = tmp_path / "run" / "hparams.yaml"
+    logged.parent.mkdir()
+    logged.write_text(yaml.safe_dump({"seed": 0, "model": node}))
+    csv_path = run_bench(tmp_path / "out", *TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[4]",
+                         "isolate=false", "mcsd_ablation=slope_only", f"models=[mcsd,{logged}]")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["variant"]) == ["slope_only", "slope_only"] and list(frame["size"]) == ["tiny", "config"]
+    assert frame["params"].nunique() == 1 and frame["params"].iloc[0] == sum(
+        p.numel() for p in mcsd.build_model(node).parameters())
+    assert frame["state_bytes_per_sequence"].nunique() == 1
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("seed: 0\n")
+    with pytest.raises(MCSDError, match="empty.yaml holds no model node"):
+        run_bench(tmp_path / "bad", *TINY_INFERENCE, f"models=[{empty}]")
 
 
 def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path) -> None:

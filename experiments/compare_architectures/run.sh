@@ -4,37 +4,36 @@
 #   2. experiment=compare_architectures: every registered architecture and variant, 2 seeds, 1M tokens
 #      each (CSV logs and the training-curve figure copied here, as every sweep.sh experiment);
 #   3. mcsd-probe context on every trained model that has no probe yet (held-out documents of 4096 tokens);
-#   4. mcsd-bench inference and train (bench=compare) on the trained models of the first seed, side by side;
+#   4. mcsd-bench inference and train (bench=compare) on the models of the first seed, side by side (each
+#      built from its run's logged config with random weights: speed and state do not depend on weights);
 #   5. mcsd-plot compare: the headline table, with MQAR from experiments/mqar_converge/cpu (trained to a plateau).
 #   bash experiments/compare_architectures/run.sh --replace          # the committed results (~1 hour)
 #   bash experiments/compare_architectures/run.sh                    # a trial, under trial/
 #   bash experiments/compare_architectures/run.sh --replace CORPUS.txt seed=0,1,2
 #   bash experiments/compare_architectures/run.sh --add CORPUS.txt hydra.sweeper.registry_architectures=[NAME]
 #     (a newly registered architecture: trains and probes only its arms, keeps the committed jobs, and
-#     benchmarks every first-seed model again so that the speeds stay side by side; needs the committed
-#     jobs' trained models, which stay under logs/ where they were trained)
+#     benchmarks every first-seed model again so that the speeds stay side by side)
+#   bash experiments/compare_architectures/run.sh --bench [CORPUS.txt]
+#     (the committed jobs' benchmarks and table again, nothing trained: e.g. after a change to bench=compare)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+bench_only=false
+if [ "${1:-}" = --bench ]; then bench_only=true; shift; set -- --replace "$@"; fi
 source "$here/../corpus_arguments.sh"  # [--replace|--add] [CORPUS.txt]: results_mode, results, name, split
 out="$results/$name"
 
 source "$here/../result_jobs.sh"  # result_jobs, result_model, first_seed_jobs
-if [ "${results_mode[*]-}" = --add ]; then  # before training: the benchmark needs the kept jobs' models
-  for job in $(first_seed_jobs "$out"); do
-    [ -d "$(result_model "$out" "$job")" ] || { echo "run.sh: error: --add benchmarks every first-seed model again, but" \
-      "job $job's model ($(result_model "$out" "$job")) is not here: run with --replace instead" >&2; exit 2; }
-  done
+if ! $bench_only; then
+  "$here/../sweep.sh" compare_architectures "ablation" ${results_mode[@]+"${results_mode[@]}"} --name "$name" \
+    "$split/train.txt" "$@"
+  export OMP_NUM_THREADS=1
+  for job in $(result_jobs "$out"); do [ -d "$out/probe/$job" ] || echo "$job $(result_model "$out" "$job")"; done | \
+    xargs -P 2 -L 1 sh -c 'mcsd-probe context ckpt="$6" data=text_files "data.paths=[$1]" length=4096 num_documents=8 \
+    num_positions=8 paths.log_dir="$2/logs/$3" output_dir="$4/probe/$5" wandb.enabled=false > "$2/logs/$3/probe-$5.log" 2>&1' \
+    _ "$split/held_out.txt" "$here" "$name" "$out"  # then each line's job number and model
 fi
 
-"$here/../sweep.sh" compare_architectures "ablation" ${results_mode[@]+"${results_mode[@]}"} --name "$name" \
-  "$split/train.txt" "$@"
-export OMP_NUM_THREADS=1
-for job in $(result_jobs "$out"); do [ -d "$out/probe/$job" ] || echo "$job $(result_model "$out" "$job")"; done | xargs -P 2 -L 1 \
-  sh -c 'mcsd-probe context ckpt="$6" data=text_files "data.paths=[$1]" length=4096 num_documents=8 num_positions=8 \
-  paths.log_dir="$2/logs/$3" output_dir="$4/probe/$5" wandb.enabled=false > "$2/logs/$3/probe-$5.log" 2>&1' \
-  _ "$split/held_out.txt" "$here" "$name" "$out"  # then each line's job number and model
-
-models=$(for job in $(first_seed_jobs "$out"); do printf '%s,' "$(result_model "$out" "$job")"; done)
+models=$(for job in $(first_seed_jobs "$out"); do printf '%s,' "$out/$job/csv/version_0/hparams.yaml"; done)
 unset OMP_NUM_THREADS  # the benchmarks run alone, on every core
 for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \

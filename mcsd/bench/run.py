@@ -4,6 +4,7 @@
     mcsd-bench mode=train
     mcsd-bench bench=paper           # Section 3.3's grid (1.6B, bf16, a GPU)
     mcsd-bench models=[mcsd,logs/train/runs/<run>/checkpoints/step-000100.ckpt]
+    mcsd-bench models=[logs/train/runs/<run>/csv/version_0/hparams.yaml]   # the run's model, random weights
 Every point runs after a warm-up; on a CPU each point runs in a fresh child process so
 that peak resident memory belongs to that point alone. Results: results.csv and
 results.json (with a header naming the machine) in the run directory.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -31,6 +33,7 @@ from mcsd.bench import measure
 from mcsd.cli import git_commit, hydra_app, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
+from mcsd.models.config import make_config
 from mcsd.saved_model import locate, read_config
 
 log = logging.getLogger("mcsd.bench")
@@ -50,14 +53,30 @@ def models_of(cfg: DictConfig) -> list[str]:
     return list(cfg.models) if cfg.models else registry.architectures()
 
 
+def is_run_config(entry: str) -> bool:
+    """Whether a ``models`` entry is a YAML file: a run's logged config (``hparams.yaml``) or a
+    ``model`` node of its own."""
+    return Path(entry).suffix in (".yaml", ".yml")
+
+
 def model_source(entry: str, size: str, ablation: str | None) -> tuple[str, str, dict[str, Any] | str]:
     """An entry of ``models``: a registered architecture -> (its name, its variant, the ``model``
-    node that ``mcsd-train model=NAME size=SIZE [ablation=...]`` builds); a saved model -> (its
+    node that ``mcsd-train model=NAME size=SIZE [ablation=...]`` builds); a run's config YAML ->
+    (its architecture, its variant, its ``model`` node: the trained run's model with seeded
+    random weights, which cost what its trained weights cost); a saved model -> (its
     architecture, its variant, its path)."""
     if entry in registry.architectures():
         overrides = [f"model={entry}", f"size={size}"] + ([f"ablation={ablation}"] if ablation and entry == "mcsd" else [])
         node = OmegaConf.to_container(compose("build", overrides=overrides).model, resolve=True)
         return entry, registry.get(entry).variant_of(node), node
+    if is_run_config(entry):
+        logged = yaml.safe_load(Path(entry).expanduser().read_text()) or {}
+        node = logged.get("model", logged)
+        if not isinstance(node, dict) or "_target_" not in node:
+            raise MCSDError(f"models: {entry} holds no model node (a `model:` with its `_target_`): give a run's "
+                            "csv/version_0/hparams.yaml or .hydra/config.yaml")
+        architecture = registry.of_config(make_config(node))
+        return architecture.name, architecture.variant_of(node), node
     saved = locate(entry)
     config = read_config(saved)
     architecture = registry.of_config(config)
@@ -109,6 +128,12 @@ def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_
             return {"status": "oom"}
 
 
+def _size_label(cfg: DictConfig, name: str, arch: str) -> str:
+    """A row's ``size``: the model_size of a registered architecture, else ``config`` (a run's
+    config, random weights) or ``saved`` (a saved model)."""
+    return cfg.model_size if name == arch else "config" if is_run_config(name) else "saved"
+
+
 def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The points in their run order: (row labels, measurement arguments)."""
     common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
@@ -119,7 +144,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         grid_cfg = cfg.inference
         for name, batch, gen_len in itertools.product(models, grid_cfg.batch_sizes, grid_cfg.gen_lengths):
             arch, variant, source = sources[name]
-            labels = {"model": name, "arch": arch, "variant": variant, "size": cfg.model_size if name == arch else "saved",
+            labels = {"model": name, "arch": arch, "variant": variant, "size": _size_label(cfg, name, arch),
                       "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
             arguments = {"model_cfg": source, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
                          "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup,
@@ -130,7 +155,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         variants = [(name, form) for name in models for form in train_forms(cfg, sources[name][0])]
         for (name, form), seq_len in itertools.product(variants, grid_cfg.seq_lens):
             arch, variant, source = sources[name]
-            labels = {"model": name, "arch": arch, "variant": variant, "form": form, "size": cfg.model_size if name == arch else "saved",
+            labels = {"model": name, "arch": arch, "variant": variant, "form": form, "size": _size_label(cfg, name, arch),
                       "batch": grid_cfg.batch_size, "seq_len": seq_len}
             arguments = {"model_cfg": source, "form": form, "batch_size": grid_cfg.batch_size, "seq_len": seq_len,
                          "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, "compile": cfg.compile, **common}
@@ -150,7 +175,7 @@ def _check(cfg: DictConfig) -> None:
     for entry in models_of(cfg):
         if entry not in registry.architectures() and not Path(entry).expanduser().exists():
             raise MCSDError(f"models: {entry!r} is neither a registered architecture ({', '.join(registry.architectures())}) "
-                            "nor a saved model (a model folder, an mcsd-train run directory or a .ckpt)")
+                            "nor a saved model (a model folder, an mcsd-train run directory or a .ckpt) nor a run's config YAML")
 
 
 def header(cfg: DictConfig) -> dict[str, Any]:
