@@ -3,10 +3,12 @@ row per registered architecture (and each variant with results), gathered from w
 other commands wrote under DIR:
 
 - ``<job>/csv/version_0/``: the training runs (final validation perplexity over seeds);
-- ``probe/<job>/context_delta.csv``: ``mcsd-probe context`` (Delta_N at the longest N);
-- ``bench_inference/results.csv``, ``bench_train/results.csv``: ``mcsd-bench`` (decode and
-  training tokens/s, decoding-state bytes per sequence);
-- an MQAR sweep folder (``--mqar``, default ``DIR/mqar``): accuracy at its hardest setting.
+- ``probe/<job>/context_delta.csv``: ``mcsd-probe context`` (Delta_N at the window where the
+  rows differ most, and every row's curve over N);
+- ``bench_inference/results.csv``, ``bench_train/results.csv``: ``mcsd-bench`` (decode tokens/s
+  at the smallest and largest batch, training tokens/s, decoding-state bytes per sequence);
+- an MQAR sweep folder (``--mqar``, default ``DIR/mqar``): accuracy at the hardest setting
+  where the anchor (the Transformer) still solves the task.
 
 Rows come from the registry, so an architecture enters the table by registering; a missing
 measurement is an empty cell.
