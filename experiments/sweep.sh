@@ -27,9 +27,10 @@ else
 fi
 name="${folder:-$name}"
 export OMP_NUM_THREADS=1  # two jobs side by side, one core each
+# The sweep's own folder, named here, so that two sweeps of one experiment at once each copy their own jobs.
+sweep="$here/logs/$name/train/multiruns/$(date +%Y-%m-%d_%H-%M-%S)-$$/"
 mcsd-train -m experiment="$experiment" ${data[@]+"${data[@]}"} hydra/launcher=local_parallel \
-  paths.log_dir="$here/logs/$name" "$@"
-sweep="$(ls -td "$here/logs/$name/train/multiruns/"*/ | head -n 1)"
+  paths.log_dir="$here/logs/$name" hydra.sweep.dir="$sweep" "$@"
 out="$here/$results/$name"
 first=0
 if $add; then
