@@ -18,6 +18,7 @@ from harness import FAST, compose_train, read_metrics, run_cli, series
 from hydra_plugins.mcsd_arms_sweeper import registry_arms
 from hydra.errors import HydraException
 import mcsd
+from mcsd.models.config import ConfigError
 from mcsd.bench.measure import inference_point
 from mcsd.data import MQARDataModule
 from mcsd.data.corpus import DataError
@@ -191,7 +192,8 @@ def test_converging_protocol_stops_on_a_plateau_and_goes_on_while_accuracy_rises
     small = ["model=transformer", "model.hidden_size=32", "model.vocab_size=64", "data.seq_len=16",
              "data.num_train=512", "data.num_val=64", "data.batch_size=32", "trainer.max_epochs=12",
              "callbacks.early_stopping.patience=2", "callbacks.progress_bar.refresh_rate=0", "logger=csv",
-             "test_after_training=false", "scheduler.warmup_steps=2", "trainer.log_every_n_steps=4"]
+             "test_after_training=false", "scheduler.warmup_steps=2", "trainer.log_every_n_steps=4",
+             "trainer.min_epochs=1"]
     epochs = {}
     for name, lr in (("flat", 0.0), ("learning", 3e-3)):
         run_dir = tmp_path / name
@@ -212,6 +214,10 @@ def test_converging_protocol_stops_on_a_plateau_and_goes_on_while_accuracy_rises
     learning_run = runs.loc["learning/csv/version_0"]
     assert learning_run["epochs"] == len(learning) - 1 and learning_run["best_accuracy"] == max(learning[1:])
     assert learning_run["stopped"] == ("plateau" if len(learning) < 13 else "cap")
+    # The protocol's min_epochs: a run that cannot learn still trains that many epochs.
+    train(compose_train(tmp_path / "floor", "experiment=mqar_converge", *small[:-1], "trainer.min_epochs=5",
+                        "optimizer.lr=0.0", "model.num_layers=2", "model.num_channels=1"))
+    assert len(series(read_metrics(tmp_path / "floor"), "val/mqar_acc")) == 1 + 5
 
 
 def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path: Path) -> None:
@@ -222,7 +228,7 @@ def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path:
              "model.num_channels=1", "data.num_train=256", "data.num_val=32", "data.batch_size=32",
              "trainer.max_epochs=4", "callbacks.early_stopping.patience=10", "callbacks.progress_bar.refresh_rate=0",
              "logger=csv", "test_after_training=false", "scheduler.warmup_steps=2", "trainer.log_every_n_steps=2",
-             "optimizer.lr=3e-3"]
+             "optimizer.lr=3e-3", "trainer.min_epochs=1"]
     logs = {}
     for epochs in (2, 4):
         run_dir = tmp_path / f"cap{epochs}"
@@ -231,6 +237,9 @@ def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path:
     capped, uncapped = logs[2], logs[4]
     runs = load_mqar_runs(tmp_path).set_index("run")
     assert runs.loc["cap2/csv/version_0", "stopped"] == "cap" and runs.loc["cap2/csv/version_0", "epochs"] == 2
+    with pytest.raises(ConfigError, match="callbacks.epoch_cap.epochs=2 is below trainer.min_epochs=3"):
+        train(compose_train(tmp_path / "contradiction", "experiment=mqar_converge", *small[:-1], "trainer.min_epochs=3",
+                            "callbacks.epoch_cap.epochs=2"))
     assert len(series(capped, "val/mqar_acc")) == 1 + 2 and len(series(uncapped, "val/mqar_acc")) == 1 + 4
     for name in ("lr-AdamW/pg1", "train/loss", "val/mqar_acc"):
         kept = series(capped, name)

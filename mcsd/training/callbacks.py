@@ -67,6 +67,11 @@ class EpochCap(L.Callback):
             raise ConfigError(f"callbacks.epoch_cap.epochs={epochs}: give at least 1 epoch")
         self.epochs = epochs
 
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.min_epochs is not None and trainer.min_epochs > self.epochs:
+            raise ConfigError(f"callbacks.epoch_cap.epochs={self.epochs} is below trainer.min_epochs={trainer.min_epochs}: "
+                              "lower trainer.min_epochs or raise the cap")
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch + 1 >= self.epochs:
             trainer.should_stop = True
