@@ -84,8 +84,9 @@ def load_mqar_runs(root: str | Path) -> pd.DataFrame:
 def _course(config: dict[str, Any], metrics: pd.DataFrame) -> dict[str, Any]:
     """How a run went: its validations after training began (``epochs`` when validated once an
     epoch), the tokens and examples it trained on, its best accuracy, the first validation at
-    :data:`SOLVED` or above, and why it stopped: ``plateau`` (its early stopping's rule holds at
-    the end: no rise above ``min_delta`` in ``patience`` validations), ``cap`` (the epoch cap),
+    :data:`SOLVED` or above, and why it stopped: ``plateau`` (its early stopping's rule held at
+    some validation: no rise above ``min_delta`` in ``patience`` validations; the stop then comes
+    at ``trainer.min_epochs`` at the earliest), ``cap`` (the epoch cap),
     ``max_epochs``, ``budget`` (a run with no early stopping: its steps or epochs) or
     ``unfinished`` (none of these: interrupted)."""
     validations = metrics.dropna(subset=[ACCURACY])
@@ -97,10 +98,11 @@ def _course(config: dict[str, Any], metrics: pd.DataFrame) -> dict[str, Any]:
     max_epochs = (config.get("trainer") or {}).get("max_epochs")
     stopped = "budget" if stopping is None else "unfinished"
     if stopping is not None:
-        best, waited = float("-inf"), 0
-        for accuracy in accuracies:  # Lightning's EarlyStopping, mode max
+        best, waited, plateaued = float("-inf"), 0, False
+        for accuracy in accuracies:  # Lightning's EarlyStopping, mode max: once signalled, the stop stands
             best, waited = (accuracy, 0) if accuracy - float(stopping["min_delta"]) > best else (best, waited + 1)
-        if waited >= int(stopping["patience"]):
+            plateaued = plateaued or waited >= int(stopping["patience"])  # (it takes effect at min_epochs)
+        if plateaued:
             stopped = "plateau"
         elif cap is not None and len(accuracies) >= int(cap):
             stopped = "cap"
