@@ -1,5 +1,6 @@
 """Callbacks of ours: the saved-model format (tokenizer in every checkpoint, the final model
-folder) and a cap on training epochs that leaves the learning-rate schedule alone. What a checkpoint remembers for resuming: :mod:`mcsd.training.resume`."""
+folder) and a cap on training epochs that leaves the learning-rate schedule alone. What a
+checkpoint remembers for resuming: :mod:`mcsd.training.resume`."""
 
 from __future__ import annotations
 
