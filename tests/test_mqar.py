@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -214,6 +215,10 @@ def test_converging_protocol_stops_on_a_plateau_and_goes_on_while_accuracy_rises
     learning_run = runs.loc["learning/csv/version_0"]
     assert learning_run["epochs"] == len(learning) - 1 and learning_run["best_accuracy"] == max(learning[1:])
     assert learning_run["stopped"] == ("plateau" if len(learning) < 13 else "cap")
+    logged = pd.read_csv(tmp_path / "learning/csv/version_0/metrics.csv")
+    steps = logged.dropna(subset=["train/loss"])
+    assert learning_run["train_loss"] == pytest.approx(steps[steps["epoch"] == steps["epoch"].max()]["train/loss"].mean())
+    assert learning_run["val_loss"] == pytest.approx(logged["val/loss"].dropna().iloc[-1])
     # The protocol's min_epochs: a run that cannot learn still trains that many epochs.
     train(compose_train(tmp_path / "floor", "experiment=mqar_converge", *small[:-1], "trainer.min_epochs=5",
                         "optimizer.lr=0.0", "model.num_layers=2", "model.num_channels=1"))

@@ -83,7 +83,9 @@ def load_mqar_runs(root: str | Path) -> pd.DataFrame:
 
 def _course(config: dict[str, Any], metrics: pd.DataFrame) -> dict[str, Any]:
     """How a run went: its validations after training began (``epochs`` when validated once an
-    epoch), the tokens and examples it trained on, its best accuracy, the first validation at
+    epoch), the tokens and examples it trained on, its training loss (the mean of those logged
+    in its last epoch) beside its final validation loss (a gap between them: the training
+    examples memorised rather than recall learned), its best accuracy, the first validation at
     :data:`SOLVED` or above, and why it stopped: ``plateau`` (its early stopping's rule held at
     some validation: no rise above ``min_delta`` in ``patience`` validations; the stop then comes
     at ``trainer.min_epochs`` at the earliest), ``cap`` (the epoch cap),
@@ -109,21 +111,26 @@ def _course(config: dict[str, Any], metrics: pd.DataFrame) -> dict[str, Any]:
         elif max_epochs is not None and len(accuracies) >= int(max_epochs):
             stopped = "max_epochs"
     solved = [index + 1 for index, accuracy in enumerate(accuracies) if accuracy >= SOLVED]
-    return {"epochs": len(accuracies), "tokens": tokens, "examples": tokens // int((config.get("data") or {})["seq_len"]),
+    losses = metrics.dropna(subset=["train/loss"]) if "train/loss" in metrics else metrics.iloc[:0]
+    train_loss = float(losses[losses["epoch"] == losses["epoch"].max()]["train/loss"].mean()) if len(losses) else float("nan")
+    val_loss = float(trained["val/loss"].iloc[-1]) if len(trained) and "val/loss" in trained else float("nan")
+    return {"epochs": len(accuracies), "train_loss": train_loss, "val_loss": val_loss, "tokens": tokens, "examples": tokens // int((config.get("data") or {})["seq_len"]),
             "best_accuracy": max(accuracies, default=float("nan")), "first_solved": solved[0] if solved else None,
             "stopped": stopped}
 
 
 def markdown_mqar_runs(runs: pd.DataFrame) -> str:
     """Every run: its curve, width, (T, K), learning rate, epochs, examples and tokens trained on,
-    final and best accuracy, the first epoch at :data:`SOLVED` and why it stopped."""
-    lines = [f"| curve | width | (T, K) | lr | epochs | examples | tokens | final | best | first >= {SOLVED} | stopped |",
-             "|" + " --- |" * 11]
+    its last epoch's training loss beside its final validation loss, final and best accuracy, the
+    first epoch at :data:`SOLVED` and why it stopped."""
+    lines = ["| curve | width | (T, K) | lr | epochs | examples | tokens | train loss | val loss | final | best | "
+             f"first >= {SOLVED} | stopped |", "|" + " --- |" * 13]
     order = runs.assign(order=[curve_order("ablation", curve) for curve in runs["curve"]])
     for row in order.sort_values(["order", "width", "seq_len", "lr", "seed"]).itertuples():
         first = "-" if pd.isna(row.first_solved) else str(int(row.first_solved))
         lines.append(f"| {curve_label('ablation', row.curve, None)} | {row.width} | ({row.seq_len}, {row.num_pairs}) | "
-                     f"{row.lr:g} | {row.epochs} | {row.examples:,} | {row.tokens:,} | {row.accuracy:.3f} | "
+                     f"{row.lr:g} | {row.epochs} | {row.examples:,} | {row.tokens:,} | {row.train_loss:.2f} | "
+                     f"{row.val_loss:.2f} | {row.accuracy:.3f} | "
                      f"{row.best_accuracy:.3f} | {first} | {row.stopped} |")
     return "\n".join(lines) + "\n"
 
