@@ -100,6 +100,50 @@ def test_datamodule_splits_are_distinct_and_a_function_of_the_seed() -> None:
     assert set(batch) == {"input_ids", "labels"} and batch["labels"].shape == (T,)
 
 
+def test_fresh_examples_are_new_every_pass_and_a_resumed_run_reads_the_same() -> None:
+    """data.fresh_examples: the first pass is the fixed training set in the fixed order, every
+    later pass new MQAR examples (none of the first pass's), validation unchanged; a loader
+    restored mid-pass goes on with the examples the uninterrupted one reads."""
+    def module(fresh: bool) -> MQARDataModule:
+        data = MQARDataModule(vocab_size=VOCAB, seq_len=T, num_pairs=K, num_train=64, num_val=16, batch_size=16,
+                              seed=0, fresh_examples=fresh)
+        data.build()
+        return data
+
+    def passes(loader, count: int, states: list | None = None) -> list[dict[str, torch.Tensor]]:
+        batches = []
+        for _ in range(count):
+            iterator = iter(loader)
+            for _ in range(len(loader)):
+                batches.append(next(iterator))
+                if states is not None:
+                    states.append(loader.state_dict())
+        return batches
+
+    fixed, fresh = module(False), module(True)
+    assert torch.equal(fresh.splits["val"].inputs, fixed.splits["val"].inputs)
+    states: list = []
+    fixed_stream, fresh_stream = passes(fixed.train_dataloader(), 3), passes(fresh.train_dataloader(), 3, states)
+    rows = [{tuple(row) for batch in stream[k * 4:(k + 1) * 4] for row in batch["input_ids"].tolist()}
+            for stream in (fixed_stream, fresh_stream) for k in range(3)]
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(fixed_stream[:4], fresh_stream[:4]))
+    assert rows[0] == rows[1] == rows[2] == rows[3] and len(rows[3]) == 64  # the fixed set: one set, reshuffled
+    assert not rows[3] & rows[4] and not rows[3] & rows[5] and not rows[4] & rows[5]  # fresh: new every pass
+    for batch in fresh_stream[4:]:  # and MQAR examples: each query is answered by its key's value in the prefix
+        for inputs, labels in zip(batch["input_ids"].tolist(), batch["labels"].tolist()):
+            pairs = dict(zip(inputs[0:2 * K:2], inputs[1:2 * K:2]))
+            answered = [(inputs[t], label) for t, label in enumerate(labels) if label != IGNORE_INDEX]
+            assert len(answered) == K and all(pairs[key] == value for key, value in answered)
+    for stop in (2, 4, 6):  # mid-pass 0, at its end, mid-pass 1
+        resumed = module(True).train_dataloader()
+        resumed.load_state_dict(states[stop - 1])
+        restored = iter(resumed)  # the rest of the restored pass (none after its last batch), then one more pass
+        rest = [next(restored) for _ in range(4 - stop % 4)] if stop % 4 else []
+        rest += passes(resumed, 1)
+        assert len(rest) >= 4 and all(torch.equal(a["input_ids"], b["input_ids"])
+                                     for a, b in zip(rest, fresh_stream[stop:stop + len(rest)], strict=True))
+
+
 def test_datamodule_refuses_fewer_examples_than_a_batch() -> None:
     with pytest.raises(DataError, match="data.num_train=4 is fewer than data.batch_size=8"):
         MQARDataModule(num_train=4, batch_size=8)

@@ -48,11 +48,16 @@ class EpochShuffleSampler(StatefulDistributedSampler):
     checkpoint taken on an epoch's last batch, it starts its next epoch without iterating
     the one it counted in between), and the loader rebuilds its iterator as soon as its
     state is loaded, before any ``set_epoch``.
+
+    A dataset with ``fresh_each_pass = True`` (new examples every pass: MQAR's
+    ``fresh_examples``) is given ``pass * len(dataset) + index``, which pass as well as which
+    example of it, so that a resumed run reads the examples the uninterrupted one read.
     """
 
     def __init__(self, *args: Any, batch_size: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.used_per_pass = self.num_samples // batch_size * batch_size  # the last partial batch is dropped
+        self.pass_offset = bool(getattr(self.dataset, "fresh_each_pass", False))
 
     def set_epoch(self, epoch: int) -> None:
         """Ignored: see the class docstring."""
@@ -83,6 +88,8 @@ class EpochShuffleSampler(StatefulDistributedSampler):
         if not self.drop_last and self.total_size > size:  # padded by repeating the order, as DistributedSampler
             order = order.repeat(math.ceil(self.total_size / size))
         mine = order[: self.total_size][self.rank :: self.num_replicas].numpy()
+        if self.pass_offset:
+            mine = mine + self.epoch * size
         for begin in range(start, len(mine), chunk):
             for index in mine[begin : begin + chunk].tolist():
                 self.yielded += 1

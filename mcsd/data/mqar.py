@@ -11,6 +11,8 @@ tokens drawn uniformly from the whole vocabulary (zoology's ``random_non_queries
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -91,17 +93,44 @@ class _Examples(Dataset):
         return {"input_ids": self.inputs[index], "labels": self.labels[index]}
 
 
+class _FreshExamples(Dataset):
+    """Training examples drawn anew for every pass: item ``pass * num_examples + i`` is example
+    ``i`` of pass ``pass``, whose ``num_examples`` are :func:`mqar_examples` from the pass's own
+    seed (pass 0: ``seed`` itself, so the first pass equals the fixed set of that seed). One
+    pass is held at a time: the sampler reads a pass through before the next."""
+
+    fresh_each_pass = True
+
+    def __init__(self, num_examples: int, seed: int, **task: Any) -> None:
+        self.num_examples, self.seed, self.task = num_examples, seed, task
+        self.held_pass, self.held = -1, _Examples(torch.empty(0), torch.empty(0))
+
+    def __len__(self) -> int:
+        return self.num_examples
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        pass_index, row = divmod(index, self.num_examples)
+        if pass_index != self.held_pass:
+            seed = self.seed if pass_index == 0 else int(np.random.SeedSequence([self.seed, pass_index]).generate_state(1)[0])
+            self.held_pass, self.held = pass_index, _Examples(*mqar_examples(self.num_examples, seed=seed, **self.task))
+        return self.held[row]
+
+
 class MQARDataModule(SplitsDataModule):
     """MQAR examples for ``mcsd-train data=mqar``: ``num_train`` training and ``num_val``
     validation and test examples of one ``(seq_len, num_pairs)``, each split drawn from its
     own seed derived from ``seed``. Batches hold ``input_ids`` and aligned ``labels`` (the
-    model's output at position ``t`` is scored against ``labels[t]``; no tokenizer)."""
+    model's output at position ``t`` is scored against ``labels[t]``; no tokenizer). With
+    ``fresh_examples``, every pass over the training split draws ``num_train`` new examples
+    (the first pass: the fixed split), so that a model cannot lower its training loss by
+    memorising them; validation and test stay fixed."""
 
     tokenizer = None  # MQAR's tokens are ids: nothing to save with the model
 
     def __init__(self, vocab_size: int = 8192, seq_len: int = 64, num_pairs: int = 4, num_train: int = 20000,
                  num_val: int = 1000, power_a: float = 0.01, batch_size: int = 64, seed: int = 0,
-                 num_workers: int = 0, token_budget: int | None = None, name: str = "mqar") -> None:
+                 num_workers: int = 0, token_budget: int | None = None, name: str = "mqar",
+                 fresh_examples: bool = False) -> None:
         super().__init__()
         for field, value in (("num_train", num_train), ("num_val", num_val), ("batch_size", batch_size)):
             if not isinstance(value, int) or value < 1:
@@ -121,7 +150,8 @@ class MQARDataModule(SplitsDataModule):
             seeds = np.random.SeedSequence(h.seed).spawn(3)
             counts = {"train": h.num_train, "val": h.num_val, "test": h.num_val}
             for (split, count), split_seed in zip(counts.items(), seeds):
-                examples = mqar_examples(count, h.seq_len, h.num_pairs, h.vocab_size,
-                                         int(split_seed.generate_state(1)[0]), h.power_a)
-                self.splits[split] = _Examples(*examples)
+                seed = int(split_seed.generate_state(1)[0])
+                task = dict(seq_len=h.seq_len, num_pairs=h.num_pairs, vocab_size=h.vocab_size, power_a=h.power_a)
+                self.splits[split] = (_FreshExamples(count, seed, **task) if split == "train" and h.fresh_examples
+                                      else _Examples(*mqar_examples(count, seed=seed, **task)))
         return self.splits
