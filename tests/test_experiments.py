@@ -218,6 +218,7 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
                    "compare_architectures/tinyshakespeare", "rwkv_perspectives/tinyshakespeare",
                    "wm_ablation/tinyshakespeare"):
         shutil.copytree(EXPERIMENTS / folder, experiments / folder)  # the committed results
+    (experiments / "mqar_converge" / "cpu" / "mqar_converge_table.md").unlink()  # to be made again
     (experiments / "table2_downstream" / "tiny").mkdir(parents=True)
     (experiments / "table2_downstream" / "tiny" / "results.json").write_text(json.dumps(
         {"params": 164288, "results": {"arc_easy": {"acc,none": 0.3, "acc_norm,none": 0.35}}}))
@@ -237,7 +238,9 @@ def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: 
     assert "| Transformer |" in (experiments / "decay_init_study" / "tiny" / "decay_init_study_by_seed.md").read_text()
     assert (experiments / "fig5-8_inference" / "cpu_quick" / "fig8_throughput_vs_batch.pdf").is_file()
     assert "| MCSD full | 32 | 0.018 (lr 0.002) | 0.003 (lr 0.005) |" in markdown  # the committed MQAR table
-    assert "| Transformer | 64 | 0.993 (lr 0.001) | 0.993 (lr 0.001) |" in markdown  # and the converged anchor
+    converged = experiments / "mqar_converge" / "cpu" / "mqar_converge_table.md"
+    assert converged.read_text() == (EXPERIMENTS / "mqar_converge" / "cpu" / "mqar_converge_table.md").read_text()
+    assert converged.read_text().splitlines()[2] in markdown  # the converged table, made again and shown
     assert (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" / "perspective_weights.md").read_text() in markdown
     perspectives = experiments / "rwkv_perspectives" / "tinyshakespeare" / "rwkv_perspectives_table.md"
     assert perspectives.read_text() == (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" /
