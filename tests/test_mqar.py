@@ -9,11 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from lightning.pytorch.callbacks import EarlyStopping
 
 from harness import FAST, compose_train, read_metrics, run_cli, series
 from hydra_plugins.mcsd_arms_sweeper import registry_arms
@@ -28,6 +30,7 @@ from mcsd.models import registry
 from mcsd.plots.mqar import load_mqar_runs, plot_mqar
 from mcsd.saved_model import load as load_model
 from mcsd.train import train
+from mcsd.training.callbacks import PlateauStopping
 
 VOCAB, T, K = 64, 48, 6
 
@@ -267,6 +270,47 @@ def test_converging_protocol_stops_on_a_plateau_and_goes_on_while_accuracy_rises
     train(compose_train(tmp_path / "floor", "experiment=mqar_converge", *small[:-1], "trainer.min_epochs=5",
                         "optimizer.lr=0.0", "model.num_layers=2", "model.num_channels=1"))
     assert len(series(read_metrics(tmp_path / "floor"), "val/mqar_acc")) == 1 + 5
+
+
+class _ScriptedAccuracy(L.LightningModule):
+    """Logs val/mqar_acc from a script, one value per epoch: early stopping's input, nothing else."""
+
+    def __init__(self, script: list[float]) -> None:
+        super().__init__()
+        self.script = script
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return (self.weight * batch).sum()
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.log("val/mqar_acc", self.script[self.current_epoch])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+@pytest.mark.parametrize("script, epochs", [
+    ([0.001] * 6 + [0.004, 0.007, 0.010, 0.020, 0.030, 0.040], 12),  # stalls early, rises before min_epochs: goes on
+    ([0.001] * 12, 8),  # never rises: stopped at min_epochs
+    ([0.001, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.06, 0.06, 0.06, 0.06, 0.06], 11),  # stalls after epoch 7: 4 later
+])
+def test_plateau_stopping_decides_from_min_epochs_on(tmp_path: Path, script: list[float], epochs: int) -> None:
+    """experiment=mqar_converge's stopping rule: no rise of min_delta for `patience` epochs, judged
+    at min_epochs or later. Lightning's EarlyStopping alone stops the first script at epoch 8,
+    because its stop request, made during the early stall, outlives the rise."""
+    loader = torch.utils.data.DataLoader(torch.ones(2, 1), batch_size=1)
+    stopping = PlateauStopping(monitor="val/mqar_acc", mode="max", patience=4, min_delta=0.001)
+    trainer = L.Trainer(max_epochs=12, min_epochs=8, callbacks=[stopping], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(_ScriptedAccuracy(script), loader, loader)
+    assert trainer.current_epoch == epochs
+    if epochs == 12 and min(script[6:]) > script[0]:  # the stock callback, for contrast: stopped at min_epochs
+        stock = L.Trainer(max_epochs=12, min_epochs=8, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tmp_path, callbacks=[EarlyStopping(
+                              monitor="val/mqar_acc", mode="max", patience=4, min_delta=0.001)])
+        stock.fit(_ScriptedAccuracy(script), loader, loader)
+        assert stock.current_epoch == 8
 
 
 def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path: Path) -> None:

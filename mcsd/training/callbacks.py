@@ -57,6 +57,20 @@ class SaveFinalModel(L.Callback):
             saved_model.save(model, self.dirpath, self._tokenizer(trainer))
 
 
+class PlateauStopping(L.pytorch.callbacks.EarlyStopping):
+    """Lightning's ``EarlyStopping`` whose decision waits for ``trainer.min_epochs``: a
+    stall before then that the metric has since risen out of does not stop the run.
+    (The stock callback's stop request stays set through ``min_epochs``, so a run that
+    stalled at chance early and then started rising is stopped at ``min_epochs`` anyway.)"""
+
+    def _run_early_stopping_check(self, trainer: L.Trainer) -> None:
+        requested_before = trainer.should_stop
+        super()._run_early_stopping_check(trainer)
+        if not requested_before and trainer.should_stop and trainer.current_epoch + 1 < (trainer.min_epochs or 0):
+            trainer.should_stop = False  # counted (wait_count goes on), decided from min_epochs on
+            self.stopped_epoch = 0
+
+
 class EpochCap(L.Callback):
     """Stop training after ``epochs`` epochs (after that epoch's validation) while the
     trainer's ``max_epochs``, over which the learning-rate schedule is laid out, stays
