@@ -23,6 +23,7 @@ from mcsd.errors import MCSDError
 from mcsd.export import write_export
 from mcsd.generate import generate as mcsd_generate
 from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
+from mcsd.hf.cache import CACHE_KEY
 from mcsd.saved_model import load_weights
 
 VOCAB = 300
@@ -134,7 +135,7 @@ def test_assisted_decoding_crops_attention_caches_and_is_refused_for_recurrent_s
         else:
             with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
                 hf_model.generate(ids, assistant_model=assistant, max_new_tokens=12, do_sample=False)
-            cache = hf_model(ids).past_key_values
+            cache = getattr(hf_model(ids), CACHE_KEY)
             with pytest.raises(MCSDError, match="a recurrent decoding state cannot be cropped"):
                 cache.crop(-1)
 
@@ -154,12 +155,32 @@ def test_auto_classes_config_and_hidden_states(exported: dict[str, tuple[Path, P
     with torch.no_grad():
         output = base(ids)
         assert torch.allclose(output.last_hidden_state, model.hidden_states(ids), rtol=1e-6, atol=1e-6)
-        assert isinstance(output.past_key_values, DecodingCache) and output.past_key_values.get_seq_length() == 9
+        cache = getattr(output, CACHE_KEY)
+        assert isinstance(cache, DecodingCache) and cache.get_seq_length() == 9
     trained = AutoModelForCausalLM.from_pretrained(folder).train()  # fine-tuning: the training form, no state
     output = trained(ids, labels=ids)
     output.loss.backward()
-    assert output.past_key_values is None and trained.model.embed.weight.grad is not None
+    assert getattr(output, CACHE_KEY) is None and trained.model.embed.weight.grad is not None
     assert torch.equal(output.loss.detach(), model.loss(ids, torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1))[0])
+
+
+def test_forward_takes_the_cache_by_either_name(exported: dict[str, tuple[Path, Path]]) -> None:
+    """``past_key_values`` (transformers <= 5.23) and ``cache`` (5.24 on) name the same cache;
+    the output carries it under the installed version's name."""
+    saved, folder = exported["mcsd/full"]
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(1, VOCAB, (2, 9))
+    with torch.no_grad():
+        whole = hf_model(ids).logits[:, -1]
+        steps = []
+        for name in ("past_key_values", "cache"):
+            cache = getattr(hf_model(ids[:, :8]), CACHE_KEY)
+            steps.append(hf_model(ids[:, 8:], **{name: cache}).logits[:, -1])
+            assert cache.get_seq_length() == 9
+        assert torch.equal(steps[0], steps[1]) and torch.allclose(steps[0], whole, rtol=1e-5, atol=1e-5)
+        with pytest.raises(MCSDError, match="given both cache and past_key_values") as error:
+            hf_model(ids[:, 8:], cache=cache, past_key_values=cache)
+        assert "\n" not in str(error.value)
 
 
 def test_the_tokenizer_gives_the_project_ids(exported: dict[str, tuple[Path, Path]]) -> None:

@@ -10,9 +10,14 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from mcsd.errors import MCSDError
 from mcsd.models import DecodingState
+
+CACHE_KEY = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+"""The name ``transformers`` gives the decoding cache in model outputs and in what ``generate``
+passes to ``forward``: ``past_key_values`` up to 5.23, ``cache`` from 5.24."""
 
 
 def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -76,8 +81,14 @@ class DecodingCache(Cache):
     def is_croppable(self) -> bool:
         return self.rewinds
 
+    @property
+    def is_linear(self) -> list[bool]:
+        """No layer is a ``transformers`` linear-attention cache: this one counts its tokens
+        (``get_seq_length``), so ``generate`` gives it only the tokens it has not read."""
+        return [False] * len(self)
+
     def reset(self) -> None:
-        raise MCSDError("this cache cannot be reset in place: start again without past_key_values")
+        raise MCSDError("this cache cannot be reset in place: start again without a cache")
 
     def crop(self, tokens_to_remove: int) -> None:
         """Forget the last ``-tokens_to_remove`` tokens (``transformers``' convention: zero or negative)."""

@@ -24,7 +24,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from mcsd.api import build_model
 from mcsd.errors import MCSDError
-from mcsd.hf.cache import DecodingCache
+from mcsd.hf.cache import CACHE_KEY, DecodingCache
 from mcsd.hf.configuration import MCSDHFConfig
 from mcsd.models import CausalLM
 from mcsd.models.common import PREFILL_FORM
@@ -41,6 +41,14 @@ def check_right_padded(attention_mask: torch.Tensor | None) -> None:
             f"attention_mask row {row} has a token after padding (left padding): mcsd models read each row from its "
             "first position (MCSD's slope normaliser and every recurrent state depend on it), so pad on the right "
             "(tokenizer.padding_side='right'); generate() decodes a padded batch row by row")
+
+
+def either_cache(cache: DecodingCache | None, past_key_values: DecodingCache | None) -> DecodingCache | None:
+    """The decoding cache a forward was given, by either name (``cache`` from ``transformers`` 5.24,
+    ``past_key_values`` before), refusing two."""
+    if cache is not None and past_key_values is not None:
+        raise MCSDError("forward() was given both cache and past_key_values: pass the decoding cache once")
+    return cache if cache is not None else past_key_values
 
 
 class MCSDHFPreTrainedModel(PreTrainedModel):
@@ -74,13 +82,13 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
                                       generation_mode: Any, batch_size: int, max_cache_length: int) -> None:
         """``generate`` starts from an empty :class:`DecodingCache` (a KV cache preallocated for
         ``max_cache_length`` tokens, as ``mcsd-generate`` does), unless it was given one."""
-        if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
+        if model_kwargs.get(CACHE_KEY) is not None or generation_config.use_cache is False:
             super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size,
                                                   max_cache_length)
             return
         rows = batch_size * max(generation_config.num_beams, generation_config.num_return_sequences)
-        model_kwargs["past_key_values"] = DecodingCache(self.model.init_state(rows, max_cache_length), rows,
-                                                        self.rewinds)
+        model_kwargs[CACHE_KEY] = DecodingCache(self.model.init_state(rows, max_cache_length), rows,
+                                                self.rewinds)
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.embed
@@ -92,7 +100,7 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
         self,
         input_ids: torch.LongTensor | None,
         attention_mask: torch.Tensor | None,
-        past_key_values: DecodingCache | None,
+        cache: DecodingCache | None,
         use_cache: bool | None,
         inputs_embeds: torch.Tensor | None,
     ) -> tuple[torch.Tensor, DecodingCache | None]:
@@ -100,14 +108,13 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
         and the cache after them (``None`` without ``use_cache``)."""
         if inputs_embeds is not None or input_ids is None:
             raise MCSDError("inputs_embeds is not supported: pass input_ids")
-        if past_key_values is not None and not isinstance(past_key_values, DecodingCache):
-            raise MCSDError(f"past_key_values is a {type(past_key_values).__name__}: mcsd models keep their own "
+        if cache is not None and not isinstance(cache, DecodingCache):
+            raise MCSDError(f"{CACHE_KEY} is a {type(cache).__name__}: mcsd models keep their own "
                             "DecodingCache (pass the one a previous call returned, or none)")
         check_right_padded(attention_mask)
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if past_key_values is None and (not use_cache or self.training):  # training: its form, no state kept
+        if cache is None and (not use_cache or self.training):  # training: its form, no state kept
             return self.model.hidden_states(input_ids), None
-        cache = past_key_values
         if cache is None:
             cache = DecodingCache(self.model.init_state(input_ids.shape[0], input_ids.shape[1]), input_ids.shape[0],
                                   self.rewinds)
@@ -128,10 +135,12 @@ class MCSDHFModel(MCSDHFPreTrainedModel):
         past_key_values: DecodingCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        cache: DecodingCache | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
-        hidden, cache = self.hidden_states(input_ids, attention_mask, past_key_values, use_cache, inputs_embeds)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=cache)
+        hidden, cache = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values), use_cache,
+                                           inputs_embeds)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, **{CACHE_KEY: cache})
 
 
 class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
@@ -153,15 +162,17 @@ class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
+        cache: DecodingCache | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
-        hidden, cache = self.hidden_states(input_ids, attention_mask, past_key_values, use_cache, inputs_embeds)
+        hidden, cache = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values), use_cache,
+                                           inputs_embeds)
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.model.lm_head(hidden[:, kept])
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """``GenerationMixin.generate``; a padded batch (an ``attention_mask`` with zeros) is decoded
