@@ -9,6 +9,7 @@ import torch
 
 from conftest import relative_rms_error
 from mcsd.ops.decayed_attention import (
+    chunk_decayed_attention,
     decayed_attention,
     decayed_attention_step,
     parallel_decayed_attention,
@@ -85,6 +86,38 @@ def test_gradients_agree(per_token: bool) -> None:
     for form in ("chunk", "recurrent"):
         for expected, actual in zip(gradients["parallel"], gradients[form]):
             assert relative_rms_error(actual, expected) < 1e-4, form
+
+
+def looped_chunks(q, k, v, log_decay, initial, chunk_size):
+    """The chunkwise form as it was first written: the parallel form chunk by chunk, each
+    started from the state the one before it returned (a Python loop over chunks)."""
+    log_decay = log_decay[None, :, None].expand(q.shape[0], -1, q.shape[2]) if log_decay.dim() == 1 else log_decay
+    state, outputs = initial, []
+    for start in range(0, q.shape[2], chunk_size):
+        part = slice(start, start + chunk_size)
+        output, state = parallel_decayed_attention(q[:, :, part], k[:, :, part], v[:, :, part],
+                                                   log_decay[:, :, part], state)
+        outputs.append(output)
+    return torch.cat(outputs, dim=2), state
+
+
+@pytest.mark.parametrize("length", [5, 48, 50])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_loop_free_chunk_carry_equals_the_looped_one(length: int, per_token: bool) -> None:
+    """Outputs, final states and every gradient, in float64, to round-off, at lengths that are
+    (48) and are not (5, 50) multiples of the chunk (16)."""
+    results = []
+    for form in (chunk_decayed_attention, looped_chunks):
+        leaves = [tensor.requires_grad_(tensor.dim() > 1 or per_token)
+                  for tensor in inputs(length, per_token, torch.float64)]
+        output, final = form(*leaves, chunk_size=16)
+        generator = torch.Generator().manual_seed(1)
+        weights = (torch.randn(output.shape, generator=generator, dtype=torch.float64),
+                   torch.randn(final.shape, generator=generator, dtype=torch.float64))
+        ((output * weights[0]).sum() + (final * weights[1]).sum()).backward()
+        results.append([output, final] + [leaf.grad for leaf in leaves if leaf.requires_grad])
+    for loop_free, looped in zip(*results):
+        torch.testing.assert_close(loop_free, looped, rtol=1e-12, atol=1e-12)
 
 
 def test_chunk_form_passes_gradcheck() -> None:

@@ -9,6 +9,7 @@ import torch
 
 from conftest import relative_rms_error
 from mcsd.ops.wkv import EMPTY_LOG_SCALE, FORMS, empty_wkv_state, wkv
+from mcsd.ops.wkv import chunk as wkv_chunk
 
 LENGTHS = [1, 2, 63, 64, 65, 150]
 CHUNK_SIZES = [1, 16, 64, 100]
@@ -126,6 +127,35 @@ def test_gradients_agree_between_forms() -> None:
     for form in ("chunk", "recurrent"):
         for name, got, expected in zip("w u k v state".split(), gradients[form], gradients["parallel"]):
             assert torch.isfinite(got).all() and relative_rms_error(got, expected) < 1e-4, (form, name)
+
+
+def looped_chunks(w, u, k, v, initial, chunk_size):
+    """The chunkwise form as it was first written: the parallel form chunk by chunk, each
+    started from the state the one before it returned (a Python loop over chunks)."""
+    state, outputs = initial, []
+    for start in range(0, k.shape[1], chunk_size):
+        output, state = wkv(w, u, k[:, start:start + chunk_size], v[:, start:start + chunk_size], state,
+                            form="parallel")
+        outputs.append(output)
+    return torch.cat(outputs, dim=1), state
+
+
+@pytest.mark.parametrize("group_chunks", [2, 32])
+@pytest.mark.parametrize("length", [5, 48, 50])
+def test_loop_free_chunk_carry_equals_the_looped_one(group_chunks: int, length: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs, final states and every gradient, in float64, to round-off, at lengths that are
+    (48) and are not (5, 50) multiples of the chunk (4), with the carry in one group of chunks
+    and across several (groups of 2: both levels of the carry, and empty chunks in front)."""
+    monkeypatch.setattr(wkv_chunk, "GROUP_CHUNKS", group_chunks)
+    results = []
+    for form in (wkv_chunk.chunk_wkv, looped_chunks):
+        leaves = [tensor.requires_grad_() for tensor in inputs(length, key_scale=3.0, dtype=torch.float64)]
+        output, final = form(*leaves, chunk_size=4)
+        scale_invariant_loss(output, final, leaves[0], leaves[1]).backward()
+        results.append([output, *state_as_sums(final)] + [leaf.grad for leaf in leaves])
+    for loop_free, looped in zip(*results):
+        torch.testing.assert_close(loop_free, looped, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("form", FORMS)

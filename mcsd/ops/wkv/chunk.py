@@ -1,12 +1,95 @@
 """Chunkwise form of RWKV-4's WKV: the parallel form inside chunks of ``chunk_size`` tokens,
-the state ``(a, b, p)`` carried from one chunk to the next (it enters each chunk as one
-extra logit ``p - tau w``). Memory ``O(C^2 D)`` per chunk instead of ``O(N^2 D)``."""
+every chunk at once, each started from the state ``(a, b, p)`` carried into it (one extra
+logit ``p - tau w``). Memory ``O(C^2 D)`` per chunk instead of ``O(N^2 D)``.
+
+The carried states are computed for all chunks at once, with no Python loop: each chunk's own
+state at its end (from no state), then the states at every chunk's start as sums of those
+under the decay ``e^{-C w}`` per chunk, in log-space with the max trick as everywhere in the
+WKV. The sums are pairwise (a logit per pair of chunks, ``p_j - (i - 1 - j) C w``: distances
+stay small numbers, where a cumulative sum in log-space would subtract two large ones), in two
+levels so that memory stays ``O(nc * G * D)``: within groups of ``G`` chunks, then across groups.
+
+The sequence is padded at the end to a multiple of the chunk with tokens of weight zero
+(``k = -1e38``, ``v = 0``), which no real token reads; the final state is the last chunk's
+start carried through its real tokens only.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from mcsd.ops.wkv.naive import parallel_wkv
+from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.wkv.naive import EMPTY_LOG_SCALE, empty_wkv_state, parallel_wkv
+
+GROUP_CHUNKS = 32  # chunks per group of the two-level carry
+
+
+def prefix_states(
+    items: torch.Tensor, step_log_decay: torch.Tensor, initial_state: torch.Tensor
+) -> torch.Tensor:
+    """The states before each item and after the last: ``items`` ``[B, n, 3, D]`` (each an
+    ``(a, b, p)`` state, as seen one step after it), ``step_log_decay`` ``[D]`` (the log-decay
+    per item, negative), ``initial_state`` ``[B, 3, D]`` -> ``[B, n + 1, 3, D]``: row ``r`` is
+    the initial state decayed by ``r`` steps with the items before ``r`` decayed by ``r - 1 - j``."""
+    count = items.shape[1]
+    rows = torch.arange(count + 1, device=items.device)
+    distance = (rows[:, None] - 1 - rows[None, :count]).to(items.dtype)  # r - 1 - j
+    item_logits = (items[:, None, :, 2] + distance[..., None] * step_log_decay)  # [B, n + 1, n, D]
+    item_logits = item_logits.masked_fill((distance < 0)[..., None], float("-inf"))
+    initial_logits = initial_state[:, None, 2] + rows.to(items.dtype)[:, None] * step_log_decay  # [B, n + 1, D]
+    logits = torch.cat([item_logits, initial_logits[:, :, None]], dim=2)  # [B, n + 1, n + 1, D]
+    scale = logits.amax(dim=2).detach()
+    weights = torch.exp(logits - scale[:, :, None])
+    a = (weights[:, :, :count] * items[:, None, :, 0]).sum(2) + weights[:, :, count] * initial_state[:, None, 0]
+    b = (weights[:, :, :count] * items[:, None, :, 1]).sum(2) + weights[:, :, count] * initial_state[:, None, 1]
+    return torch.stack([a, b, scale], dim=2)
+
+
+def merge_states(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """The sum of two ``(a, b, p)`` states ``[..., 3, D]`` taken at the same position."""
+    scale = torch.maximum(first[..., 2, :], second[..., 2, :]).detach()
+    first_weight, second_weight = torch.exp(first[..., 2, :] - scale), torch.exp(second[..., 2, :] - scale)
+    a = first_weight * first[..., 0, :] + second_weight * second[..., 0, :]
+    b = first_weight * first[..., 1, :] + second_weight * second[..., 1, :]
+    return torch.stack([a, b, scale], dim=-2)
+
+
+def decayed(state: torch.Tensor, log_decay: torch.Tensor) -> torch.Tensor:
+    """An ``(a, b, p)`` state ``[..., 3, D]`` after a total log-decay ``log_decay`` (broadcast to
+    ``[..., D]``): its scale ``p`` moves, ``a`` and ``b`` do not."""
+    return torch.cat([state[..., :2, :], (state[..., 2, :] + log_decay).unsqueeze(-2)], dim=-2)
+
+
+def carried_states(items: torch.Tensor, step_log_decay: torch.Tensor, initial_state: torch.Tensor) -> torch.Tensor:
+    """The states before each item (rows ``0 .. n - 1`` of :func:`prefix_states`) in two levels:
+    within groups of :data:`GROUP_CHUNKS` items (the last group filled with empty items after
+    the real ones), then across groups (each item's prefix in its group merged with the state
+    carried into the group)."""
+    batch, count, _, channels = items.shape
+    groups = -(-count // GROUP_CHUNKS)
+    filler = groups * GROUP_CHUNKS - count
+    empty = empty_wkv_state(batch * max(filler, groups), channels, items.device, items.dtype)
+    items = torch.cat([items, empty[: batch * filler].view(batch, filler, 3, channels)], dim=1)
+    within = prefix_states(items.view(batch * groups, GROUP_CHUNKS, 3, channels), step_log_decay,
+                           empty[: batch * groups])
+    within = within.view(batch, groups, GROUP_CHUNKS + 1, 3, channels)
+    group_starts = prefix_states(within[:, :-1, GROUP_CHUNKS], GROUP_CHUNKS * step_log_decay, initial_state)
+    steps = torch.arange(GROUP_CHUNKS, device=items.device, dtype=items.dtype)
+    entering = decayed(group_starts[:, :, None].expand(-1, -1, GROUP_CHUNKS, -1, -1),
+                       steps[:, None] * step_log_decay)  # [B, groups, G, 3, D]
+    starts = merge_states(entering, within[:, :, :GROUP_CHUNKS])
+    return starts.view(batch, groups * GROUP_CHUNKS, 3, channels)[:, :count]
+
+
+def own_states(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The state at the end of each run of tokens ``k``, ``v`` ``[B, n, C, D]`` from no state, as
+    the next token reads it (logits ``k_i - (C - 1 - i) w``): ``[B, n, 3, D]``."""
+    distance = torch.arange(k.shape[2] - 1, -1, -1, device=k.device, dtype=w.dtype)
+    logits = k - distance[:, None] * w
+    scale = logits.amax(dim=2).detach()
+    weights = torch.exp(logits - scale[:, :, None])
+    return torch.stack([(weights * v).sum(2), weights.sum(2), scale], dim=2)
 
 
 def chunk_wkv(
@@ -16,8 +99,22 @@ def chunk_wkv(
     """Same contract as :func:`parallel_wkv`."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size}: give a positive number of tokens per chunk")
-    state, outputs = initial_state, []
-    for start in range(0, k.shape[1], chunk_size):
-        output, state = parallel_wkv(w, u, k[:, start:start + chunk_size], v[:, start:start + chunk_size], state)
-        outputs.append(output)
-    return torch.cat(outputs, dim=1), state
+    dtype = state_dtype(v)
+    batch, length, channels = k.shape
+    state = empty_wkv_state(batch, channels, k.device, dtype) if initial_state is None else initial_state.to(dtype)
+    chunks = max(-(-length // chunk_size), 1)
+    filler = chunks * chunk_size - length
+    w32 = w.to(dtype)
+    k_chunks = F.pad(k.to(dtype), (0, 0, 0, filler), value=EMPTY_LOG_SCALE).view(batch, chunks, chunk_size, channels)
+    v_chunks = F.pad(v.to(dtype), (0, 0, 0, filler)).view(batch, chunks, chunk_size, channels)
+
+    starts = carried_states(own_states(k_chunks, v_chunks, w32), -chunk_size * w32, state)  # [B, nc, 3, D]
+    output, _ = parallel_wkv(w, u, k_chunks.view(batch * chunks, chunk_size, channels),
+                             v_chunks.view(batch * chunks, chunk_size, channels),
+                             starts.reshape(batch * chunks, 3, channels))
+    # The final state: the last chunk's start carried through its real tokens only (the filler
+    # after them would decay it, and undoing that in log-space costs digits).
+    last = chunk_size - filler
+    tail = own_states(k_chunks[:, -1:, :last], v_chunks[:, -1:, :last], w32)[:, 0]
+    final = merge_states(decayed(starts[:, -1], -last * w32), tail)
+    return output.view(batch, chunks * chunk_size, channels)[:, :length].to(v.dtype), final
