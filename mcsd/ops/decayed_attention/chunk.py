@@ -29,7 +29,7 @@ def chunk_decayed_attention(
     batch, heads, length, key_width = q.shape
     value_width = v.shape[-1]
     accumulate = state_dtype(v)
-    num_chunks = max(-(-length // chunk_size), 1)
+    num_chunks = -(-length // chunk_size)
     padding = num_chunks * chunk_size - length
 
     def chunked(x: torch.Tensor) -> torch.Tensor:

@@ -69,10 +69,10 @@ def carried_states(items: torch.Tensor, step_log_decay: torch.Tensor, initial_st
     batch, count, _, channels = items.shape
     groups = -(-count // GROUP_CHUNKS)
     filler = groups * GROUP_CHUNKS - count
-    empty = empty_wkv_state(batch * max(filler, groups), channels, items.device, items.dtype)
-    items = torch.cat([items, empty[: batch * filler].view(batch, filler, 3, channels)], dim=1)
+    empty = empty_wkv_state(batch * filler, channels, items.device, items.dtype).view(batch, filler, 3, channels)
+    items = torch.cat([items, empty], dim=1)
     within = prefix_states(items.view(batch * groups, GROUP_CHUNKS, 3, channels), step_log_decay,
-                           empty[: batch * groups])
+                           empty_wkv_state(batch * groups, channels, items.device, items.dtype))
     within = within.view(batch, groups, GROUP_CHUNKS + 1, 3, channels)
     group_starts = prefix_states(within[:, :-1, GROUP_CHUNKS], GROUP_CHUNKS * step_log_decay, initial_state)
     steps = torch.arange(GROUP_CHUNKS, device=items.device, dtype=items.dtype)
@@ -102,7 +102,7 @@ def chunk_wkv(
     dtype = state_dtype(v)
     batch, length, channels = k.shape
     state = empty_wkv_state(batch, channels, k.device, dtype) if initial_state is None else initial_state.to(dtype)
-    chunks = max(-(-length // chunk_size), 1)
+    chunks = -(-length // chunk_size)
     filler = chunks * chunk_size - length
     w32 = w.to(dtype)
     k_chunks = F.pad(k.to(dtype), (0, 0, 0, filler), value=EMPTY_LOG_SCALE).view(batch, chunks, chunk_size, channels)
