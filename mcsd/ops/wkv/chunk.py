@@ -38,11 +38,11 @@ def prefix_states(
     item_logits = (items[:, None, :, 2] + distance[..., None] * step_log_decay)  # [B, n + 1, n, D]
     item_logits = item_logits.masked_fill((distance < 0)[..., None], float("-inf"))
     initial_logits = initial_state[:, None, 2] + rows.to(items.dtype)[:, None] * step_log_decay  # [B, n + 1, D]
-    logits = torch.cat([item_logits, initial_logits[:, :, None]], dim=2)  # [B, n + 1, n + 1, D]
-    scale = logits.amax(dim=2).detach()
-    weights = torch.exp(logits - scale[:, :, None])
-    a = (weights[:, :, :count] * items[:, None, :, 0]).sum(2) + weights[:, :, count] * initial_state[:, None, 0]
-    b = (weights[:, :, :count] * items[:, None, :, 1]).sum(2) + weights[:, :, count] * initial_state[:, None, 1]
+    scale = torch.maximum(item_logits.amax(dim=2), initial_logits).detach()
+    item_weights = torch.exp(item_logits - scale[:, :, None])
+    initial_weights = torch.exp(initial_logits - scale)
+    a = (item_weights * items[:, None, :, 0]).sum(2) + initial_weights * initial_state[:, None, 0]
+    b = (item_weights * items[:, None, :, 1]).sum(2) + initial_weights * initial_state[:, None, 1]
     return torch.stack([a, b, scale], dim=2)
 
 
@@ -74,7 +74,8 @@ def carried_states(items: torch.Tensor, step_log_decay: torch.Tensor, initial_st
     within = prefix_states(items.view(batch * groups, GROUP_CHUNKS, 3, channels), step_log_decay,
                            empty_wkv_state(batch * groups, channels, items.device, items.dtype))
     within = within.view(batch, groups, GROUP_CHUNKS + 1, 3, channels)
-    group_starts = prefix_states(within[:, :-1, GROUP_CHUNKS], GROUP_CHUNKS * step_log_decay, initial_state)
+    group_starts = prefix_states(within[:, :, GROUP_CHUNKS], GROUP_CHUNKS * step_log_decay,
+                                 initial_state)[:, :groups]  # the state entering each group
     steps = torch.arange(GROUP_CHUNKS, device=items.device, dtype=items.dtype)
     entering = decayed(group_starts[:, :, None].expand(-1, -1, GROUP_CHUNKS, -1, -1),
                        steps[:, None] * step_log_decay)  # [B, groups, G, 3, D]
@@ -82,10 +83,11 @@ def carried_states(items: torch.Tensor, step_log_decay: torch.Tensor, initial_st
     return starts.view(batch, groups * GROUP_CHUNKS, 3, channels)[:, :count]
 
 
-def own_states(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The state at the end of each run of tokens ``k``, ``v`` ``[B, n, C, D]`` from no state, as
-    the next token reads it (logits ``k_i - (C - 1 - i) w``): ``[B, n, 3, D]``."""
-    distance = torch.arange(k.shape[2] - 1, -1, -1, device=k.device, dtype=w.dtype)
+def own_states(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, end: int) -> torch.Tensor:
+    """The state of each run of tokens ``k``, ``v`` ``[B, n, C, D]`` from no state, as token
+    ``end`` of the run reads it (logits ``k_i - (end - 1 - i) w``; tokens from ``end`` on must be
+    filler, of weight zero): ``[B, n, 3, D]``."""
+    distance = end - 1 - torch.arange(k.shape[2], device=k.device, dtype=w.dtype)
     logits = k - distance[:, None] * w
     scale = logits.amax(dim=2).detach()
     weights = torch.exp(logits - scale[:, :, None])
@@ -108,13 +110,13 @@ def chunk_wkv(
     k_chunks = F.pad(k.to(dtype), (0, 0, 0, filler), value=EMPTY_LOG_SCALE).view(batch, chunks, chunk_size, channels)
     v_chunks = F.pad(v.to(dtype), (0, 0, 0, filler)).view(batch, chunks, chunk_size, channels)
 
-    starts = carried_states(own_states(k_chunks, v_chunks, w32), -chunk_size * w32, state)  # [B, nc, 3, D]
+    starts = carried_states(own_states(k_chunks, v_chunks, w32, chunk_size), -chunk_size * w32, state)  # [B, nc, 3, D]
     output, _ = parallel_wkv(w, u, k_chunks.view(batch * chunks, chunk_size, channels),
                              v_chunks.view(batch * chunks, chunk_size, channels),
                              starts.reshape(batch * chunks, 3, channels))
     # The final state: the last chunk's start carried through its real tokens only (the filler
     # after them would decay it, and undoing that in log-space costs digits).
     last = chunk_size - filler
-    tail = own_states(k_chunks[:, -1:, :last], v_chunks[:, -1:, :last], w32)[:, 0]
+    tail = own_states(k_chunks[:, -1:], v_chunks[:, -1:], w32, last)[:, 0]
     final = merge_states(decayed(starts[:, -1], -last * w32), tail)
     return output.view(batch, chunks * chunk_size, channels)[:, :length].to(v.dtype), final
