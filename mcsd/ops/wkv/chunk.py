@@ -1,6 +1,6 @@
 """Chunkwise form of RWKV-4's WKV: the parallel form inside chunks of ``chunk_size`` tokens,
 every chunk at once, each started from the state ``(a, b, p)`` carried into it (one extra
-logit ``p - tau w``). Memory ``O(C^2 D)`` per chunk instead of ``O(N^2 D)``.
+logit ``p - tau w``). Memory ``O(N C D)`` instead of the parallel form's ``O(N^2 D)``.
 
 The carried states are computed for all chunks at once, with no Python loop: each chunk's own
 state at its end (from no state), then the states at every chunk's start as sums of those
