@@ -138,8 +138,11 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     assert (frame["tokens_per_s"] == frame["seq_len"] / frame["step_s"]).all()
     # MFU against the matmul peak measured right before each point (each its own measurement).
     assert (frame["matmul_peak_flops"] > 1e8).all() and frame["matmul_peak_flops"].nunique() > 1
-    assert (frame["flop_params"] == frame["params"] - 512 * 64).all()  # all but the input embedding
-    assert (frame["mfu"] == 6 * frame["flop_params"] * frame["tokens_per_s"] / frame["matmul_peak_flops"]).all()
+    # MFU from the model FLOPs; FlopCounterMode's count beside them (equal for the Transformer's parallel form).
+    assert (frame["mfu"] == frame["model_flops"] / frame["step_s"] / frame["matmul_peak_flops"]).all()
+    attention = frame[(frame["model"] == "transformer") & (frame["form"] == "parallel")]
+    assert len(attention) == 2 and (attention["counted_flops"] == attention["model_flops"]).all()
+    assert (frame["model_flops"] > 6 * (frame["params"] - 512 * 64) * frame["seq_len"] * 0.9).all()
     (figure_png, figure_pdf) = plot_train(csv_path)
     assert figure_png.stat().st_size > 5000 and figure_pdf.is_file()
     with pytest.raises(MCSDError, match="holds training results: use mcsd-plot train"):

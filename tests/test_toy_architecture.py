@@ -44,6 +44,9 @@ class PreviousToken(TokenMixer):
     def residual_weights(self) -> list[nn.Parameter]:
         return [self.out_proj.weight]
 
+    def sequence_flops(self, length: int, form: str) -> int:
+        return 0  # a shift by one position: no sum over positions
+
     def forward(self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str) -> tuple[Any, Any]:
         previous = torch.zeros_like(x[:, :1]) if state is None else state[:, None].to(x.dtype)
         shifted = torch.cat([previous, x[:, :-1]], dim=1)

@@ -48,7 +48,11 @@ def test_every_curve_has_tokens_seen(trained_run: tuple[Path, float]) -> None:
             assert row["trainer/tokens"]
     assert tokens[39] == 40 * 8 * 64  # steps * batch * seq_len
     assert series(rows, "train/device/items_per_sec")  # throughput in tokens/s
-    assert series(rows, "train/device/flops_per_sec")
+    # The monitor's FLOPs are the model FLOPs (CausalLM.training_flops) of each step's 8 x 64 tokens.
+    flops, items = series(rows, "train/device/flops_per_sec"), series(rows, "train/device/items_per_sec")
+    assert flops and set(flops) == set(items)
+    per_token = mcsd.load(trained_run[0]).training_flops(8, 64) / (8 * 64)
+    assert all(flops[step] / items[step] == pytest.approx(per_token) for step in flops)
     assert series(rows, "lr-AdamW/pg1")
 
 

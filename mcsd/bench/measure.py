@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import mcsd
 
@@ -143,7 +144,7 @@ def inference_point(
         "state_bytes_per_sequence": runs[-1][2],
         # What one decoding step must read at least: every weight but the input embedding's
         # (a lookup of B rows), unless it is tied to the LM head.
-        "step_weight_bytes": flop_parameters(model) * model.embed.weight.element_size(),
+        "step_weight_bytes": step_parameters(model) * model.embed.weight.element_size(),
     }
 
 
@@ -171,11 +172,26 @@ def read_bandwidth_bytes_per_s(device: str, megabytes: int = 256, repeats: int =
     return buffer.numel() * buffer.element_size() / seconds
 
 
-def flop_parameters(model: mcsd.CausalLM) -> int:
-    """Parameters that cost 6 FLOPs per token in training: all but the input embedding
-    (a lookup), unless it is tied to the LM head."""
+def step_parameters(model: mcsd.CausalLM) -> int:
+    """Parameters a decoding step reads in full: all but the input embedding (of which it
+    reads one row), unless it is tied to the LM head."""
     total = sum(p.numel() for p in model.parameters())
     return total if model.config.tie_embeddings else total - model.embed.weight.numel()
+
+
+def counted_training_flops(model: mcsd.CausalLM, batch_size: int, seq_len: int, form: str) -> int:
+    """``torch.utils.flop_counter.FlopCounterMode``'s count of one training step (forward and
+    backward of the loss) of ``model`` in ``form``: the products the code executes (chunk
+    padding and carries included), run on a copy of the model on the meta device,
+    so that it costs no time at any length and attention is counted through its math form (the
+    counter has no formula for the CPU flash kernel). Elementwise work is not counted."""
+    with torch.device("meta"):
+        meta = mcsd.build_model(model.config)
+    ids = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        loss, _ = meta.loss(ids[:, :-1], ids[:, 1:], form=form)
+        loss.backward()
+    return counter.get_total_flops()
 
 
 def train_point(
@@ -210,7 +226,8 @@ def train_point(
     weights = weights_bytes(model)
     return {
         "params": sum(p.numel() for p in model.parameters()),
-        "flop_params": flop_parameters(model),
+        "model_flops": model.training_flops(batch_size, seq_len, form),
+        "counted_flops": counted_training_flops(model, batch_size, seq_len, form),
         "step_s": step_s,
         "tokens_per_s": batch_size * seq_len / step_s,
         "peak_mem_bytes": peak,

@@ -42,7 +42,8 @@ COLUMNS = {
     "inference": ["model", "arch", "variant", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "status"],
-    "train": ["model", "arch", "variant", "form", "size", "params", "flop_params", "batch", "seq_len", "step_s", "tokens_per_s",
+    "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "model_flops", "counted_flops", "step_s",
+              "tokens_per_s",
               "matmul_peak_flops", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
 }
 OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
@@ -229,7 +230,7 @@ def bench(cfg: DictConfig) -> Path:
         row = {**labels, **result}
         if cfg.mode == "train" and result["status"] == "ok":
             row["matmul_peak_flops"] = limit
-            row["mfu"] = 6 * result["flop_params"] * result["tokens_per_s"] / limit
+            row["mfu"] = result["model_flops"] / result["step_s"] / limit  # model FLOPs (CausalLM.training_flops)
         if cfg.mode == "inference" and result["status"] == "ok":  # a decoding step over the time to read its weights once
             row["read_bandwidth_bytes_per_s"] = limit
             row["limit_ratio"] = result["decode_s_per_token"] / (result["step_weight_bytes"] / limit)

@@ -121,6 +121,8 @@ class OneStream(nn.Module):
     with several streams (RWKV-4's perspectives) splits the embedding into them, stacked along
     the batch, and merges their final-normed states before the LM head."""
 
+    count = 1  # the number of streams
+
     def reset_parameters(self) -> None:
         pass
 
@@ -141,6 +143,16 @@ class TokenMixer(nn.Module):
     parameters (``reset_parameters``) and names the weights that write into the residual
     stream (``residual_weights``), which the skeleton re-draws at a depth-scaled std.
     """
+
+    sequence_backward_factor: ClassVar[int] = 2
+    """The backward's work over the sums of :meth:`sequence_flops`, in forwards: 2 where both
+    operands of each product are learned activations (a gradient for each), 1 where one is a
+    fixed matrix (MCSD's filters: only the input's gradient)."""
+
+    sequence_products: ClassVar[bool] = True
+    """Whether the sums of :meth:`sequence_flops` run as tensor products (``matmul``, ``einsum``),
+    which ``FlopCounterMode`` counts; ``False`` where they are elementwise (RWKV-4's WKV), which
+    it does not see."""
 
     state_rewinds: ClassVar[bool] = False
     """Whether the state keeps an entry per position (a KV cache), so that moving the position
@@ -164,6 +176,26 @@ class TokenMixer(nn.Module):
 
     def residual_weights(self) -> list[nn.Parameter]:
         return []
+
+    def sequence_flops(self, length: int, form: str) -> int:
+        """The forward FLOPs of the mixer's sums over positions for one row of ``length`` tokens
+        in ``form`` (:mod:`mcsd.ops.flops`' rule; its weights' products are counted apart, by
+        :func:`weight_flops_per_token`): what attention's ``12 L d N`` and the chunk forms'
+        intra-chunk products add to ``6 N`` in the model FLOPs of :meth:`CausalLM.training_flops`."""
+        raise NotImplementedError(f"{type(self).__qualname__} must count its sequence FLOPs")
+
+
+def weight_flops_per_token(module: nn.Module) -> int:
+    """2 FLOPs (a multiply and an add) for every weight that one token's forward pass through
+    ``module`` multiplies: the weights of its ``nn.Linear`` and :class:`GroupedLinear` modules,
+    or, for a module that reads its weights otherwise (CDMoE's selected experts), what its own
+    ``weight_flops_per_token()`` says. Norm gains and other elementwise parameters are left out."""
+    own = getattr(module, "weight_flops_per_token", None)
+    if own is not None:
+        return own()
+    if isinstance(module, (nn.Linear, GroupedLinear)):
+        return 2 * module.weight.numel()
+    return sum(weight_flops_per_token(child) for child in module.children())
 
 
 class Layer(nn.Module):
@@ -314,6 +346,36 @@ class CausalLM(nn.Module):
         total = sum(parameter.numel() for parameter in self.parameters())
         return total - sum(module.inactive_parameters_per_token() for module in self.modules()
                            if hasattr(module, "inactive_parameters_per_token"))
+
+    def forward_flops(self, batch: int, length: int, form: str | None = None, scored: int | None = None) -> int:
+        """The model FLOPs of a forward pass over ``batch`` rows of ``length`` tokens in ``form``
+        (the training form by default): each layer's weights (:func:`weight_flops_per_token`) and
+        its mixers' sums over positions (:meth:`TokenMixer.sequence_flops`) for every stream of
+        every row, the streams' merge weights and the LM head at ``scored`` positions (every
+        position by default; MQAR's loss reads a few). The embedding is a lookup: no FLOPs."""
+        weights, sequence = self._flops(batch, length, form or self.default_form, scored, backward=False)
+        return weights + sequence
+
+    def training_flops(self, batch: int, length: int, form: str | None = None, scored: int | None = None) -> int:
+        """The model FLOPs of a training step: :meth:`forward_flops` and its backward, twice the
+        forward's work for the weights (a gradient of the input and one of the weight, PaLM's
+        appendix B: ``6 N`` per token, and ``12 L d N`` for attention) and each mixer's
+        :attr:`TokenMixer.sequence_backward_factor` for its sums over positions. Activation
+        checkpointing's recomputation is not model work and is not counted."""
+        weights, sequence = self._flops(batch, length, form or self.default_form, scored, backward=True)
+        return 3 * weights + sequence
+
+    def _flops(self, batch: int, length: int, form: str, scored: int | None, backward: bool) -> tuple[int, int]:
+        """(the weights' forward FLOPs, the sums over positions' forward or training FLOPs)."""
+        tokens = batch * length
+        mixers = [module for layer in self.layers
+                  for module in (layer.mixer, layer.mlp if layer.mlp_has_state else None) if module is not None]
+        sequence = sum(batch * mixer.sequence_flops(length, form)
+                       * (1 + mixer.sequence_backward_factor if backward else 1) for mixer in mixers)
+        layers = sum(weight_flops_per_token(layer) for layer in self.layers) * tokens
+        head = weight_flops_per_token(self.lm_head) * (tokens if scored is None else scored)
+        weights = self.streams.count * layers + weight_flops_per_token(self.streams) * tokens + head
+        return weights, self.streams.count * sequence
 
     def init_state(self, batch_size: int, capacity: int = 0) -> DecodingState:
         """A fresh decoding state for ``batch_size`` rows and up to ``capacity`` tokens."""

@@ -130,11 +130,20 @@ class LanguageModelModule(L.LightningModule):
         loss, logits = self.model.loss_function(self.compile)(ids[:, :-1], targets)
         return loss, logits, targets
 
+    def _training_flops(self, batch: dict[str, torch.Tensor]) -> int:
+        """The model FLOPs of this process's step (:meth:`CausalLM.training_flops`): every position
+        read, the LM head at the scored ones (MQAR) or at all but the last (next-token)."""
+        ids = batch["input_ids"]
+        if "labels" in batch:
+            scored = int((batch["labels"] != IGNORE_INDEX).sum())
+            return self.model.training_flops(ids.shape[0], ids.shape[1], scored=scored)
+        return self.model.training_flops(ids.shape[0], ids.shape[1] - 1)
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, logits, targets = self._loss(batch)
         tokens = batch_tokens(batch)
         self.tokens_seen += tokens * self.trainer.world_size
-        self.flops_per_batch = 6 * self.parameter_counts()["model/params_activated_non_embedding"] * tokens
+        self.flops_per_batch = self._training_flops(batch)
         self.train_ppl(logits.detach().float(), targets)
         self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the mean over processes: the global batch's
         self.log("train/ppl", self.train_ppl)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from mcsd.models.common import ChannelRMSNorm, GroupedLinear, TokenMixer
 from mcsd.models.mcsd.config import MCSDConfig
 from mcsd.ops.exp_filter import exp_filter, exp_filter_matrix
+from mcsd.ops.flops import exp_filter_flops
 
 
 def slope_rates(num_channels: int) -> list[float]:
@@ -280,6 +281,14 @@ class MCSDBlock(TokenMixer):
 
     def residual_weights(self) -> list[torch.nn.Parameter]:
         return [self.out_proj.weight]
+
+    sequence_backward_factor = 1  # the filters' matrices are fixed: only their input has a gradient
+
+    def sequence_flops(self, length: int, form: str) -> int:
+        """Each section's exponential filter over every channel (``C Dc`` features); the slope's
+        denominators, the gates and the fusion are elementwise."""
+        width = self.num_channels * self.channel_width
+        return sum(exp_filter_flops(length, width, form, section.chunk_size) for section in self.sections)
 
     def section_inputs(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``x`` ``[..., D]`` -> each section's (current, history) branches, ``[..., C, Dc]`` each."""

@@ -26,6 +26,7 @@ from mcsd.models.retnet.config import RetNetConfig
 from mcsd.models.transformer.attention import rotary, rotary_step
 from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
 from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.flops import decayed_attention_flops
 
 
 class MultiScaleRetention(TokenMixer):
@@ -67,6 +68,9 @@ class MultiScaleRetention(TokenMixer):
         retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size)
         mixed = self.norm(retained.transpose(1, 2)) * F.silu(gate)  # [B, N, H, dv]
         return self.out_proj(mixed.reshape(batch, length, -1)), state
+
+    def sequence_flops(self, length: int, form: str) -> int:
+        return self.num_heads * decayed_attention_flops(length, self.key_width, self.value_width, form, self.chunk_size)
 
     def step(self, x: torch.Tensor, state: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""

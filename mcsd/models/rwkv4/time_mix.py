@@ -13,6 +13,7 @@ from mcsd.models.common import TokenMixer
 from mcsd.models.rwkv4.config import RWKV4Config
 from mcsd.models.rwkv4.perspectives import PerspectiveMixes, mix
 from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.flops import wkv_flops
 from mcsd.ops.wkv import empty_wkv_state, wkv, wkv_step
 
 
@@ -70,6 +71,12 @@ class TimeMix(PerspectiveMixes, TokenMixer):
     def residual_weights(self) -> list[nn.Parameter]:
         return [self.output.weight]
 
+    sequence_products = False  # the WKV's sums are elementwise (log-space weights times values)
+
+    def sequence_flops(self, length: int, form: str) -> int:
+        """The WKV over every channel; the token shift's blend of two neighbours is elementwise."""
+        return wkv_flops(length, self.time_decay.numel(), form, self.chunk_size)
+
     def forward(self, x: torch.Tensor, state, position: int, form: str):
         last, wkv_state = state if state is not None else (None, None)
         shifted = token_shift(x, last)
@@ -119,6 +126,10 @@ class ChannelMix(PerspectiveMixes, TokenMixer):
 
     def residual_weights(self) -> list[nn.Parameter]:
         return [self.value.weight]
+
+    def sequence_flops(self, length: int, form: str) -> int:
+        """None: an MLP whose only tie between positions is the token shift (elementwise)."""
+        return 0
 
     def forward(self, x: torch.Tensor, state, position: int, form: str):
         shifted = token_shift(x, state)

@@ -24,6 +24,7 @@ from torch import nn
 
 from mcsd.models.common import TokenMixer
 from mcsd.models.transformer.config import TransformerConfig
+from mcsd.ops.flops import attention_flops
 
 
 @dataclasses.dataclass
@@ -120,6 +121,10 @@ class CausalSelfAttention(TokenMixer):
     def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> KVCache:
         shape = (batch_size, self.num_heads, capacity, self.head_width)
         return KVCache(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
+
+    def sequence_flops(self, length: int, form: str) -> int:
+        width = self.num_heads * self.head_width
+        return attention_flops(length, width, width, form, self.chunk_size)
 
     def key_bias(self, value: torch.Tensor) -> torch.Tensor | None:
         """An additive bias per key on the attention scores, ``[B, H, N]`` from the values

@@ -55,6 +55,13 @@ class CrossDomainMoE(nn.Module):
         experts, width = self.down_embed.weight.shape
         return 2 * width * max(0, experts - self.heads * self.top_k)
 
+    def weight_flops_per_token(self) -> int:
+        """The shared expert's and the queries' weights, the sub-keys (every query against all
+        of them) and each head's ``top_k`` selected experts' down and up vectors, 2 FLOPs each."""
+        linears = sum(layer.weight.numel() for layer in (self.shared_up, self.shared_down, self.queries))
+        experts = 2 * self.heads * self.top_k * self.down_embed.weight.shape[1]
+        return 2 * (linears + self.sub_keys.numel() + experts)
+
     def select(self, phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Product-key retrieval: (scores, expert indices), each ``[..., heads, top_k]``."""
         queries = self.queries(phi).unflatten(-1, (self.heads, 2, self.half_width))

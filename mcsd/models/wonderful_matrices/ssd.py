@@ -24,6 +24,7 @@ from mcsd.models.transformer.attention import rotary, rotary_step
 from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
 from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
 from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.flops import decayed_attention_flops
 
 
 class StateSpaceDuality(TokenMixer):
@@ -82,6 +83,11 @@ class StateSpaceDuality(TokenMixer):
         mixed = mixed + self.skip[:, None, None].to(inner.dtype) * inner
         gated = self.gated_norm(mixed.transpose(1, 2).reshape(batch, length, self.inner_width), gate)
         return self.out_proj(gated), state
+
+    def sequence_flops(self, length: int, form: str) -> int:
+        """Decayed attention per head: the shared ``B`` and ``C`` (``state_size``) as keys and
+        queries, the head's ``P`` features as values; the skip term is elementwise."""
+        return self.num_heads * decayed_attention_flops(length, self.state_size, self.head_width, form, self.chunk_size)
 
     def step(self, x: torch.Tensor, state: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""

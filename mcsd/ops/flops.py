@@ -1,0 +1,89 @@
+"""Model FLOPs of the sequence-mixing ops: the forward work of their sums over positions.
+
+One rule for every op and form: a sum over positions costs 2 FLOPs (a multiply and an add)
+per term and per output feature, counted as the form computes it. Parallel forms compute
+their full ``N x N`` products (masked entries included, as ``scaled_dot_product_attention``
+and PaLM's appendix B count attention); chunk forms their ``L x L`` products inside each
+chunk (the last one ``r x r`` for ``N = q L + r``) plus the carried state's writes and reads;
+recurrent forms their state updates and reads. Exponentials, masks, normalisations and the
+carry of states from chunk to chunk (one update per chunk, not per token) are elementwise
+work that the count leaves out, as ``torch.utils.flop_counter.FlopCounterMode`` does.
+Every function returns the FLOPs of one batch row (one head or one set of channels as its
+arguments say): per-token costs times the sequence, never a guess from parameter counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+FORMS = ("parallel", "chunk", "recurrent")
+
+
+def over_chunks(length: int, chunk_size: int, per_chunk: Callable[[int], int]) -> int:
+    """``per_chunk(L)`` for each full chunk of ``length`` plus ``per_chunk(r)`` for the rest."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size} must be a positive integer")
+    full, rest = divmod(length, chunk_size)
+    return full * per_chunk(chunk_size) + (per_chunk(rest) if rest else 0)
+
+
+def check_form(form: str) -> None:
+    if form not in FORMS:
+        raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+
+
+def attention_flops(length: int, key_width: int, value_width: int, form: str, chunk_size: int) -> int:
+    """Softmax attention over a KV cache (one row; widths summed over heads): the scores
+    (``key_width`` per term) and their sum of values (``value_width``). Parallel: every query
+    against every key (``4 N^2 d`` for equal widths, PaLM's 12 L d N per token once with its
+    backward); chunk: each block of queries against the keys up to its end; recurrent: each
+    token against the keys up to itself."""
+    check_form(form)
+    width = key_width + value_width
+    if form == "parallel":
+        return 2 * length * length * width
+    block = 1 if form == "recurrent" else chunk_size
+    full, rest = divmod(length, block)
+    # Block b (of `block` queries) reads the (b + 1) * block keys up to its end.
+    keys_read = block * block * full * (full + 1) // 2 + rest * length
+    return 2 * keys_read * width
+
+
+def decayed_attention_flops(length: int, key_width: int, value_width: int, form: str, chunk_size: int) -> int:
+    """Decayed linear attention, one head (``dk``, ``dv``): parallel ``2 N^2 (dk + dv)``; chunk
+    ``2 L^2 (dk + dv)`` inside each chunk plus the state's write (``k^T v``) and read (``q S``),
+    ``2 dk dv`` each per token; recurrent the same write and read per token."""
+    check_form(form)
+    if form == "parallel":
+        return 2 * length * length * (key_width + value_width)
+    state = 4 * key_width * value_width
+    if form == "recurrent":
+        return length * state
+    return over_chunks(length, chunk_size, lambda size: 2 * size * size * (key_width + value_width) + size * state)
+
+
+def exp_filter_flops(length: int, width: int, form: str, chunk_size: int) -> int:
+    """The exponential filter over ``width`` features (MCSD's section, every channel): parallel
+    the ``N x N`` matrix times the values (``2 N^2`` per feature); chunk the ``L x L`` matrix in
+    each chunk, each token's write into the carried state and the state's read at each token
+    (``2 L^2 + 4 L`` per feature); recurrent the state's update per token (``2`` per feature)."""
+    check_form(form)
+    if form == "parallel":
+        return 2 * length * length * width
+    if form == "recurrent":
+        return 2 * length * width
+    return over_chunks(length, chunk_size, lambda size: (2 * size * size + 4 * size) * width)
+
+
+def wkv_flops(length: int, channels: int, form: str, chunk_size: int) -> int:
+    """RWKV-4's WKV over ``channels``: two sums (numerator and denominator), 4 FLOPs per term.
+    A token's terms: the tokens before it, its own bonus term and the carried state's. Parallel
+    ``N (N + 1)`` terms (every token against every column and the state); chunk ``L (L + 1)``
+    in each chunk plus each token's term in its chunk's own state; recurrent 2 terms per token
+    to read (the state and the bonus) and 2 to update the state."""
+    check_form(form)
+    if form == "parallel":
+        return 4 * length * (length + 1) * channels
+    if form == "recurrent":
+        return 4 * 4 * length * channels
+    return over_chunks(length, chunk_size, lambda size: 4 * (size * (size + 1) + size) * channels)
