@@ -159,12 +159,12 @@ def test_loop_free_chunk_carry_equals_the_looped_one(group_chunks: int, length: 
 
 
 def test_compiled_chunk_form_takes_new_lengths_without_compiling_again() -> None:
-    """No Python loop over chunks for ``torch.compile`` to unroll: the graph compiled dynamic at
-    one length serves another (another chunk count, not a multiple of the chunk) without
-    compiling again, and it equals the eager form (values and gradients)."""
+    """No Python loop over chunks for ``torch.compile`` to unroll: once a second length has made
+    the graph dynamic, a third (other chunk counts and groups, not a multiple of the chunk)
+    reuses it, and it equals the eager form (values and gradients)."""
     torch._dynamo.reset()
-    compiled = torch.compile(wkv_chunk.chunk_wkv, dynamic=True)
-    for length in (42, 75):
+    compiled = torch.compile(wkv_chunk.chunk_wkv)
+    for length in (40, 57, 75):
         leaves = [tensor.requires_grad_() for tensor in inputs(length, key_scale=3.0)]
         with torch.compiler.set_stance("fail_on_recompile" if length == 75 else "default"):
             output, final = compiled(*leaves, chunk_size=4)
