@@ -24,7 +24,7 @@ class RWKV4Config(LMConfig):
     parameters and a trained P = 1 model's weights fit every P.
     """
 
-    chunk_size: int = 16  # measured fastest for training (its per-chunk tensors are [B, C, C + 1, D])
+    chunk_size: int = 8  # measured fastest for training (its per-chunk tensors are [B, C, C, D])
     perspectives: int = dataclasses.field(default=1, metadata={"setting": True, "legacy": 1, "sized_at": 1})
     aggregator_init_std: float = 0.01
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mcsd.ops.exp_filter.naive import state_dtype
-from mcsd.ops.wkv.naive import EMPTY_LOG_SCALE, empty_wkv_state, parallel_wkv
+from mcsd.ops.wkv.naive import EMPTY_LOG_SCALE, empty_wkv_state, wkv_outputs
 
 GROUP_CHUNKS = 32  # chunks per group of the two-level carry
 
@@ -111,9 +111,8 @@ def chunk_wkv(
     v_chunks = F.pad(v.to(dtype), (0, 0, 0, filler)).view(batch, chunks, chunk_size, channels)
 
     starts = carried_states(own_states(k_chunks, v_chunks, w32, chunk_size), -chunk_size * w32, state)  # [B, nc, 3, D]
-    output, _ = parallel_wkv(w, u, k_chunks.view(batch * chunks, chunk_size, channels),
-                             v_chunks.view(batch * chunks, chunk_size, channels),
-                             starts.reshape(batch * chunks, 3, channels))
+    output = wkv_outputs(w32, u.to(dtype), k_chunks.view(batch * chunks, chunk_size, channels),
+                         v_chunks.view(batch * chunks, chunk_size, channels), starts.reshape(batch * chunks, 3, channels))
     # The final state: the last chunk's start carried through its real tokens only (the filler
     # after them would decay it, and undoing that in log-space costs digits).
     last = chunk_size - filler

@@ -10,7 +10,8 @@ denominator scaled by ``e^{-p0}``. Every term is a logit ``l`` times a value; th
 taken after subtracting the largest logit of the row, so nothing is exponentiated
 unguarded (``e^k`` overflows fp32 above k = 88). The state after the sequence is the same
 sum as seen by the next token, with ``p`` its largest logit. Materialises
-``[B, N, N + 1, D]``: the reference for the chunkwise and recurrent forms.
+``[B, N, N, D]``: the reference for the chunkwise and recurrent forms, and the chunkwise
+form's work inside each chunk.
 """
 
 from __future__ import annotations
@@ -29,6 +30,31 @@ def empty_wkv_state(batch: int, channels: int, device: torch.device, dtype: torc
     return state
 
 
+def token_offsets(w: torch.Tensor, u: torch.Tensor, length: int) -> torch.Tensor:
+    """What token ``t`` adds to past token ``i``'s key in its logit: ``-(t - 1 - i) w`` for
+    ``i < t``, the bonus ``u`` for ``i = t``, ``-inf`` after it; ``[N, N, D]``, built once per call
+    (not per row), so that a row's logits are one addition."""
+    positions = torch.arange(length, device=w.device)
+    distance = (positions[:, None] - 1 - positions[None, :]).to(w.dtype)  # t - 1 - i
+    offsets = torch.where((distance == -1)[..., None], u, -distance[..., None] * w)
+    return offsets.masked_fill((distance < -1)[..., None], float("-inf"))
+
+
+def wkv_outputs(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """Every token's wkv from the carried ``state`` (``[B, 3, D]``) and the tokens before it, all
+    in the state's dtype: ``[B, N, D]``. The carried state's logit at ``t`` is ``p0 - t w``; each
+    row's sums are taken after subtracting the row's largest logit."""
+    length = k.shape[1]
+    logits = k[:, None] + token_offsets(w, u, length)  # [B, t, i, D]
+    carried = state[:, None, 2] - torch.arange(length, device=k.device, dtype=w.dtype)[:, None] * w  # [B, t, D]
+    scale = torch.maximum(logits.amax(dim=2), carried).detach()
+    weights = torch.exp(logits - scale[:, :, None])
+    carried_weight = torch.exp(carried - scale)
+    numerator = (weights * v[:, None]).sum(2) + carried_weight * state[:, None, 0]
+    denominator = weights.sum(2) + carried_weight * state[:, None, 1]
+    return numerator / denominator
+
+
 def parallel_wkv(
     w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,25 +65,11 @@ def parallel_wkv(
     batch, length, channels = k.shape
     state = (empty_wkv_state(batch, channels, k.device, dtype) if initial_state is None else initial_state.to(dtype))
     w, u, k, v = w.to(dtype), u.to(dtype), k.to(dtype), v.to(dtype)
-    positions = torch.arange(length + 1, device=k.device, dtype=dtype)
-    # Logits of token t (rows 0..N, row N: the next token, for the final state) for past token
-    # i (columns 0..N-1) and for the carried state (column N).
-    distance = positions[:, None] - 1 - positions[None, :length]  # t - 1 - i
-    past = (-distance[..., None] * w + k[:, None, :, :]).masked_fill((distance < 0)[..., None], float("-inf"))
-    diagonal = torch.arange(length, device=k.device)
-    bonus = torch.full_like(past, float("-inf"))
-    bonus[:, diagonal, diagonal] = u + k
-    token_logits = torch.where(distance[..., None] == -1, bonus, past)[:, :length]
-    carried = (state[:, None, 2] - positions[:, None] * w)[:, :, None]  # [B, N + 1, 1, D]
-    logits = torch.cat([token_logits, carried[:, :length]], dim=2)  # [B, N, N + 1, D]
-    scale = logits.amax(dim=2, keepdim=True).detach()
-    weights = torch.exp(logits - scale)
-    numerator = (weights[:, :, :length] * v[:, None]).sum(2) + weights[:, :, length] * state[:, None, 0]
-    denominator = weights[:, :, :length].sum(2) + weights[:, :, length] * state[:, None, 1]
-    output = numerator / denominator
-    # The state for the next token: past tokens all at distance >= 0, no bonus.
-    final_logits = torch.cat([past[:, length], carried[:, length]], dim=1)  # [B, N + 1, D]
-    final_scale = final_logits.amax(dim=1, keepdim=True).detach()
+    output = wkv_outputs(w, u, k, v, state)
+    # The state for the next token (t = N): every token at distance N - 1 - i, no bonus.
+    positions = torch.arange(length, device=k.device, dtype=dtype)
+    final_logits = torch.cat([k - (length - 1 - positions)[:, None] * w, (state[:, 2] - length * w)[:, None]], dim=1)
+    final_scale = final_logits.amax(dim=1, keepdim=True).detach()  # [B, 1, D]
     final_weights = torch.exp(final_logits - final_scale)
     final_a = (final_weights[:, :length] * v).sum(1) + final_weights[:, length] * state[:, 0]
     final_b = final_weights[:, :length].sum(1) + final_weights[:, length] * state[:, 1]
