@@ -177,27 +177,32 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", registry.architectures())
 def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
     """``loss_function(compile=True)`` (what ``compile=true`` trains and mcsd-bench times): the
-    eager loss, logits and gradients up to float rounding, cached per model, and no recompile
-    on the next step."""
+    eager loss, logits and gradients up to float rounding at lengths of several chunks, cached
+    per model; compiled once with the length dynamic, it takes another length (other chunk
+    counts, not a multiple of the chunk) without compiling again: nothing in the model
+    specialises on the length."""
     torch._dynamo.reset()
-    model = tiny_model(name).train()
-    ids = torch.randint(0, 101, (2, 33))
-    targets = ids[:, 1:].clone()
-    targets[0, :4] = -100  # not scored
+    model = tiny_model(name).train()  # chunk size 16
     compiled = model.loss_function(compile=True)
     assert model.loss_function(compile=True) is compiled and model.loss_function() == model.loss
-    results = []
-    for function in (model.loss, compiled, compiled):
-        with torch.compiler.set_stance("fail_on_recompile" if len(results) == 2 else "default"):
-            loss, logits = function(ids[:, :-1], targets)
-        loss.backward()
-        results.append((loss.detach(), logits.detach(), [p.grad.clone() for p in model.parameters()]))
-        model.zero_grad(set_to_none=True)
-    (eager_loss, eager_logits, eager_grads), *compiled_results = results
-    scored = targets != -100  # the mean over the scored positions only
-    assert eager_loss.item() == pytest.approx(
-        torch.nn.functional.cross_entropy(eager_logits[scored], targets[scored]).item(), rel=1e-6)
-    for loss, logits, grads in compiled_results:
+    for length in (40, 57):
+        ids = torch.randint(0, 101, (2, length + 1))
+        inputs, targets = ids[:, :-1], ids[:, 1:].clone()
+        targets[0, :4] = -100  # not scored
+        results = []
+        for function in (model.loss, compiled):
+            if function is compiled and length == 40:  # one graph for every length from the start
+                torch._dynamo.mark_dynamic(inputs, 1)
+                torch._dynamo.mark_dynamic(targets, 1)
+            with torch.compiler.set_stance("fail_on_recompile" if length == 57 else "default"):
+                loss, logits = function(inputs, targets)
+            loss.backward()
+            results.append((loss.detach(), logits.detach(), [p.grad.clone() for p in model.parameters()]))
+            model.zero_grad(set_to_none=True)
+        (eager_loss, eager_logits, eager_grads), (loss, logits, grads) = results
+        scored = targets != -100  # the mean over the scored positions only
+        assert eager_loss.item() == pytest.approx(
+            torch.nn.functional.cross_entropy(eager_logits[scored], targets[scored]).item(), rel=1e-6)
         assert loss.item() == pytest.approx(eager_loss.item(), rel=1e-6)
         assert relative_rms_error(logits, eager_logits) < 1e-6
         # Per element, rounding-sized: some gradients (the hybrid's skips) are ~1e-6 in all.

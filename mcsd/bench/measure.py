@@ -200,7 +200,8 @@ def train_point(
 ) -> dict[str, Any]:
     """Tokens/s and peak memory of forward + backward + AdamW step in one form; with ``compile``
     through the compiled loss that training uses (:meth:`CausalLM.loss_function`; compiled by the
-    warm-up, which then runs at least once)."""
+    warm-up, which then runs at least once: ``first_step_s`` is its first step, compiling
+    included)."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     model = build(model_cfg, device_, torch.float32, seed).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -217,8 +218,7 @@ def train_point(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(max(warmup, 1 if compile else 0)):
-        step()
+    warmups = [timed(step, device_)[0] for _ in range(max(warmup, 1 if compile else 0))]
     if device_.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device_)
     step_s = statistics.median(timed(step, device_)[0] for _ in range(repeats))
@@ -229,6 +229,7 @@ def train_point(
         "model_flops": model.training_flops(batch_size, seq_len, form),
         "counted_flops": counted_training_flops(model, batch_size, seq_len, form),
         "step_s": step_s,
+        "first_step_s": warmups[0] if warmups else None,  # compiling included, with ``compile``
         "tokens_per_s": batch_size * seq_len / step_s,
         "peak_mem_bytes": peak,
         "weights_bytes": weights,

@@ -43,8 +43,7 @@ COLUMNS = {
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "status"],
     "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "model_flops", "counted_flops", "step_s",
-              "tokens_per_s",
-              "matmul_peak_flops", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
+              "first_step_s", "tokens_per_s", "matmul_peak_flops", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
 }
 OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
 

@@ -178,7 +178,7 @@ class Section(torch.nn.Module):
             positions = torch.arange(position, position + length + 1, device=filtered.device)
             denominator = history_weight_sum(log_decay, positions)[None, :, :, None]
             filtered = filtered / denominator[:, :, :length]
-            final = final / denominator[:, :, length]
+            final = final / denominator[:, :, -1]
         elif self.average_decay:  # the state stays the raw sum of Eq. 19; only the output is divided
             positions = torch.arange(position, position + length, device=filtered.device)
             filtered = filtered / history_weight_sum(log_decay, positions)[None, :, :, None]

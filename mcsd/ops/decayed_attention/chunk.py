@@ -29,7 +29,7 @@ def chunk_decayed_attention(
     batch, heads, length, key_width = q.shape
     value_width = v.shape[-1]
     accumulate = state_dtype(v)
-    num_chunks = -(-length // chunk_size)
+    num_chunks = -(-length // chunk_size)  # compiled, multiples of the chunk take a graph of their own
     padding = num_chunks * chunk_size - length
 
     def chunked(x: torch.Tensor) -> torch.Tensor:
@@ -63,6 +63,9 @@ def chunk_decayed_attention(
 
     # The state a chunk starts from reaches its token t decayed by exp(g_start + ... + g_t).
     output = output + torch.exp(within)[..., None] * torch.matmul(q_chunks.to(accumulate), starts)
-    output = output.view(batch, heads, num_chunks * chunk_size, value_width)[:, :, :length]
+    # A tensor of its own, not a view of the padded one: compiled with the length symbolic, the
+    # view's strides (in chunks) and those inductor gives it (in tokens) differ, and the
+    # backward's compilation would then fix the length (torch 2.13).
+    output = output.view(batch, heads, num_chunks * chunk_size, value_width)[:, :, :length].contiguous()
     final = ends[:, :, -1].view(batch, heads, key_width, value_width)
     return output.to(v.dtype), final

@@ -50,8 +50,10 @@ def chunk_exp_filter(
     chunk_log_decay = log_decay.float() * chunk_size
     chunk_index = torch.arange(num_chunks, device=x.device)
     distance = chunk_index[:, None] - chunk_index[None, :] - 1
-    carry = masked_powers(chunk_log_decay, distance, keep=distance >= 0)  # [C, nc, nc]
-    starts = torch.matmul(carry.to(accumulate)[None], local)  # [B, C, nc, D]
+    # Channels last, [nc, nc, C]: no stride of nc^2, on which inductor's value ranges fail when
+    # nc is symbolic (torch 2.13; a product's backward reads the matrix transposed).
+    carry = masked_powers(chunk_log_decay, distance, keep=distance >= 0).permute(1, 2, 0).contiguous()
+    starts = torch.einsum("ijc,bcjd->bcid", carry.to(accumulate), local)  # [B, C, nc, D]
     if initial_state is not None:
         to_start = decay_powers(chunk_log_decay, num_chunks).to(accumulate)
         starts = starts + to_start[None, :, :, None] * initial_state.to(accumulate)[:, :, None, :]
@@ -60,4 +62,4 @@ def chunk_exp_filter(
     from_start = decay_powers(log_decay, chunk_size).to(accumulate)  # a^t
     y = y + from_start[None, :, None, :, None] * starts[:, :, :, None, :]
     y = y.reshape(batch, channels, num_chunks * chunk_size, width)
-    return y[:, :, :length].to(x.dtype), y[:, :, length].clone()  # a state of its own, not a view of y
+    return y[:, :, :length].to(x.dtype), y[:, :, length : length + 1].squeeze(2).clone()  # a state of its own

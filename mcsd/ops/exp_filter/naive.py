@@ -62,4 +62,4 @@ def parallel_exp_filter(
     if initial_state is not None:
         carry = decay_powers(log_decay, length + 1).to(accumulate)
         y = y + carry[None, :, :, None] * initial_state.to(accumulate)[:, :, None, :]
-    return y[:, :, :length].to(x.dtype), y[:, :, length].clone()  # a state of its own, not a view of y
+    return y[:, :, :-1].to(x.dtype), y[:, :, -1].clone()  # a state of its own, not a view of y

@@ -104,7 +104,7 @@ def chunk_wkv(
     dtype = state_dtype(v)
     batch, length, channels = k.shape
     state = empty_wkv_state(batch, channels, k.device, dtype) if initial_state is None else initial_state.to(dtype)
-    chunks = -(-length // chunk_size)
+    chunks = -(-length // chunk_size)  # compiled, multiples of the chunk take a graph of their own
     filler = chunks * chunk_size - length
     w32 = w.to(dtype)
     k_chunks = F.pad(k.to(dtype), (0, 0, 0, filler), value=EMPTY_LOG_SCALE).view(batch, chunks, chunk_size, channels)

@@ -71,7 +71,7 @@ def parallel_wkv(
     final_logits = torch.cat([k - (length - 1 - positions)[:, None] * w, (state[:, 2] - length * w)[:, None]], dim=1)
     final_scale = final_logits.amax(dim=1, keepdim=True).detach()  # [B, 1, D]
     final_weights = torch.exp(final_logits - final_scale)
-    final_a = (final_weights[:, :length] * v).sum(1) + final_weights[:, length] * state[:, 0]
-    final_b = final_weights[:, :length].sum(1) + final_weights[:, length] * state[:, 1]
+    final_a = (final_weights[:, :-1] * v).sum(1) + final_weights[:, -1] * state[:, 0]
+    final_b = final_weights[:, :-1].sum(1) + final_weights[:, -1] * state[:, 1]
     final_state = torch.stack([final_a, final_b, final_scale[:, 0]], dim=1)
     return output.to(output_dtype), final_state
