@@ -120,28 +120,6 @@ def test_loop_free_chunk_carry_equals_the_looped_one(length: int, per_token: boo
         torch.testing.assert_close(loop_free, looped, rtol=1e-12, atol=1e-12)
 
 
-def test_compiled_chunk_form_takes_new_lengths_without_compiling_again() -> None:
-    """No Python loop over chunks for ``torch.compile`` to unroll: compiled once with the length
-    dynamic, it takes another length (other chunk counts) without compiling again, and equals
-    the eager form (values, final states and gradients). Neither length is a multiple of the
-    chunk: those (no padding) take a graph of their own."""
-    torch._dynamo.reset()
-    compiled = torch.compile(chunk_decayed_attention)
-    for length in (40, 75):
-        leaves = [tensor.requires_grad_() for tensor in inputs(length, True)]
-        for leaf in leaves[:4]:  # q, k, v [B, H, N, D] and the per-token log decay [B, H, N]
-            torch._dynamo.mark_dynamic(leaf, 2)
-        with torch.compiler.set_stance("fail_on_recompile" if length == 75 else "default"):
-            output, final = compiled(*leaves, chunk_size=16)
-            (output.square().sum() + final.sum()).backward()
-        expected_leaves = [tensor.requires_grad_() for tensor in inputs(length, True)]
-        expected, expected_final = chunk_decayed_attention(*expected_leaves, chunk_size=16)
-        (expected.square().sum() + expected_final.sum()).backward()
-        assert relative_rms_error(output, expected) < 1e-6 and relative_rms_error(final, expected_final) < 1e-6
-        for leaf, expected_leaf in zip(leaves, expected_leaves):
-            assert relative_rms_error(leaf.grad, expected_leaf.grad) < 1e-5, length
-
-
 def test_chunk_form_passes_gradcheck() -> None:
     q, k, v, log_decay, initial = (t.requires_grad_() for t in inputs(11, True, torch.float64))
     assert torch.autograd.gradcheck(lambda *a: decayed_attention(*a, form="chunk", chunk_size=4),

@@ -7,6 +7,7 @@ same losses; SLURM's resources follow the trainer."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -17,7 +18,9 @@ from omegaconf import DictConfig
 
 import mcsd
 from harness import FAST, compose_train, read_metrics, run_cli, series
+from mcsd.errors import MCSDError
 from mcsd.train import train
+from mcsd.training.resume import resume_config
 
 RUN = [*FAST, "logger=csv", "test_after_training=false"]
 FSDP = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=4"]
@@ -108,9 +111,14 @@ def test_bad_sharded_input_fails_in_one_line(runs: tuple[Path, Path, Path], tmp_
     shard = truncated / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:100])
     before = {path: path.stat().st_mtime_ns for path in fsdp.rglob("*")}
+    one_device = run_cli("mcsd-train", *RUN, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=1",
+                         "paths.log_dir=bad", cwd=cwd)
+    errors = [line for line in one_device.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+    assert one_device.returncode == 2 and len(errors) == 1 and "Traceback" not in one_device.stderr
+    assert ("trainer=fsdp shards the model over processes, but trainer.devices=1 x trainer.num_nodes=1 makes one"
+            in errors[0]), one_device.stderr[-2000:]
+    # The checkpoint's refusals are MCSDErrors, which the command prints in one line as above.
     cases = [
-        ([*RUN, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=1"],
-         "trainer=fsdp shards the model over processes, but trainer.devices=1 x trainer.num_nodes=1 makes one"),
         ([f"ckpt_path={missing}"], f"{missing} is not a whole sharded checkpoint (__1_0.distcp is missing)"),
         ([f"ckpt_path={truncated}"], f"{truncated} is not a whole sharded checkpoint (__0_0.distcp is truncated: 100 of"),
         ([f"ckpt_path={source}", "size=small"], "the overrides change the model (embed.weight: (512, 64) in the "
@@ -118,11 +126,10 @@ def test_bad_sharded_input_fails_in_one_line(runs: tuple[Path, Path, Path], tmp_
         ([f"ckpt_path={source}", "model=transformer"], "the overrides change the model"),
         ([f"init_from={missing}", *RUN], f"{missing} is not a whole sharded checkpoint (__1_0.distcp is missing)"),
     ]
-    for overrides, message in cases:
-        result = run_cli("mcsd-train", *overrides, "paths.log_dir=bad", cwd=cwd)
-        errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
-        assert result.returncode == 2 and len(errors) == 1 and message in errors[0], (overrides, result.stderr[-2000:])
-        assert "Traceback" not in result.stderr
+    for number, (overrides, message) in enumerate(cases):
+        cfg = compose_train(cwd / "bad" / str(number), *overrides)
+        with initialize_config_module("mcsd.conf", version_base="1.3"), pytest.raises(MCSDError, match=re.escape(message)):
+            train(resume_config(cfg))  # what mcsd-train runs
     assert not list((cwd / "bad").rglob("*.ckpt"))
     assert {path: path.stat().st_mtime_ns for path in fsdp.rglob("*")} == before
 
@@ -137,7 +144,7 @@ def test_the_paper_size_is_refused_by_its_memory_plan_without_allocating(tmp_pat
     count = mcsd.count_parameters({"_target_": "mcsd.models.mcsd.MCSDConfig", "vocab_size": 50304, "hidden_size": 3072,
                                    "num_channels": 12, "num_layers": 60, "mlp_hidden_size": 15360})
     shard = f"{4 * count // 2 / 2**30:.2f}"
-    assert (f"this run cannot fit: memory plan, process 0 (sharded over 2 processes): " in errors[0]
+    assert ("this run cannot fit: memory plan, process 0 (sharded over 2 processes): " in errors[0]
             and f"parameters {shard} + gradients {shard} + optimizer {f'{8 * count // 2 / 2**30:.2f}'}" in errors[0])
 
 

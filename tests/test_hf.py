@@ -5,12 +5,14 @@ process with trust_remote_code, mcsd-export's bad inputs, and exported folders i
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
@@ -20,7 +22,7 @@ from harness import FAST, run_cli
 from mcsd.bench.run import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
-from mcsd.export import write_export
+from mcsd.export import export, write_export
 from mcsd.generate import generate as mcsd_generate
 from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
 from mcsd.hf.cache import CACHE_KEY
@@ -267,8 +269,8 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
-def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(trained_run: Path,
-                                                                                tmp_path: Path) -> None:
+def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
+        trained_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     offline = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": None, "HF_HOME": str(tmp_path / "hf-home")}
     out = tmp_path / "exported"
     result = run_cli("mcsd-export", f"ckpt={trained_run}", f"out={out}", cwd=tmp_path, env=offline)
@@ -285,11 +287,12 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(t
     ids = torch.tensor([[5, 17, 99, 3]])
     with torch.no_grad():
         assert torch.equal(model(ids, use_cache=False).logits, mcsd.load(trained_run)(ids))
-    generated = run_cli("mcsd-generate", f"ckpt={out}", "prompt=The ", "temperature=0", "max_new_tokens=12",
+    generated = run_cli("mcsd-generate", f"ckpt={out}", "prompt=The", "temperature=0", "max_new_tokens=12",
                         cwd=tmp_path)
-    assert generated.returncode == 0 and generated.stdout == run_cli(
-        "mcsd-generate", f"ckpt={trained_run}", "prompt=The ", "temperature=0", "max_new_tokens=12",
-        cwd=tmp_path).stdout
+    from_checkpoint = OmegaConf.create({"ckpt": str(trained_run), "prompt": "The", "max_new_tokens": 12,
+                                        "temperature": 0, "top_k": None, "top_p": None, "seed": 0, "device": "cpu",
+                                        "stop_at_eos": True, "compile": False})
+    assert generated.returncode == 0 and generated.stdout == mcsd_generate(from_checkpoint) + "\n"
     evaluated = run_cli("mcsd-eval", f"ckpt={trained_run}", "tasks=local", "limit=8", "batch_size=4",
                         "wandb.enabled=false", "paths.log_dir=eval", cwd=tmp_path, env=offline)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -309,15 +312,20 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(t
                          ("mcsd_local_ppl", "bits_per_byte,none"), ("mcsd_local_ppl", "word_perplexity,none")]:
         assert theirs[task][metric] == ours[task][metric]  # lm-eval's own CLI on the export = mcsd-eval
     before = (out / "model.safetensors").read_bytes()
+    # Refused before anything is written (the command prints these MCSDErrors in one line, as the push below).
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "tokens"))
     refusals = {
         "is not a .ckpt file": ["ckpt=" + str(out / "README.md"), f"out={tmp_path / 'other'}"],
         "exists: choose a new folder, or overwrite=true": [f"ckpt={trained_run}", f"out={out}"],
         "needs a Hugging Face token": [f"ckpt={trained_run}", f"out={tmp_path / 'other'}", "push_to_hub=me/model"],
     }
     for message, arguments in refusals.items():
-        refused = run_cli("mcsd-export", *arguments, cwd=tmp_path, env=offline)
-        errors = [line for line in refused.stderr.splitlines() if line.startswith("mcsd-export: error:")]
-        assert refused.returncode == 2 and len(errors) == 1 and message in errors[0], refused.stderr[-2000:]
+        with initialize_config_module("mcsd.conf", version_base="1.3"):
+            cfg = compose("export", overrides=arguments)
+        with pytest.raises((MCSDError, FileNotFoundError), match=re.escape(message)):
+            export(cfg)
     assert (out / "model.safetensors").read_bytes() == before and not (tmp_path / "other").exists()
     pushed = run_cli("mcsd-export", f"ckpt={trained_run}", f"out={out}", "overwrite=true", "push_to_hub=me/model",
                      cwd=tmp_path, env={**offline, "HF_TOKEN": "hf_not_a_real_token"})

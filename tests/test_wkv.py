@@ -158,28 +158,6 @@ def test_loop_free_chunk_carry_equals_the_looped_one(group_chunks: int, length: 
         torch.testing.assert_close(loop_free, looped, rtol=1e-12, atol=1e-12)
 
 
-def test_compiled_chunk_form_takes_new_lengths_without_compiling_again() -> None:
-    """No Python loop over chunks for ``torch.compile`` to unroll: compiled once with the length
-    dynamic, it takes another length (other chunk counts) without compiling again, and equals
-    the eager form (values and gradients). Neither length is a multiple of the chunk: those
-    (no filler) take a graph of their own."""
-    torch._dynamo.reset()
-    compiled = torch.compile(wkv_chunk.chunk_wkv)
-    for length in (41, 75):
-        leaves = [tensor.requires_grad_() for tensor in inputs(length, key_scale=3.0)]
-        for leaf in leaves[2:4]:  # k, v [B, N, D]
-            torch._dynamo.mark_dynamic(leaf, 1)
-        with torch.compiler.set_stance("fail_on_recompile" if length == 75 else "default"):
-            output, final = compiled(*leaves, chunk_size=4)
-            scale_invariant_loss(output, final, leaves[0], leaves[1]).backward()
-        expected_leaves = [tensor.requires_grad_() for tensor in inputs(length, key_scale=3.0)]
-        expected, expected_final = wkv_chunk.chunk_wkv(*expected_leaves, chunk_size=4)
-        scale_invariant_loss(expected, expected_final, expected_leaves[0], expected_leaves[1]).backward()
-        assert relative_rms_error(output, expected) < 1e-6
-        for leaf, expected_leaf in zip(leaves, expected_leaves):
-            assert relative_rms_error(leaf.grad, expected_leaf.grad) < 1e-5, length
-
-
 @pytest.mark.parametrize("form", FORMS)
 def test_gradcheck(form: str) -> None:
     w, u, k, v, initial = inputs(6, key_scale=2.0, dtype=torch.float64)
