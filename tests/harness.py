@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import wandb
 from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
+
+from mcsd.cli import require_values, run_or_exit
+from mcsd.train import train
+from mcsd.training.resume import resume_config
 
 # A tiny, fast run: a few steps of the tiny model on short blocks.
 FAST = [
@@ -39,6 +47,23 @@ def compose_train(output_dir: Path, *overrides: str) -> DictConfig:
     with open_dict(cfg):
         del cfg.hydra  # a task sees its config without the hydra node
     return cfg
+
+
+def train_refusal(output_dir: Path, *overrides: str) -> str:
+    """The one line ``mcsd-train OVERRIDES`` prints for a setting that cannot work (its exit
+    status 2), got in this process: its task (the resumed run's config, then training) under
+    the command's error handling, without starting a Python of its own for each bad input."""
+    cfg = compose_train(output_dir, *overrides)
+    stderr = io.StringIO()
+    try:
+        with (initialize_config_module("mcsd.conf", version_base="1.3"), contextlib.redirect_stderr(stderr),
+              pytest.raises(SystemExit) as exit_info):
+            run_or_exit("mcsd-train", lambda: (require_values(cfg), train(resume_config(cfg))))
+    finally:
+        wandb.finish()
+    errors = [line for line in stderr.getvalue().splitlines() if line.startswith("mcsd-train: error:")]
+    assert exit_info.value.code == 2 and len(errors) == 1, stderr.getvalue()[-2000:]
+    return errors[0]
 
 
 def run_cli(*args: str, cwd: Path, env: dict[str, str | None] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:

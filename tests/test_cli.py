@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import FAST, read_metrics, run_cli, series
+from harness import FAST, read_metrics, run_cli, series, train_refusal
 from mcsd.models import registry
 
 QUICK = [*FAST, "trainer.max_steps=2", "trainer.val_check_interval=2", "test_after_training=false"]
@@ -114,14 +114,11 @@ def test_resume_needs_no_overrides_repeated(stopped_run: tuple[Path, Path], how:
                                    "the checkpoint, None now)"),
     ],
 )
-def test_resume_refuses_a_different_model_in_one_line(stopped_run: tuple[Path, Path], overrides: list[str],
-                                                      message: str) -> None:
-    cwd, run = stopped_run
+def test_resume_refuses_a_different_model_in_one_line(stopped_run: tuple[Path, Path], tmp_path: Path,
+                                                      overrides: list[str], message: str) -> None:
+    _, run = stopped_run
     before = _snapshot(run)
-    result = run_cli("mcsd-train", f"resume={run}", *overrides, cwd=cwd)
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
-    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert message in train_refusal(tmp_path / "run", f"resume={run}", *overrides)
     assert _snapshot(run) == before
 
 
@@ -140,35 +137,10 @@ def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     return cwd, _snapshot(run)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["data=text_files", "data.paths=[missing.txt]"], "data.paths: missing.txt does not exist"),
-        (["data=text_files", "data.paths=[empty.txt]"], "data=text_files: the corpus has no text"),
-        (["data=text_files", "data.paths=[small.txt]", "data.sample_by=line", "data.seq_len=512"],
-         "data.seq_len=512 is too long for this corpus"),
-        (["data=wikitext103"], "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use "
-                               "data=text_files"),
-        (["trainer.max_steps=-5"], "trainer.max_steps=-5 must be a positive number of steps"),
-        (["model=transformer", "ablation=slope_only"], "model.sections is a setting of mcsd, not of transformer"),
-        (["+logger.extra.save_dir=x"], "logger.extra has no _target_"),
-        (["ckpt_path=nowhere.ckpt"], "ckpt_path=nowhere.ckpt does not exist"),
-        (["ckpt_path=garbage.ckpt"], "garbage.ckpt is not a readable checkpoint (truncated or corrupt): use another"),
-        (["ckpt_path=truncated.ckpt"], "truncated.ckpt is not a readable checkpoint (truncated or corrupt)"),
-        (["data=text_files", "data.paths=[latin1.txt]"], "latin1.txt is not UTF-8 text (byte 6: b'\\xe9'): convert it"),
-        (["data=text_files"], "data.paths is missing: give it on the command line (data.paths=...)"),
-        (["data.num_proc=0"], "data.num_proc=0 must be a positive number of processes"),
-        (["size=huge"], "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
-        (["-m", "model=mcsd,rnn"],
-         f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
-
-        (["resume=nowhere"], "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run directory"),
-    ],
-)
-def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
-    earlier_run: tuple[Path, dict[str, str]], overrides: list[str], message: str
-) -> None:
-    cwd, before = earlier_run
+@pytest.fixture(scope="module")
+def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
+    """The earlier run's working directory with the files the bad commands below name."""
+    cwd, _ = earlier_run
     (cwd / "empty.txt").write_text("  \n")
     (cwd / "small.txt").write_text("a few words, far fewer than one block of 512 tokens.\n" * 5)
     (cwd / "latin1.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("latin-1") * 50)
@@ -176,6 +148,28 @@ def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
     checkpoint = (earlier / "checkpoints" / "last.ckpt").read_bytes()
     (cwd / "truncated.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
+    return cwd
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=text_files", "data.paths=[missing.txt]"], "data.paths: missing.txt does not exist"),
+        (["data=wikitext103"], "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use "
+                               "data=text_files"),
+        (["data=text_files"], "data.paths is missing: give it on the command line (data.paths=...)"),
+        (["size=huge"], "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
+        (["-m", "model=mcsd,rnn"],
+         f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
+    ],
+)
+def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
+    earlier_run: tuple[Path, dict[str, str]], bad_inputs: Path, overrides: list[str], message: str
+) -> None:
+    """The command: a bad option refused before Hydra starts, a missing value, a setting that
+    cannot work once the run has its folder; one line, no traceback, no run folder left."""
+    cwd, before = earlier_run
+    (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
     # A closed local port stands in for the Hub, so that this test never reaches the network.
     result = run_cli("mcsd-train", *FAST, *overrides, cwd=cwd, env={"HF_ENDPOINT": "http://127.0.0.1:9"},
                      timeout=300)
@@ -184,6 +178,36 @@ def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert list((cwd / "logs" / "train" / "runs").iterdir()) == [earlier]  # no run folder left behind
+    assert _snapshot(earlier) == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=text_files", "data.paths=[empty.txt]"], "data=text_files: the corpus has no text"),
+        (["data=text_files", "data.paths=[small.txt]", "data.sample_by=line", "data.seq_len=512"],
+         "data.seq_len=512 is too long for this corpus"),
+        (["trainer.max_steps=-5"], "trainer.max_steps=-5 must be a positive number of steps"),
+        (["model=transformer", "ablation=slope_only"], "model.sections is a setting of mcsd, not of transformer"),
+        (["+logger.extra.save_dir=x"], "logger.extra has no _target_"),
+        (["ckpt_path=nowhere.ckpt"], "ckpt_path=nowhere.ckpt does not exist"),
+        (["ckpt_path=garbage.ckpt"], "garbage.ckpt is not a readable checkpoint (truncated or corrupt): use another"),
+        (["ckpt_path=truncated.ckpt"], "truncated.ckpt is not a readable checkpoint (truncated or corrupt)"),
+        (["data=text_files", "data.paths=[latin1.txt]"], "latin1.txt is not UTF-8 text (byte 6: b'\\xe9'): convert it"),
+        (["data.num_proc=0"], "data.num_proc=0 must be a positive number of processes"),
+        (["resume=nowhere"], "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run directory"),
+    ],
+)
+def test_settings_that_cannot_work_fail_in_one_line(
+    earlier_run: tuple[Path, dict[str, str]], bad_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    overrides: list[str], message: str
+) -> None:
+    """The one line each prints (the command's task in this process: the case above shows the
+    command itself ends such a line with no run folder left); the earlier run untouched."""
+    cwd, before = earlier_run
+    monkeypatch.chdir(cwd)
+    assert message in train_refusal(tmp_path / "run", *FAST, *overrides)
+    (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
     assert _snapshot(earlier) == before
 
 
