@@ -164,14 +164,19 @@ def test_bf16_mixed_precision_trains(tmp_path: Path) -> None:
 
 
 def test_compiled_model_trains_like_the_eager_one(tmp_path: Path) -> None:
-    overrides = [*FAST, "trainer.max_steps=2", "logger=csv", "validate_before_training=false",
-                 "test_after_training=false"]
+    overrides = [*FAST, "model.num_layers=1", "trainer.max_steps=2", "logger=csv", "validate_before_training=false",
+                 "test_after_training=false"]  # one layer: compiling takes time per layer
     train(compose_train(tmp_path / "eager", *overrides))
     train(compose_train(tmp_path / "compiled", *overrides, "compile=true"))
     eager, compiled = (series(read_metrics(tmp_path / name), "train/loss") for name in ("eager", "compiled"))
     assert sorted(compiled) == [0, 1]
     assert [compiled[step] for step in (0, 1)] == pytest.approx([eager[step] for step in (0, 1)], rel=1e-4)
     assert mcsd.load(tmp_path / "compiled").config == mcsd.load(tmp_path / "eager").config
+
+
+# One layer of each of an architecture's kinds (compiling takes time per layer): the hybrid's
+# SSD layer and its attention layer (every 2nd), one layer for the others.
+ONE_LAYER_OF_EACH_KIND = {"wonderful_matrices": {"num_layers": 2, "attention_every": 2}}
 
 
 @pytest.mark.parametrize("name", registry.architectures())
@@ -182,7 +187,7 @@ def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
     counts, not a multiple of the chunk) without compiling again: nothing in the model
     specialises on the length."""
     torch._dynamo.reset()
-    model = tiny_model(name).train()  # chunk size 16
+    model = tiny_model(name, **ONE_LAYER_OF_EACH_KIND.get(name, {"num_layers": 1})).train()  # chunk size 16
     compiled = model.loss_function(compile=True)
     assert model.loss_function(compile=True) is compiled and model.loss_function() == model.loss
     for length in (40, 57):

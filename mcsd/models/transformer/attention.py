@@ -146,9 +146,12 @@ class CausalSelfAttention(TokenMixer):
             else:
                 attended = F.scaled_dot_product_attention(query, key, value, attn_mask=biased_mask(bias, 0, length))
         else:
+            # From no cache (training, a model's hidden states), the chunk form's blocks attend in
+            # one call: with autograd every block's scores are kept anyway, and ``torch.compile``
+            # takes one graph for every length (a loop over blocks would unroll at each length).
+            block = 1 if form == "recurrent" else self.chunk_size if cache is not None else None
             if cache is None:
                 cache = self.init_state(batch, position + length, x.device, key.dtype)
-            block = 1 if form == "recurrent" else self.chunk_size
             attended = self._attend_cached(query, key, value, bias, cache, position, block)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, hidden)), cache
 
@@ -177,10 +180,10 @@ class CausalSelfAttention(TokenMixer):
 
     def _attend_cached(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
-        cache: KVCache, position: int, block: int,
+        cache: KVCache, position: int, block: int | None,
     ) -> torch.Tensor:
-        """Write keys/values (and key biases) into the cache, then attend query blocks to
-        everything before them."""
+        """Write keys/values (and key biases) into the cache, then attend query blocks of
+        ``block`` tokens (all at once if None) to everything before them."""
         length = query.shape[2]
         end = position + length
         cache.reserve(end, filled=position)
@@ -188,6 +191,14 @@ class CausalSelfAttention(TokenMixer):
         cache.values[:, :, position:end] = value.to(cache.values.dtype)
         if bias is not None:
             cache.key_bias[:, :, position:end] = bias.to(cache.key_bias.dtype)
+        if block is None:
+            keys, values = cache.keys[:, :, :end].to(query.dtype), cache.values[:, :, :end].to(query.dtype)
+            if bias is not None:
+                mask = biased_mask(cache.key_bias[:, :, :end].to(query.dtype), position, length)
+            else:  # query i (absolute position + i) sees keys <= itself
+                mask = torch.arange(position, end, device=query.device)[:, None] >= torch.arange(
+                    end, device=query.device)[None, :]
+            return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
         outputs = []
         for start in range(0, length, block):
             stop = min(start + block, length)
