@@ -61,6 +61,16 @@ def tiny_model(case: str, **fields: Any) -> CausalLM:
     return build_model(tiny_config(case, **fields)).eval()
 
 
+# Compiling takes time per layer: one layer of each of an architecture's kinds (the hybrid's
+# SSD layer and its attention layer, every 2nd; one layer for the others).
+ONE_LAYER_OF_EACH_KIND = {"wonderful_matrices": {"num_layers": 2, "attention_every": 2}}
+
+
+def tiny_model_to_compile(name: str) -> CausalLM:
+    """The tiny model of ``name`` with one layer of each kind it has."""
+    return tiny_model(name, **ONE_LAYER_OF_EACH_KIND.get(name, {"num_layers": 1}))
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from hydra import compose, initialize_config_module
 from lm_eval.api.instance import Instance
 from omegaconf import OmegaConf
 
@@ -19,7 +20,8 @@ from conftest import tiny_config, variant_cases
 from harness import FAST, compose_train, run_cli
 from mcsd.data import LanguageModelDataModule
 from mcsd.data.tokenizer import train_tokenizer
-from mcsd.evaluation.run import language_model
+from mcsd.errors import MCSDError
+from mcsd.evaluation.run import evaluate, language_model
 from mcsd.evaluation.table2 import PAPER_ROWS, table2_markdown
 from mcsd.train import train
 from mcsd.training.module import LanguageModelModule
@@ -31,6 +33,12 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("eval") / "run"
     train(compose_train(run_dir, *FAST, "trainer.max_steps=30", "optimizer.lr=3e-3", "logger=csv"))
     return run_dir
+
+
+def evaluate_here(*overrides: str) -> dict:
+    """mcsd-eval's task in this process (no Python of its own to start)."""
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        return evaluate(compose("eval", overrides=list(overrides)))
 
 
 def request(kind: str, *arguments: object) -> Instance:
@@ -141,8 +149,8 @@ def test_hub_tasks_offline_fail_in_one_line(checkpoint: Path, tmp_path: Path) ->
     errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-eval: error:")]
     assert len(errors) == 1 and "task arc_challenge downloads its data from the Hugging Face Hub" in errors[0]
     assert "include_path=DIR" in errors[0]
-    unknown = run_cli("mcsd-eval", f"ckpt={checkpoint}", "tasks=[no_such_task]", cwd=tmp_path)
-    assert unknown.returncode == 2 and "no_such_task is not an lm-eval task" in unknown.stderr
+    with pytest.raises(MCSDError, match="no_such_task is not an lm-eval task"):  # the same one line, here
+        evaluate_here(f"ckpt={checkpoint}", "tasks=[no_such_task]", f"paths.output_dir={tmp_path / 'unknown'}")
 
 
 def test_table2_average_needs_all_five_tasks() -> None:
@@ -196,9 +204,8 @@ def test_rolling_perplexity_equals_the_harness_validation_perplexity(checkpoint:
         "task": "val_ppl", "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(tasks / "val.jsonl")}},
         "test_split": "test", "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
         "metric_list": [{"metric": "word_perplexity"}], "metadata": {"version": 1.0}}))
-    result = run_cli("mcsd-eval", f"ckpt={checkpoint}", "tasks=[val_ppl]", f"include_path={tasks}",
-                     "wandb.enabled=false", f"output_dir={tmp_path / 'eval'}", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    evaluate_here(f"ckpt={checkpoint}", "tasks=[val_ppl]", f"include_path={tasks}", "wandb.enabled=false",
+                  f"paths.output_dir={tmp_path / 'eval'}")
     rolling = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]["val_ppl"]
     assert rolling["token_perplexity,none"] == pytest.approx(metrics["val/ppl"], rel=1e-4)
     assert math.log(rolling["token_perplexity,none"]) == pytest.approx(metrics["val/loss"], rel=1e-4)

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from conftest import relative_rms_error, tiny_model
+from conftest import relative_rms_error, tiny_model, tiny_model_to_compile
 from mcsd.models import registry
 
 
@@ -71,7 +71,7 @@ def test_compiled_step_decodes_like_the_eager_step(name: str) -> None:
     graph that serves every later position (nothing recompiles after the first steps), and
     the same greedy tokens through ``generate(compile=True)``."""
     torch._dynamo.reset()
-    model = tiny_model(name)
+    model = tiny_model_to_compile(name)
     ids = torch.randint(0, 101, (2, 40))
     _, state = model.prefill(ids[:, :5], max_new_tokens=40)
     twin = copy.deepcopy(state)

@@ -22,6 +22,7 @@ from harness import FAST, run_cli
 from mcsd.bench.run import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
+from mcsd.evaluation.run import evaluate
 from mcsd.export import export, write_export
 from mcsd.generate import generate as mcsd_generate
 from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
@@ -273,8 +274,9 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
         trained_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     offline = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": None, "HF_HOME": str(tmp_path / "hf-home")}
     out = tmp_path / "exported"
-    result = run_cli("mcsd-export", f"ckpt={trained_run}", f"out={out}", cwd=tmp_path, env=offline)
-    assert result.returncode == 0, result.stderr[-3000:]
+    # mcsd-export's task in this process (the push below runs the command itself).
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        assert export(compose("export", overrides=[f"ckpt={trained_run}", f"out={out}"])) == out
     assert sorted(path.name for path in out.iterdir()) == [
         "README.md", "config.json", "generation_config.json", "model.safetensors", "modeling_mcsd.py",
         "tokenizer.json", "tokenizer_config.json"]
@@ -287,16 +289,14 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
     ids = torch.tensor([[5, 17, 99, 3]])
     with torch.no_grad():
         assert torch.equal(model(ids, use_cache=False).logits, mcsd.load(trained_run)(ids))
-    generated = run_cli("mcsd-generate", f"ckpt={out}", "prompt=The", "temperature=0", "max_new_tokens=12",
-                        cwd=tmp_path)
-    from_checkpoint = OmegaConf.create({"ckpt": str(trained_run), "prompt": "The", "max_new_tokens": 12,
-                                        "temperature": 0, "top_k": None, "top_p": None, "seed": 0, "device": "cpu",
-                                        "stop_at_eos": True, "compile": False})
-    assert generated.returncode == 0 and generated.stdout == mcsd_generate(from_checkpoint) + "\n"
-    evaluated = run_cli("mcsd-eval", f"ckpt={trained_run}", "tasks=local", "limit=8", "batch_size=4",
-                        "wandb.enabled=false", "paths.log_dir=eval", cwd=tmp_path, env=offline)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    (eval_run,) = (tmp_path / "eval" / "eval" / "runs").iterdir()
+    generation = {"prompt": "The", "max_new_tokens": 12, "temperature": 0, "top_k": None, "top_p": None, "seed": 0,
+                  "device": "cpu", "stop_at_eos": True, "compile": False}
+    assert (mcsd_generate(OmegaConf.create({"ckpt": str(out), **generation}))
+            == mcsd_generate(OmegaConf.create({"ckpt": str(trained_run), **generation})))
+    eval_run = tmp_path / "eval"
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        evaluate(compose("eval", overrides=[f"ckpt={trained_run}", "tasks=local", "limit=8", "batch_size=4",
+                                            "wandb.enabled=false", f"paths.output_dir={eval_run}"]))
     lm_eval = subprocess.run(
         [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
          f"pretrained={out},trust_remote_code=True", "--tasks", "mcsd_local_mc,mcsd_local_ppl", "--include_path",

@@ -342,35 +342,47 @@ def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path:
     assert capped_rates[max(capped_rates)] > 2 * rates[max(rates)]  # its learning rate mid-schedule, not at the floor
 
 
-def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(tmp_path: Path) -> None:
-    """experiments/sweep.sh --add keeps the jobs already in the results folder and numbers the
-    new sweep's jobs after them; the figure then draws both."""
+@pytest.fixture(scope="module")
+def recall_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``mcsd-train -m experiment=mqar_recall`` at a tiny budget: every arm, 2 widths, 2 learning
+    rates (the folder it ran in)."""
+    folder = tmp_path_factory.mktemp("recall")
+    result = run_cli("mcsd-train", "-m", "experiment=mqar_recall", "model.hidden_size=16,32", "data.seq_len=32",
+                     "optimizer.lr=1e-3,3e-3", "data.num_train=128", "data.num_val=32", "data.batch_size=16",
+                     "trainer.max_steps=2", "logger=csv", "test_after_training=false",
+                     "callbacks.progress_bar.refresh_rate=0", cwd=folder)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return folder
+
+
+def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_sweep: Path, tmp_path: Path) -> None:
+    """experiments/sweep.sh --add keeps the jobs already in the results folder (here one job of
+    the recall sweep, as --replace would have copied it) and numbers the new sweep's jobs after
+    them; the figure then draws both."""
     script = tmp_path / "experiments" / "sweep.sh"
     script.parent.mkdir()
     shutil.copy(Path(__file__).parent.parent / "experiments" / "sweep.sh", script)
+    results = tmp_path / "experiments" / "mqar_recall" / "cpu"
+    committed = load_mqar_runs(recall_sweep / "logs").sort_values("run").iloc[0]
+    assert committed["curve"] == "mcsd|full"
+    shutil.copytree(recall_sweep / "logs" / committed["run"], results / "0" / "csv" / "version_0")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
     tiny = ["model.hidden_size=16", "data.seq_len=32", "optimizer.lr=1e-3", "data.num_train=64", "data.num_val=16",
             "data.batch_size=16", "trainer.max_steps=2", "logger=csv", "test_after_training=false",
             "callbacks.progress_bar.refresh_rate=0"]
-    results = tmp_path / "experiments" / "mqar_recall" / "cpu"
-    for flag, architecture in (("--replace", "transformer"), ("--add", "mcsd")):
-        result = subprocess.run(["bash", str(script), "mqar_recall", "mqar", flag, "--name", "cpu", "own", *tiny,
-                                 "hydra.sweeper.registry_variants=[default]",
-                                 f"hydra.sweeper.registry_architectures=[{architecture}]"],
-                                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-2000:]
+    result = subprocess.run(["bash", str(script), "mqar_recall", "mqar", "--add", "--name", "cpu", "own", *tiny,
+                             "hydra.sweeper.registry_variants=[default]",
+                             "hydra.sweeper.registry_architectures=[transformer]"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(path.name for path in results.iterdir() if path.is_dir()) == ["0", "1"]
     runs = load_mqar_runs(results).sort_values("run")
-    assert list(runs["curve"]) == ["transformer|default", "mcsd|full"]
+    assert list(runs["curve"]) == ["mcsd|full", "transformer|default"]
     assert (results / "mqar_recall_table.md").is_file()
 
 
-def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(tmp_path: Path) -> None:
-    result = run_cli("mcsd-train", "-m", "experiment=mqar_recall", "model.hidden_size=16,32", "data.seq_len=32",
-                     "optimizer.lr=1e-3,3e-3", "data.num_train=128", "data.num_val=32", "data.batch_size=16",
-                     "trainer.max_steps=2", "logger=csv", "test_after_training=false",
-                     "callbacks.progress_bar.refresh_rate=0", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(recall_sweep: Path) -> None:
+    tmp_path = recall_sweep
     runs = load_mqar_runs(tmp_path / "logs")
     assert len(runs) == 4 * (len(registry.architectures()) + 1)
     # The hybrid's 2 layers hold an attention layer (the experiment's registry_settings).

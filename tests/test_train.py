@@ -14,7 +14,7 @@ import torch
 import yaml
 
 import mcsd
-from conftest import relative_rms_error, tiny_model
+from conftest import relative_rms_error, tiny_model_to_compile
 from harness import FAST, compose_train, read_metrics, run_cli, series
 from mcsd.models import registry
 from mcsd.train import train
@@ -174,11 +174,6 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path: Path) -> None:
     assert mcsd.load(tmp_path / "compiled").config == mcsd.load(tmp_path / "eager").config
 
 
-# One layer of each of an architecture's kinds (compiling takes time per layer): the hybrid's
-# SSD layer and its attention layer (every 2nd), one layer for the others.
-ONE_LAYER_OF_EACH_KIND = {"wonderful_matrices": {"num_layers": 2, "attention_every": 2}}
-
-
 @pytest.mark.parametrize("name", registry.architectures())
 def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
     """``loss_function(compile=True)`` (what ``compile=true`` trains and mcsd-bench times): the
@@ -187,7 +182,7 @@ def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
     counts, not a multiple of the chunk) without compiling again: nothing in the model
     specialises on the length."""
     torch._dynamo.reset()
-    model = tiny_model(name, **ONE_LAYER_OF_EACH_KIND.get(name, {"num_layers": 1})).train()  # chunk size 16
+    model = tiny_model_to_compile(name).train()  # chunk size 16
     compiled = model.loss_function(compile=True)
     assert model.loss_function(compile=True) is compiled and model.loss_function() == model.loss
     for length in (40, 57):
