@@ -8,8 +8,10 @@ import importlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,17 +82,73 @@ def fail(app: str, message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def _own_error(error: BaseException | None) -> BaseException | None:
+    """The project's error (or a missing file) behind ``error``: Hydra wraps what a config
+    object raises while it is instantiated, sometimes twice."""
+    while error is not None:
+        if isinstance(error, (MCSDError, FileNotFoundError)):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+class StopAfterCurrent:
+    """Ctrl-C during a command's loop over points, tasks or lengths: the first asks it to stop
+    after the one under way (the loop reads ``requested``; ``on_request`` may say so on its
+    progress bar), the second stops at once (KeyboardInterrupt, the one under way dropped).
+    Once stopped, further Ctrl-Cs are ignored while what was finished is written
+    (:func:`interrupted` ends the app). A terminal sends Ctrl-C to the whole process group,
+    child processes included."""
+
+    def __init__(self, on_request: Callable[[], object] | None = None) -> None:
+        self.requested = False
+        self.on_request = on_request
+        self._looping = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if not self._looping:
+            return  # stopped: what was finished is being written
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.on_request is not None:
+            self.on_request()
+
+    def __enter__(self) -> StopAfterCurrent:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        self._looping = True
+        return self
+
+    def __exit__(self, *exception: object) -> bool:
+        self._looping = False
+        if exception[0] is KeyboardInterrupt:  # the second Ctrl-C: the loop ends, what it finished is kept
+            self.requested = True
+        if not self.requested:
+            signal.signal(signal.SIGINT, self._previous)
+        return exception[0] is KeyboardInterrupt
+
+
+def interrupted(app: str, kept: str) -> NoReturn:
+    """End an app that Ctrl-C stopped: one line saying what it kept, exit status 130."""
+    print(f"{app}: interrupted (Ctrl-C): {kept}", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C more while the app exits changes nothing
+    raise SystemExit(128 + signal.SIGINT)
+
+
 def run_or_exit(app: str, function: Callable[[], Result]) -> Result:
     """Run ``function``; a setting or file that cannot work ends the app with one line on
-    stderr and exit status 2 instead of a traceback."""
+    stderr and exit status 2 instead of a traceback, and Ctrl-C with one line and status 130."""
     try:
         return function()
+    except KeyboardInterrupt:
+        interrupted(app, "nothing was finished")
     except (MCSDError, FileNotFoundError) as error:
         fail(app, str(error))
     except InstantiationException as error:  # a config object that refused its settings
-        if not isinstance(error.__cause__, MCSDError):
+        own = _own_error(error)
+        if own is None:
             raise
-        fail(app, str(error.__cause__))
+        fail(app, str(own))
 
 
 def require_values(cfg: DictConfig) -> None:
@@ -140,6 +198,46 @@ def check_command_line(app: str, config_name: str, argv: list[str]) -> None:
                           "login node, or use hydra/launcher=local_parallel (or basic)")
 
 
+# The command-line settings that name folders a command writes into (hydra.run.dir and
+# hydra.sweep.dir default to folders under paths.log_dir, ./logs unless given).
+_FOLDER_SETTINGS = ("paths.log_dir", "paths.cache_dir", "paths.output_dir", "output_dir", "hydra.run.dir",
+                    "hydra.sweep.dir", "out")
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be written into ``folder`` (made if missing), or None: a file in the way,
+    or what the system says when its nearest existing parent refuses a file (a read-only file
+    system, no permission)."""
+    existing = folder.expanduser().absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        return f"{error.strerror or error} ({existing})"
+    return None
+
+
+def check_folders(app: str, config_name: str, argv: list[str]) -> None:
+    """Refuse, in one line and before Hydra makes its run folder, a folder the command would
+    write into that cannot be written: ``paths.log_dir`` (``logs`` unless given) and any other
+    folder setting given on the command line."""
+    given = {}
+    for argument in argv:
+        key, equals, value = argument.lstrip("+~").partition("=")
+        if equals and key in _FOLDER_SETTINGS and value and "${" not in value:
+            given[key] = value
+    if config_name != "export":  # mcsd-export writes out= alone (its Hydra folder is the current one)
+        given.setdefault("paths.log_dir", "logs")
+    for key, value in given.items():
+        reason = unwritable(Path(value))
+        if reason is not None:
+            fail(app, f"{key}={value} is not writable: {reason}; choose a folder this user can write to")
+
+
 def _remove_empty_run_dir() -> None:
     """A run that failed before writing anything leaves no folder (Hydra's own ``.hydra/`` and
     log file do not count)."""
@@ -156,7 +254,7 @@ def _remove_empty_run_dir() -> None:
 
 def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Result]], Callable[[], Result]]:
     """``@hydra.main`` on ``mcsd.conf/<config_name>``, with this project's bad-input rules: a
-    bad group option or launcher is refused before Hydra starts, a missing value or a
+    bad group option or launcher, or a folder it cannot write, is refused before Hydra starts, a missing value or a
     setting that cannot work ends the app in one line (exit status 2), and a run that
     failed before writing anything leaves no run folder."""
 
@@ -175,6 +273,7 @@ def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Re
         @functools.wraps(task)
         def entry() -> Result:
             check_command_line(app, config_name, sys.argv[1:])
+            check_folders(app, config_name, sys.argv[1:])
             return hydra_main()
 
         return entry

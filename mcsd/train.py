@@ -46,12 +46,50 @@ def _check(cfg: DictConfig) -> None:
     if cfg.get("trainable") is not None and cfg.get("init_from") is None and cfg.get("ckpt_path") is None:
         raise MCSDError(f"trainable={list(cfg.trainable)} trains part of a model that starts from scratch: "
                         "set init_from=RUN_DIR (the trained model to fine-tune) or trainable=null")
+    for key in ("seq_len", "batch_size"):
+        value = cfg.data.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise MCSDError(f"data.{key}={value} must be a positive whole number")
+    max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
     if cfg.data.get("token_budget") is None:
-        max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
         by_epochs = max_steps == -1 and isinstance(max_epochs, int) and max_epochs >= 1
         if not by_epochs and (not isinstance(max_steps, int) or max_steps < 1):
             raise MCSDError(f"trainer.max_steps={max_steps} must be a positive number of steps "
                             "(or set data.token_budget=TOKENS, or trainer.max_steps=-1 with trainer.max_epochs=N)")
+    _check_optimization(cfg.get("optimizer"), cfg.get("scheduler"),
+                        max_steps if cfg.data.get("token_budget") is None else None)
+
+
+def _check_optimization(optimizer: DictConfig | None, scheduler: DictConfig | None, steps: int | None) -> None:
+    """The optimizer's and the schedule's settings, as torch would refuse them mid-start (the
+    learning rate, betas, eps, weight decay) or as would silently bend the schedule (a warm-up
+    as long as the run)."""
+    def number(node: DictConfig, key: str) -> float | None:
+        value = node.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise MCSDError(f"{node._key()}.{key}={value} must be a number")
+        return value
+
+    if optimizer is not None:
+        lr, eps, decay = number(optimizer, "lr"), number(optimizer, "eps"), number(optimizer, "weight_decay")
+        if lr is not None and not lr > 0:
+            raise MCSDError(f"optimizer.lr={lr} must be positive (the paper's 8e-4 is the default)")
+        if eps is not None and eps < 0:
+            raise MCSDError(f"optimizer.eps={eps} must be 0 or more")
+        if decay is not None and decay < 0:
+            raise MCSDError(f"optimizer.weight_decay={decay} must be 0 or more")
+        betas = optimizer.get("betas")
+        if betas is not None and (len(betas) != 2 or not all(isinstance(beta, (int, float)) and 0 <= beta < 1
+                                                             for beta in betas)):
+            raise MCSDError(f"optimizer.betas={list(betas)} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
+    if scheduler is not None:
+        warmup = scheduler.get("warmup_steps")
+        if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
+            raise MCSDError(f"scheduler.warmup_steps={warmup} must be a whole number of steps, 0 or more")
+        if warmup is not None and isinstance(steps, int) and steps >= 1 and warmup > steps:
+            raise MCSDError(f"scheduler.warmup_steps={warmup} is longer than the run (trainer.max_steps={steps}): "
+                            f"give at most {steps} (a tenth of the run, {max(steps // 10, 1)}, is usual), or more "
+                            "trainer.max_steps")
 
 
 def _memory_plan(cfg: DictConfig) -> MemoryPlan:

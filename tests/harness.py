@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,36 @@ def train_refusal(output_dir: Path, *overrides: str) -> str:
     return errors[0]
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str | None] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_here(app: str, *argv: str, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """``app ARGV`` through its console script's own entry point (the command-line checks,
+    Hydra, the task and the error handling that the installed command runs), in this process:
+    its exit status, stdout and stderr, without starting a Python of its own (``env``:
+    variables to set, or to remove where the value is None, while it runs)."""
+    (entry,) = entry_points(group="console_scripts", name=app)
+    main = entry.load()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_argv, saved_env = sys.argv, dict(os.environ)
+    sys.argv = [app, *argv]
+    for key, value in (env or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    code = 0
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            main()
+    except SystemExit as exit_info:
+        code = exit_info.code if isinstance(exit_info.code, int) else 0 if exit_info.code is None else 1
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess([app, *argv], code, stdout.getvalue(), stderr.getvalue())
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str | None] | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess:
     """Run an mcsd console script (``mcsd-train``, ...) as a user would, capturing its output
     (``env``: variables to set, or to remove where the value is None)."""
     script = Path(sys.executable).parent / args[0]

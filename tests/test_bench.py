@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -19,6 +21,7 @@ from omegaconf import OmegaConf, open_dict
 import mcsd
 from conftest import tiny_config
 from harness import run_cli
+from mcsd.bench import measure
 from mcsd.bench.run import bench, model_source
 from mcsd.errors import MCSDError
 from mcsd.models import registry
@@ -178,6 +181,65 @@ def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) 
 def test_bad_bench_settings_fail_in_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
     with pytest.raises(MCSDError, match=message):
         run_bench(tmp_path, *overrides)
+
+
+def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the second point is measured: that point finishes, no other starts; the
+    results hold the two points (complete=false, the points planned), which equal the first two
+    points of the uninterrupted grid (all but the timings); mcsd-plot draws them; exit 130."""
+    grid = [*TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd,transformer]", "isolate=false"]
+    measured = []
+    point = measure.inference_point
+
+    def point_then_ctrl_c(**arguments):
+        measured.append(arguments["gen_len"])
+        if len(measured) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives mid-point, as a Ctrl-C would
+        return point(**arguments)
+
+    monkeypatch.setattr(measure, "inference_point", point_then_ctrl_c)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_bench(tmp_path / "stopped", *grid)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the app leaves Ctrl-C ignored as it exits
+    assert stopped.value.code == 130 and measured == [4, 8]  # 4 points planned, the third never started
+    head = json.loads((tmp_path / "stopped" / "results.json").read_text())["header"]
+    assert head["complete"] is False and head["points_planned"] == 4
+    kept = pd.read_csv(tmp_path / "stopped" / "results.csv")
+    monkeypatch.setattr(measure, "inference_point", point)
+    whole = pd.read_csv(run_bench(tmp_path / "whole", *grid))
+    assert len(kept) == 2 and (~kept["complete"]).all() and whole["complete"].all()
+    timings = ["prefill_s", "decode_s_per_token", "latency_s", "tokens_per_s", "peak_mem_bytes",
+               "peak_mem_minus_weights_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "complete",
+               "points_planned", "git_commit"]
+    pd.testing.assert_frame_equal(kept.drop(columns=timings), whole.head(2).drop(columns=timings))
+    figures = plot_inference(tmp_path / "stopped" / "results.csv")
+    assert figures and all(path.stat().st_size > 0 for path in figures)
+
+
+def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path: Path) -> None:
+    """Ctrl-C as a terminal sends it (to the process group: the points' own processes too),
+    twice: the point under way is dropped at once, the point finished is kept, one line says
+    so, exit status 130, no traceback from mcsd-bench or the point's process."""
+    command = [str(Path(sys.executable).parent / "mcsd-bench"), *TINY_INFERENCE, "inference.batch_sizes=[1]",
+               "models=[mcsd,transformer]", "wandb.enabled=false"]
+    bench_process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in bench_process.stdout:
+        if "tokens/s" in line:  # the first point is measured
+            break
+    os.killpg(bench_process.pid, signal.SIGINT)
+    time.sleep(1.0)
+    os.killpg(bench_process.pid, signal.SIGINT)
+    stdout, stderr = bench_process.communicate(timeout=300)
+    errors = [line for line in stderr.splitlines() if line.startswith("mcsd-bench:")]
+    assert bench_process.returncode == 130 and len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert "kept the 1 of 4 points measured in" in errors[0]
+    (run,) = (tmp_path / "logs" / "bench" / "runs").iterdir()
+    kept = pd.read_csv(run / "results.csv")
+    assert len(kept) == 1 and list(kept["gen_len"]) == [4] and list(kept["status"]) == ["ok"]
 
 
 def test_cli_runs_under_paths_log_dir_and_plot_cli_names_a_missing_file(tmp_path: Path) -> None:

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hydra.errors import InstantiationException
 
-from harness import FAST, read_metrics, run_cli, series, train_refusal
+from harness import FAST, read_metrics, run_cli, run_here, series, train_refusal
+from mcsd.cli import run_or_exit
+from mcsd.errors import MCSDError
 from mcsd.models import registry
 
 QUICK = [*FAST, "trainer.max_steps=2", "trainer.val_check_interval=2", "test_after_training=false"]
@@ -145,97 +148,131 @@ def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
     (cwd / "small.txt").write_text("a few words, far fewer than one block of 512 tokens.\n" * 5)
     (cwd / "latin1.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("latin-1") * 50)
     (cwd / "garbage.ckpt").write_bytes(bytes(range(256)) * 20)
+    (cwd / "afile").write_text("a file where a folder is asked for\n")
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
     checkpoint = (earlier / "checkpoints" / "last.ckpt").read_bytes()
     (cwd / "truncated.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
     return cwd
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["data=text_files", "data.paths=[missing.txt]"], "data.paths: missing.txt does not exist"),
-        (["data=wikitext103"], "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use "
-                               "data=text_files"),
-        (["data=text_files"], "data.paths is missing: give it on the command line (data.paths=...)"),
-        (["size=huge"], "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
-        (["-m", "model=mcsd,rnn"],
-         f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
-    ],
-)
-def test_bad_input_fails_in_one_line_and_keeps_earlier_runs(
-    earlier_run: tuple[Path, dict[str, str]], bad_inputs: Path, overrides: list[str], message: str
-) -> None:
-    """The command: a bad option refused before Hydra starts, a missing value, a setting that
-    cannot work once the run has its folder; one line, no traceback, no run folder left."""
-    cwd, before = earlier_run
-    (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
-    # A closed local port stands in for the Hub, so that this test never reaches the network.
-    result = run_cli("mcsd-train", *FAST, *overrides, cwd=cwd, env={"HF_ENDPOINT": "http://127.0.0.1:9"},
-                     timeout=300)
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
-    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert list((cwd / "logs" / "train" / "runs").iterdir()) == [earlier]  # no run folder left behind
-    assert _snapshot(earlier) == before
+OFFLINE = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # a closed local port stands in for the Hub: never the network
+NO_WANDB_KEY = {"WANDB_MODE": "online", "WANDB_API_KEY": None, "HOME": "."}  # no ~/.netrc either
+# Every bad input, each through its command: (command, arguments, environment, the app's label
+# in its one line, what the line says). mcsd-train's cases also get FAST's settings. The
+# README's list first, then the rest; new bad inputs join the table.
+BAD_INPUTS = [
+    ("mcsd-train", ["data=text_files", "data.paths=[missing.txt]"], {}, None, "data.paths: missing.txt does not exist"),
+    ("mcsd-train", ["data=text_files", "data.paths=[small.txt]", "data.sample_by=line", "data.seq_len=512"], {}, None,
+     "data.seq_len=512 is too long for this corpus"),
+    ("mcsd-train", ["data=wikitext103"], OFFLINE, None,
+     "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use data=text_files"),
+    ("mcsd-train", ["trainer.max_steps=-5"], {}, None, "trainer.max_steps=-5 must be a positive number of steps"),
+    ("mcsd-train", ["size=huge"], {}, None,
+     "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
+    ("mcsd-train", ["data=text_files"], {}, None,
+     "data.paths is missing: give it on the command line (data.paths=...)"),
+    ("mcsd-train", ["data=text_files", "data.paths=[latin1.txt]"], {}, None,
+     "latin1.txt is not UTF-8 text (byte 6: b'\\xe9'): convert it"),
+    ("mcsd-train", ["ckpt_path=truncated.ckpt"], {}, None,
+     "truncated.ckpt is not a readable checkpoint (truncated or corrupt)"),
+    ("mcsd-train", ["hydra/launcher=slurm"], {"PATH": str(Path(sys.executable).parent)}, None,
+     "hydra/launcher=slurm submits to SLURM, but there is no sbatch here"),
+    ("mcsd-train", [], NO_WANDB_KEY, None, "logger.wandb uses W&B online but no W&B API key is set: run `wandb login`"),
+    ("mcsd-train", ["optimizer.lr=-1e-3"], {}, None, "optimizer.lr=-0.001 must be positive"),
+    ("mcsd-train", ["optimizer.betas=[0.9,1.5]"], {}, None, "optimizer.betas=[0.9, 1.5] must be two numbers in [0, 1)"),
+    ("mcsd-train", ["optimizer.weight_decay=-0.1"], {}, None, "optimizer.weight_decay=-0.1 must be 0 or more"),
+    ("mcsd-train", ["scheduler.warmup_steps=50"], {}, None,
+     "scheduler.warmup_steps=50 is longer than the run (trainer.max_steps=6)"),
+    ("mcsd-train", ["paths.log_dir=afile/logs"], {}, None, "paths.log_dir=afile/logs is not writable: "),
+    ("mcsd-train", ["data.seq_len=0"], {}, None, "data.seq_len=0 must be a positive whole number"),
+    ("mcsd-train", ["data.val_fraction=0"], {}, None, "data.val_fraction=0 and data.test_fraction=0.05 must be"),
+    ("mcsd-train", ["data=text_files", "data.paths=[empty.txt]"], {}, None, "data=text_files: the corpus has no text"),
+    ("mcsd-train", ["model=transformer", "ablation=slope_only"], {}, None,
+     "model.sections is a setting of mcsd, not of transformer"),
+    ("mcsd-train", ["+logger.extra.save_dir=x"], {}, None, "logger.extra has no _target_"),
+    ("mcsd-train", ["ckpt_path=nowhere.ckpt"], {}, None, "ckpt_path=nowhere.ckpt does not exist"),
+    ("mcsd-train", ["ckpt_path=garbage.ckpt"], {}, None,
+     "garbage.ckpt is not a readable checkpoint (truncated or corrupt): use another"),
+    ("mcsd-train", ["data.num_proc=0"], {}, None, "data.num_proc=0 must be a positive number of processes"),
+    ("mcsd-train", ["resume=nowhere"], {}, None, "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run"),
+    ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,
+     f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
+    ("mcsd-bench", ["mode=serve"], {}, None, "mode='serve' is unknown"),
+    ("mcsd-bench", ["paths.log_dir=afile/logs"], {}, None, "paths.log_dir=afile/logs is not writable: "),
+    ("mcsd-generate", [], {}, None, "ckpt is missing: give it on the command line"),
+    ("mcsd-eval", ["tasks=local"], {}, None, "ckpt is missing: give it on the command line"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=table2"], OFFLINE, None,
+     "task arc_challenge downloads its data from the Hugging Face Hub, which is unreachable from here: evaluate "
+     "local task YAMLs with include_path=DIR"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=[no_such_task]"], {}, None, "tasks: no_such_task is not an lm-eval task"),
+    ("mcsd-plot", ["inference", "nothing.csv"], {}, None, "nothing.csv does not exist"),
+    ("mcsd-plot", ["ablation", "--wandb", "me/mcsd", "--group", "g"], NO_WANDB_KEY, None,
+     "--wandb uses W&B online but no W&B API key is set"),
+    ("mcsd-export", ["ckpt=EARLIER", "out=afile/exported"], {}, None, "out=afile/exported is not writable: "),
+    ("mcsd-probe", [], {}, None, "name a probe first: mcsd-probe {context} ckpt=RUN"),
+    ("mcsd-probe", ["context", "ckpt=EARLIER", "windows=[0]"], {}, "mcsd-probe context",
+     "windows=[0] must be positive token counts"),
+]
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["data=text_files", "data.paths=[empty.txt]"], "data=text_files: the corpus has no text"),
-        (["data=text_files", "data.paths=[small.txt]", "data.sample_by=line", "data.seq_len=512"],
-         "data.seq_len=512 is too long for this corpus"),
-        (["trainer.max_steps=-5"], "trainer.max_steps=-5 must be a positive number of steps"),
-        (["model=transformer", "ablation=slope_only"], "model.sections is a setting of mcsd, not of transformer"),
-        (["+logger.extra.save_dir=x"], "logger.extra has no _target_"),
-        (["ckpt_path=nowhere.ckpt"], "ckpt_path=nowhere.ckpt does not exist"),
-        (["ckpt_path=garbage.ckpt"], "garbage.ckpt is not a readable checkpoint (truncated or corrupt): use another"),
-        (["ckpt_path=truncated.ckpt"], "truncated.ckpt is not a readable checkpoint (truncated or corrupt)"),
-        (["data=text_files", "data.paths=[latin1.txt]"], "latin1.txt is not UTF-8 text (byte 6: b'\\xe9'): convert it"),
-        (["data.num_proc=0"], "data.num_proc=0 must be a positive number of processes"),
-        (["resume=nowhere"], "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run directory"),
-    ],
-)
-def test_settings_that_cannot_work_fail_in_one_line(
-    earlier_run: tuple[Path, dict[str, str]], bad_inputs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    overrides: list[str], message: str
+def _runs(cwd: Path) -> list[Path]:
+    return sorted(cwd.glob("logs/*/*runs/*"))
+
+
+@pytest.mark.parametrize(("app", "arguments", "env", "label", "message"), BAD_INPUTS,
+                         ids=[f"{case[0]} {' '.join(case[1])}".strip() for case in BAD_INPUTS])
+def test_every_bad_input_fails_in_one_line(
+    earlier_run: tuple[Path, dict[str, str]], bad_inputs: Path, monkeypatch: pytest.MonkeyPatch, app: str,
+    arguments: list[str], env: dict[str, str | None], label: str | None, message: str
 ) -> None:
-    """The one line each prints (the command's task in this process: the case above shows the
-    command itself ends such a line with no run folder left); the earlier run untouched."""
+    """Through the command's own entry point (this process; the case below runs the installed
+    command itself): exit status 2, one line naming the setting, no traceback, no run folder
+    left behind, the earlier run untouched."""
     cwd, before = earlier_run
     monkeypatch.chdir(cwd)
-    assert message in train_refusal(tmp_path / "run", *FAST, *overrides)
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
-    assert _snapshot(earlier) == before
+    runs = _runs(cwd)
+    arguments = [argument.replace("EARLIER", str(earlier)) for argument in arguments]
+    result = run_here(app, *(FAST if app == "mcsd-train" else []), *arguments, env=env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith(f"{label or app}: error:")]
+    assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "Error executing job" not in result.stderr
+    assert _runs(cwd) == runs and _snapshot(earlier) == before
 
 
-def test_slurm_launcher_without_sbatch_fails_in_one_line(tmp_path: Path) -> None:
-    """A PATH without sbatch (only the venv's bin/) stands for a machine without SLURM."""
-    result = run_cli("mcsd-train", "hydra/launcher=slurm", *QUICK, cwd=tmp_path,
-                     env={"PATH": str(Path(sys.executable).parent)})
-    assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
-    assert len(errors) == 1 and "hydra/launcher=slurm submits to SLURM, but there is no sbatch here" in errors[0]
-    assert "Traceback" not in result.stderr and not (tmp_path / "logs").exists()
+def test_the_projects_error_inside_hydras_wrappers_is_its_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """An MCSDError that a config object raises while Hydra instantiates it reaches the user as
+    its own line, however many of Hydra's InstantiationExceptions wrap it; anything else stays
+    a traceback."""
+    def instantiate_twice_wrapped() -> None:
+        try:
+            try:
+                raise MCSDError("data.seq_len=0 must be a positive whole number")
+            except MCSDError as error:
+                raise InstantiationException("Error in call to target 'Data': full_key: data") from error
+        except InstantiationException as error:
+            raise InstantiationException("Error in call to target 'Outer'") from error
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_or_exit("mcsd-train", instantiate_twice_wrapped)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "mcsd-train: error: data.seq_len=0 must be a positive whole number\n"
+    with pytest.raises(InstantiationException):
+        run_or_exit("mcsd-train", lambda: (_ for _ in ()).throw(InstantiationException("not ours")))
 
 
-def test_online_wandb_without_a_key_and_missing_ckpt_fail_in_one_line(tmp_path: Path) -> None:
-    no_key = {"WANDB_MODE": "online", "WANDB_API_KEY": None, "HOME": str(tmp_path)}  # no ~/.netrc either
-    cases = [
-        (run_cli("mcsd-train", *QUICK, cwd=tmp_path, env=no_key), "mcsd-train",
-         "logger.wandb uses W&B online but no W&B API key is set: run `wandb login`"),
-        (run_cli("mcsd-plot", "ablation", "--wandb", "me/mcsd", "--group", "g", cwd=tmp_path, env=no_key), "mcsd-plot",
-         "--wandb uses W&B online but no W&B API key is set"),
-        (run_cli("mcsd-generate", cwd=tmp_path), "mcsd-generate", "ckpt is missing: give it on the command line"),
-        (run_cli("mcsd-eval", "tasks=local", cwd=tmp_path), "mcsd-eval", "ckpt is missing: give it on the command line"),
-    ]
-    for result, app, message in cases:
-        assert result.returncode == 2, result.stderr[-2000:]
-        errors = [line for line in result.stderr.splitlines() if line.startswith(f"{app}: error:")]
-        assert len(errors) == 1 and message in errors[0] and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").rglob("*.yaml"))  # no run folders
+def test_the_installed_command_ends_a_bad_input_in_one_line(earlier_run: tuple[Path, dict[str, str]]) -> None:
+    """The table above through the installed command itself, for one case of each kind: a bad
+    option refused before Hydra starts, and a setting refused once the run has its folder."""
+    cwd, before = earlier_run
+    (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
+    for arguments, message in [(["size=huge"], "size=huge is not an option of size"),
+                               (["optimizer.lr=-1e-3"], "optimizer.lr=-0.001 must be positive")]:
+        result = run_cli("mcsd-train", *FAST, *arguments, cwd=cwd)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+        assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
+        assert list((cwd / "logs" / "train" / "runs").iterdir()) == [earlier] and _snapshot(earlier) == before
 
 
 def test_a_run_prints_no_third_party_warnings(tmp_path: Path) -> None:

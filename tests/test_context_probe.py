@@ -6,6 +6,8 @@ decoding state); ``mcsd-probe context`` writes its CSVs and figure."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_module
 from tqdm.auto import tqdm
 
 import mcsd
@@ -209,3 +212,48 @@ def test_mcsd_probe_context_writes_the_probe_of_the_documents_it_cuts(tmp_path: 
         "mcsd-probe context: error: data=text_files has 0 piece(s) of length=100000 tokens; the probe needs at "
         "least 2: lower length or give longer documents"]
     assert len(list((tmp_path / "logs" / "probe_context" / "runs").iterdir())) == 1  # the refused run left nothing
+
+
+def test_ctrl_c_keeps_the_probe_of_the_documents_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while mcsd-probe context reads its second batch of 2 documents (of 5): that batch
+    finishes, the third never starts; the probe written is that of the 4 documents finished
+    (documents=4, documents_planned=5), Delta_N as the uninterrupted probe of those 4 gives it;
+    exit status 130."""
+    from mcsd.data.tokenizer import train_tokenizer
+    from mcsd.probes import context as probe_module
+    from mcsd.probes.run import context
+
+    text = " ".join(["the king of a far land ships gold and silver to every harbour"] * 300)
+    (tmp_path / "corpus.txt").write_text(text)
+    mcsd.save(tiny_model("mcsd", vocab_size=300), tmp_path / "model", train_tokenizer([text], 300))
+    batches = []
+    real = probe_module._losses
+
+    def batch_then_ctrl_c(*arguments, **keywords):
+        batches.append(len(arguments[1]))
+        if len(batches) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives while the batch is read, as a Ctrl-C would
+        return real(*arguments, **keywords)
+
+    def probe(count: int, name: str) -> pd.DataFrame:
+        with initialize_config_module("mcsd.conf", version_base="1.3"):
+            cfg = compose("probe_context", overrides=[
+                f"ckpt={tmp_path / 'model'}", "data=text_files", f"data.paths=[{tmp_path / 'corpus.txt'}]",
+                "length=64", "windows=[8,16]", "num_positions=4", "batch_size=2", "bootstrap=20",
+                f"num_documents={count}", "wandb.enabled=false", f"paths.output_dir={tmp_path / name}", f"paths.cache_dir={tmp_path / 'cache'}"])
+        context(cfg)
+        return pd.read_csv(tmp_path / name / "context_delta.csv")
+
+    monkeypatch.setattr(probe_module, "_losses", batch_then_ctrl_c)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            probe(5, "stopped")
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the app leaves Ctrl-C ignored as it exits
+    assert stopped.value.code == 130 and batches == [2, 2]
+    kept = pd.read_csv(tmp_path / "stopped" / "context_delta.csv")
+    assert set(kept["documents"]) == {4} and set(kept["documents_planned"]) == {5}
+    monkeypatch.setattr(probe_module, "_losses", real)
+    whole = probe(4, "whole")
+    columns = ["window", "delta", "delta_low", "delta_high", "loss_full", "loss_last"]  # not the swap partners
+    pd.testing.assert_frame_equal(kept[columns], whole[columns])

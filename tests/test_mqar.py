@@ -349,7 +349,7 @@ def recall_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("recall")
     result = run_cli("mcsd-train", "-m", "experiment=mqar_recall", "model.hidden_size=16,32", "data.seq_len=32",
                      "optimizer.lr=1e-3,3e-3", "data.num_train=128", "data.num_val=32", "data.batch_size=16",
-                     "trainer.max_steps=2", "logger=csv", "test_after_training=false",
+                     "trainer.max_steps=2", "scheduler.warmup_steps=1", "logger=csv", "test_after_training=false",
                      "callbacks.progress_bar.refresh_rate=0", cwd=folder)
     assert result.returncode == 0, result.stderr[-3000:]
     return folder
@@ -368,7 +368,8 @@ def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_swee
     shutil.copytree(recall_sweep / "logs" / committed["run"], results / "0" / "csv" / "version_0")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
     tiny = ["model.hidden_size=16", "data.seq_len=32", "optimizer.lr=1e-3", "data.num_train=64", "data.num_val=16",
-            "data.batch_size=16", "trainer.max_steps=2", "logger=csv", "test_after_training=false",
+            "data.batch_size=16", "trainer.max_steps=2", "scheduler.warmup_steps=1", "logger=csv",
+            "test_after_training=false",
             "callbacks.progress_bar.refresh_rate=0"]
     result = subprocess.run(["bash", str(script), "mqar_recall", "mqar", "--add", "--name", "cpu", "own", *tiny,
                              "hydra.sweeper.registry_variants=[default]",

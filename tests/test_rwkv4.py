@@ -148,7 +148,8 @@ def test_perspectives_experiment_trains_only_the_mixes_and_the_aggregator(tmp_pa
 
 def test_fine_tuning_refuses_weights_that_do_not_fit(tmp_path: Path) -> None:
     base_dir = tmp_path / "base"
-    train(compose_train(base_dir, "model=rwkv4", *FAST, "logger=none", "trainer.max_steps=1"))
+    train(compose_train(base_dir, "model=rwkv4", *FAST, "logger=none", "trainer.max_steps=1",
+                        "scheduler.warmup_steps=1"))
     with pytest.raises(MCSDError, match=r"init_from=.*do not fit this model .*size mismatch"):
         train(compose_train(tmp_path / "wide", "model=rwkv4", *FAST, "logger=none", "size=small",
                             f"init_from={base_dir}"))

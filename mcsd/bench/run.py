@@ -16,7 +16,9 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 import platform
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
@@ -30,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from mcsd.bench import measure
-from mcsd.cli import git_commit, hydra_app, require_wandb_login
+from mcsd.cli import StopAfterCurrent, git_commit, hydra_app, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.config import make_config
@@ -121,11 +123,23 @@ def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             return {"status": "oom"}
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+    # The point's process ignores Ctrl-C (a terminal sends it to the whole process group): it is
+    # started with SIGINT ignored, which Python keeps. A second Ctrl-C in mcsd-bench kills it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        started = pool.submit(os.getpid)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    with pool:
         try:
             return pool.submit(_in_child, kind, arguments, memory_limit_mb, threads).result()
         except BrokenProcessPool:
             return {"status": "oom"}
+        except KeyboardInterrupt:
+            if started.done():
+                os.kill(started.result(), signal.SIGKILL)
+            raise
 
 
 def _size_label(cfg: DictConfig, name: str, arch: str) -> str:
@@ -195,7 +209,7 @@ def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, A
     json_path.write_text(json.dumps({"header": head, "points": rows}, indent=2) + "\n")
     columns = COLUMNS[head["mode"]]
     frame = pd.DataFrame(rows).reindex(columns=columns)
-    for key in ("device", "dtype", "torch", "git_commit", "compile"):
+    for key in ("device", "dtype", "torch", "git_commit", "compile", "complete", "points_planned"):
         frame[key] = head[key]
     frame.to_csv(csv_path, index=False)
     return json_path, csv_path
@@ -220,30 +234,45 @@ def bench(cfg: DictConfig) -> Path:
         torch.set_num_threads(cfg.threads)
     points = grid(cfg)
     rows = []
-    for labels, arguments in tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point"):
-        # The machine's limit right before each point (this process is idle while a point runs):
-        # on a shared machine it moves by a third between minutes, so each point has its own.
-        limit = (measure.matmul_peak_flops(cfg.device, cfg.dtype) if cfg.mode == "train"
-                 else measure.read_bandwidth_bytes_per_s(cfg.device))
-        result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
-        row = {**labels, **result}
-        if cfg.mode == "train" and result["status"] == "ok":
-            row["matmul_peak_flops"] = limit
-            row["mfu"] = result["model_flops"] / result["step_s"] / limit  # model FLOPs (CausalLM.training_flops)
-        if cfg.mode == "inference" and result["status"] == "ok":  # a decoding step over the time to read its weights once
-            row["read_bandwidth_bytes_per_s"] = limit
-            row["limit_ratio"] = result["decode_s_per_token"] / (result["step_weight_bytes"] / limit)
-        rows.append(row)
-        log.info("%s: %s", " ".join(f"{key}={value}" for key, value in labels.items()),
-                 f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mem_bytes'] / 2**20:.0f} MiB"
-                 if result["status"] == "ok" else result["status"])
-    head = header(cfg)
+    bar = tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point")
+    # Ctrl-C: stop after the point under way (again: at once); the points measured are kept.
+    with StopAfterCurrent(lambda: bar.set_description(f"mcsd-bench {cfg.mode} (Ctrl-C: stopping after this point)")
+                          ) as stop:
+        for labels, arguments in bar:
+            # The machine's limit right before each point (this process is idle while a point runs):
+            # on a shared machine it moves by a third between minutes, so each point has its own.
+            limit = (measure.matmul_peak_flops(cfg.device, cfg.dtype) if cfg.mode == "train"
+                     else measure.read_bandwidth_bytes_per_s(cfg.device))
+            result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
+            rows.append(_row(cfg.mode, labels, result, limit))
+            if stop.requested:
+                break
+    bar.close()
+    head = {**header(cfg), "complete": len(rows) == len(points), "points_planned": len(points)}
     output_dir = Path(cfg.output_dir)
     json_path, csv_path = write_results(output_dir, head, rows)
+    if stop.requested:
+        interrupted("mcsd-bench", f"kept the {len(rows)} of {len(points)} points measured in {csv_path} and "
+                    f"{json_path.name} (complete=false; mcsd-plot {cfg.mode} draws them)")
     if cfg.wandb.enabled:
         log_to_wandb(cfg, head, csv_path, output_dir)
     print(f"results: {csv_path} and {json_path}\nplot: mcsd-plot {cfg.mode} {csv_path}", flush=True)
     return csv_path
+
+
+def _row(mode: str, labels: dict[str, Any], result: dict[str, Any], limit: float) -> dict[str, Any]:
+    """A point's row: its labels, its measurement, and its use of the machine's ``limit``."""
+    row = {**labels, **result}
+    if mode == "train" and result["status"] == "ok":
+        row["matmul_peak_flops"] = limit
+        row["mfu"] = result["model_flops"] / result["step_s"] / limit  # model FLOPs (CausalLM.training_flops)
+    if mode == "inference" and result["status"] == "ok":  # a decoding step over the time to read its weights once
+        row["read_bandwidth_bytes_per_s"] = limit
+        row["limit_ratio"] = result["decode_s_per_token"] / (result["step_weight_bytes"] / limit)
+    log.info("%s: %s", " ".join(f"{key}={value}" for key, value in labels.items()),
+             f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mem_bytes'] / 2**20:.0f} MiB"
+             if result["status"] == "ok" else result["status"])
+    return row
 
 
 @hydra_app("mcsd-bench", "bench")

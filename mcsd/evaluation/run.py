@@ -10,6 +10,7 @@ lm-eval's own ``HFLM``, over the model as a Hugging Face ``transformers`` model 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -20,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import mcsd
-from mcsd.cli import hydra_app, require_wandb_login
+from mcsd.cli import StopAfterCurrent, hydra_app, interrupted, require_wandb_login
 from mcsd.data.corpus import hub_is_reachable
 from mcsd.errors import MCSDError
 from mcsd.data.tokenizer import eos_id
@@ -47,11 +48,18 @@ def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | N
     return list(tasks), include_path, num_fewshot
 
 
-def check_tasks(tasks: list[str], include_path: str | None) -> Any:
-    """An lm-eval TaskManager that knows every task; hub tasks need the Hub to be reachable."""
+@functools.lru_cache(maxsize=4)
+def task_manager(include_path: str | None) -> Any:
+    """lm-eval's TaskManager with ``include_path``'s tasks (its index of every task takes seconds
+    to build: built once per process)."""
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager(include_path=include_path)
+    return TaskManager(include_path=include_path)
+
+
+def check_tasks(tasks: list[str], include_path: str | None) -> Any:
+    """An lm-eval TaskManager that knows every task; hub tasks need the Hub to be reachable."""
+    manager = task_manager(include_path)
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise MCSDError(f"tasks: {unknown[0]} is not an lm-eval task (list them with `lm_eval ls tasks`; "
@@ -96,7 +104,9 @@ def language_model(saved: SavedModel, cfg: DictConfig) -> Any:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Run lm-eval on ``cfg.ckpt`` and write the results; return lm-eval's results dict."""
+    """Run lm-eval on ``cfg.ckpt``, one task after another, and write the results; return
+    lm-eval's results dict. Ctrl-C stops after the task under way (again: at once) and writes
+    the results of the tasks finished (``complete: false`` in results.json)."""
     from lm_eval import simple_evaluate
 
     if cfg.wandb.enabled and not cfg.wandb.offline:
@@ -107,22 +117,40 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
     manager = check_tasks(tasks, include_path)
     lm = language_model(saved, cfg)
-    outcome = simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot, limit=cfg.limit,
-                              task_manager=manager, log_samples=True, random_seed=cfg.seed,
-                              numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
-    results = outcome["results"]
-    for task, samples in outcome.get("samples", {}).items():
-        if manager.task_index.get(task) and samples and "word_perplexity,none" in results.get(task, {}):
-            results[task]["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
+    results: dict[str, Any] = {}
+    shots: dict[str, Any] = {}
+    versions: dict[str, Any] = {}
+    finished = []
+    with StopAfterCurrent() as stop:
+        for task in tasks:  # one at a time, so that Ctrl-C keeps the tasks finished
+            outcome = simple_evaluate(model=lm, tasks=[task], num_fewshot=num_fewshot, limit=cfg.limit,
+                                      task_manager=manager, log_samples=True, random_seed=cfg.seed,
+                                      numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                                      fewshot_random_seed=cfg.seed)
+            for name, samples in outcome.get("samples", {}).items():
+                scores = outcome["results"].get(name, {})
+                if manager.task_index.get(name) and samples and "word_perplexity,none" in scores:
+                    scores["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
+            results.update(outcome["results"])
+            shots.update(outcome.get("n-shot") or {})
+            versions.update(outcome.get("versions") or {})
+            finished.append(task)
+            if stop.requested:
+                break
+    if not finished:
+        interrupted("mcsd-eval", "stopped before the first task was finished: nothing written")
     model = lm.model.model  # the project's CausalLM inside the transformers model
     params = sum(p.numel() for p in model.parameters())
     label = f"{registry.of_config(model.config).label} {saved.name}"
-    summary = {"model": str(saved.path), "params": params, "tasks": tasks, "num_fewshot": num_fewshot,
-               "limit": cfg.limit, "results": results, "n-shot": outcome.get("n-shot"),
-               "versions": outcome.get("versions"), "config": OmegaConf.to_container(cfg, resolve=True)}
+    summary = {"model": str(saved.path), "params": params, "tasks": finished, "tasks_planned": tasks,
+               "complete": finished == tasks, "num_fewshot": num_fewshot, "limit": cfg.limit, "results": results,
+               "n-shot": shots, "versions": versions, "config": OmegaConf.to_container(cfg, resolve=True)}
     (output_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     table = table2_markdown([(label, params, results)])
     (output_dir / "table2.md").write_text(table)
+    if stop.requested:
+        interrupted("mcsd-eval", f"kept the results of the {len(finished)} of {len(tasks)} tasks finished "
+                    f"({', '.join(finished)}) in {output_dir / 'results.json'} (complete: false) and table2.md")
     if cfg.wandb.enabled:
         _log_to_wandb(cfg, results, output_dir)
     lines = [f"{task}: " + ", ".join(f"{key.split(',')[0]}={value:.4f}" for key, value in metrics.items()

@@ -28,7 +28,8 @@ def read_results(path: str | Path) -> tuple[dict, pd.DataFrame]:
         content = json.loads(path.read_text())
         return content["header"], pd.DataFrame(content["points"])
     frame = pd.read_csv(path)
-    head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit", "compile") if key in frame}
+    head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit", "compile", "complete",
+                                                 "points_planned") if key in frame and len(frame)}
     return head, frame
 
 
@@ -72,9 +73,12 @@ def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scal
     ax.legend(fontsize=7)
 
 
-def _title(head: dict, text: str) -> str:
+def _title(head: dict, text: str, points: int) -> str:
+    """The figure's title, the machine and, for a run that Ctrl-C stopped, how much of it there is."""
     compiled = ", compiled step" if head.get("compile") else ""
-    return f"{text}\n{head.get('device', '')}, {head.get('dtype', '')}{compiled}"
+    incomplete = (f"; incomplete: {points} of {head.get('points_planned', '?')} points (stopped by Ctrl-C)"
+                  if not bool(head.get("complete", True)) else "")
+    return f"{text}\n{head.get('device', '')}, {head.get('dtype', '')}{compiled}{incomplete}"
 
 
 def plot_inference(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
@@ -101,7 +105,7 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
     for name, x, y, within, scale, xlabel, ylabel, title in specs:
         figure, ax = plt.subplots(figsize=(6.4, 4.4))
         _curves(ax, frame, x, y, within, scale)
-        ax.set(xlabel=xlabel, ylabel=ylabel, title=_title(head, title))
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=_title(head, title, len(frame)))
         if y != "peak_mem_bytes":
             ax.set_yscale("log")
         if y == "limit_ratio":
@@ -137,5 +141,5 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    figure.suptitle(_title(head, "Training: forward + backward + AdamW step"))
+    figure.suptitle(_title(head, "Training: forward + backward + AdamW step", len(frame)))
     return save_figure(figure, output_dir, "train_throughput")

@@ -22,6 +22,7 @@ control continues the other document's decoding state, so its prefix is read onc
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,10 +101,11 @@ def _bootstrap(per_document: np.ndarray, draws: int, rng: np.random.Generator) -
 
 def probe_context(model: CausalLM, documents: torch.Tensor, windows: list[int], num_positions: int = 16,
                   batch_size: int = 4, form: str | None = None, bootstrap: int = 1000, seed: int = 0,
-                  max_tokens: int = 16384) -> ContextProbe:
+                  max_tokens: int = 16384, should_stop: Callable[[], bool] = lambda: False) -> ContextProbe | None:
     """Run the probe on ``documents`` ``[D, length]`` (token ids; D >= 2, each document's swap
     partner is the previous one, cyclically); ``batch_size`` documents at a time, and at most
-    ``max_tokens`` tokens in one call of the model for the last-N windows."""
+    ``max_tokens`` tokens in one call of the model for the last-N windows. ``should_stop`` is
+    asked after each batch: the probe then reads the documents finished (None if none were)."""
     if documents.dim() != 2 or documents.shape[0] < 2:
         raise MCSDError(f"the probe needs at least 2 documents of equal length (got shape {tuple(documents.shape)}): "
                         "give more or longer documents")
@@ -121,6 +123,10 @@ def probe_context(model: CausalLM, documents: torch.Tensor, windows: list[int], 
             full.append(f)
             last.append(windowed["last"])
             swapped.append(windowed["swapped"])
+            if should_stop():
+                break
+    if not full:
+        return None
     full, last, swapped = torch.cat(full).numpy(), torch.cat(last).numpy(), torch.cat(swapped).numpy()
     rng = np.random.default_rng(seed)
 
@@ -138,5 +144,6 @@ def probe_context(model: CausalLM, documents: torch.Tensor, windows: list[int], 
         deltas.append({"window": window, "delta": delta[0], "delta_low": delta[1], "delta_high": delta[2],
                        "swapped": control[0], "swapped_low": control[1], "swapped_high": control[2],
                        "loss_full": float(at_positions.mean()), "loss_last": float(last[:, w].mean()),
-                       "documents": len(documents), "positions": len(positions), "first_position": positions[0]})
+                       "documents": len(full), "documents_planned": len(documents), "positions": len(positions),
+                       "first_position": positions[0]})
     return ContextProbe(curve=pd.DataFrame(curve), deltas=pd.DataFrame(deltas))

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 import mcsd
-from mcsd.cli import fail, hydra_app, require_wandb_login
+from mcsd.cli import StopAfterCurrent, fail, hydra_app, interrupted, require_wandb_login
 from mcsd.data.datamodule import corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.data.corpus import DataError
@@ -73,7 +73,9 @@ def write_context_probe(result: ContextProbe, source: dict[str, str], output_dir
 
 
 def context(cfg: DictConfig) -> ContextProbe:
-    """Probe ``cfg.ckpt`` on ``cfg.data``'s documents; write the CSVs and the figure."""
+    """Probe ``cfg.ckpt`` on ``cfg.data``'s documents; write the CSVs and the figure. Ctrl-C
+    stops after the batch of documents under way (again: at once) and writes the probe of the
+    documents finished."""
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
     windows = sorted(int(window) for window in cfg.windows)
@@ -87,10 +89,19 @@ def context(cfg: DictConfig) -> ContextProbe:
     documents = probe_documents(cfg.data, mcsd.load_tokenizer(cfg.ckpt), int(cfg.length), int(cfg.num_documents),
                                 cfg.paths.cache_dir).to(cfg.device)
     print(f"probing {identity['label']} on {len(documents)} documents of {documents.shape[1]} tokens", flush=True)
-    result = probe_context(model, documents, windows, num_positions=cfg.num_positions, batch_size=cfg.batch_size,
-                           form=cfg.form, bootstrap=cfg.bootstrap, seed=cfg.seed, max_tokens=cfg.max_tokens)
+    result = None  # a second Ctrl-C stops at once, in the middle of the probe
+    with StopAfterCurrent() as stop:
+        result = probe_context(model, documents, windows, num_positions=cfg.num_positions,
+                               batch_size=cfg.batch_size, form=cfg.form, bootstrap=cfg.bootstrap, seed=cfg.seed,
+                               max_tokens=cfg.max_tokens, should_stop=lambda: stop.requested)
+    if result is None:
+        interrupted("mcsd-probe context", "stopped before the probe had read a batch of documents: nothing written")
     source = {**identity, "ckpt": str(Path(cfg.ckpt).resolve()), "form": cfg.form or model.default_form}
     paths = write_context_probe(result, source, Path(cfg.output_dir))
+    if stop.requested:
+        finished = int(result.deltas["documents"].iloc[0])
+        interrupted("mcsd-probe context", f"kept the probe of the {finished} of {len(documents)} documents finished "
+                    f"in {Path(cfg.output_dir)} (documents={finished} in {DELTA_FILE})")
     print(markdown_context_table(result.deltas.assign(**source)))
     if cfg.wandb.enabled:
         _log_to_wandb(cfg, result, paths[2], Path(cfg.output_dir))
