@@ -206,6 +206,7 @@ BAD_INPUTS = [
      "local task YAMLs with include_path=DIR"),
     ("mcsd-eval", ["ckpt=EARLIER", "tasks=[no_such_task]"], {}, None, "tasks: no_such_task is not an lm-eval task"),
     ("mcsd-plot", ["inference", "nothing.csv"], {}, None, "nothing.csv does not exist"),
+    ("mcsd-plot", ["ablation", "logs", "--out", "afile/figures"], {}, None, "--out afile/figures is not writable: "),
     ("mcsd-plot", ["ablation", "--wandb", "me/mcsd", "--group", "g"], NO_WANDB_KEY, None,
      "--wandb uses W&B online but no W&B API key is set"),
     ("mcsd-export", ["ckpt=EARLIER", "out=afile/exported"], {}, None, "out=afile/exported is not writable: "),

@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from mcsd.cli import require_wandb_login, run_or_exit
+from mcsd.cli import fail, require_wandb_login, run_or_exit, unwritable
 from mcsd.errors import MCSDError
 from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
 from mcsd.plots.context import load_context_results, markdown_context_table, plot_context
@@ -87,6 +88,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="compare: MQAR accuracy is read at the hardest (T, K) where this architecture still "
                              "reaches 0.99 (default: transformer)")
     args = parser.parse_intermixed_args(argv)  # options may come before the source (sweep.sh)
+    source = Path(args.source) if args.source else None
+    out = Path(args.out) if args.out else source if source and source.is_dir() else source.parent if source else None
+    reason = unwritable(out) if out is not None and (args.out or source.exists()) else None
+    if reason is not None:
+        fail("mcsd-plot", f"{'--out ' + args.out if args.out else str(out)} is not writable: {reason}; "
+                          "give --out DIR, a folder this user can write to")
     paths = run_or_exit("mcsd-plot", lambda: _plot(args))
     print("\n".join(str(path) for path in paths))
 
