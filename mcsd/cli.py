@@ -253,7 +253,7 @@ def _remove_empty_run_dir() -> None:
 
 
 def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Result]], Callable[[], Result]]:
-    """``@hydra.main`` on ``mcsd.conf/<config_name>``, with this project's bad-input rules: a
+    """``@hydra.main`` on ``conf/<config_name>.yaml`` (the package ``mcsd.conf``), with this project's bad-input rules: a
     bad group option or launcher, or a folder it cannot write, is refused before Hydra starts, a missing value or a
     setting that cannot work ends the app in one line (exit status 2), and a run that
     failed before writing anything leaves no run folder."""

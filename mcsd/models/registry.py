@@ -4,7 +4,7 @@ tests) reads it from here.
 
 An architecture is a folder under ``mcsd/models/`` whose ``__init__`` calls :func:`register`
 (the built-in folders are imported by ``mcsd.models``); code elsewhere may register more.
-An architecture without a ``mcsd/conf/model/<name>.yaml`` gets a Hydra node ``model/<name>``
+An architecture without a ``conf/model/<name>.yaml`` gets a Hydra node ``model/<name>``
 built from its config class's defaults when it registers, so ``mcsd-train model=<name>``
 works for it too.
 """

@@ -1,1 +1,0 @@
-"""Hydra configs of mcsd (installed as the package mcsd.conf)."""
