@@ -72,8 +72,8 @@ def _check_optimization(optimizer: DictConfig | None, scheduler: DictConfig | No
 
     if optimizer is not None:
         lr, eps, decay = number(optimizer, "lr"), number(optimizer, "eps"), number(optimizer, "weight_decay")
-        if lr is not None and not lr > 0:
-            raise MCSDError(f"optimizer.lr={lr} must be positive (the paper's 8e-4 is the default)")
+        if lr is not None and lr < 0:
+            raise MCSDError(f"optimizer.lr={lr} must be 0 or more (the paper's 8e-4 is the default)")
         if eps is not None and eps < 0:
             raise MCSDError(f"optimizer.eps={eps} must be 0 or more")
         if decay is not None and decay < 0:

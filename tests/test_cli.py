@@ -178,7 +178,7 @@ BAD_INPUTS = [
     ("mcsd-train", ["hydra/launcher=slurm"], {"PATH": str(Path(sys.executable).parent)}, None,
      "hydra/launcher=slurm submits to SLURM, but there is no sbatch here"),
     ("mcsd-train", [], NO_WANDB_KEY, None, "logger.wandb uses W&B online but no W&B API key is set: run `wandb login`"),
-    ("mcsd-train", ["optimizer.lr=-1e-3"], {}, None, "optimizer.lr=-0.001 must be positive"),
+    ("mcsd-train", ["optimizer.lr=-1e-3"], {}, None, "optimizer.lr=-0.001 must be 0 or more"),
     ("mcsd-train", ["optimizer.betas=[0.9,1.5]"], {}, None, "optimizer.betas=[0.9, 1.5] must be two numbers in [0, 1)"),
     ("mcsd-train", ["optimizer.weight_decay=-0.1"], {}, None, "optimizer.weight_decay=-0.1 must be 0 or more"),
     ("mcsd-train", ["scheduler.warmup_steps=50"], {}, None,
@@ -268,7 +268,7 @@ def test_the_installed_command_ends_a_bad_input_in_one_line(earlier_run: tuple[P
     cwd, before = earlier_run
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
     for arguments, message in [(["size=huge"], "size=huge is not an option of size"),
-                               (["optimizer.lr=-1e-3"], "optimizer.lr=-0.001 must be positive")]:
+                               (["optimizer.lr=-1e-3"], "optimizer.lr=-0.001 must be 0 or more")]:
         result = run_cli("mcsd-train", *FAST, *arguments, cwd=cwd)
         errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
         assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
