@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run an experiment's sweep two jobs at a time, keep its CSV logs in the experiment's
 # folder (<experiment>/<corpus>/<job>/csv/version_0/{metrics.csv,hparams.yaml}) and draw it.
-#   experiments/sweep.sh EXPERIMENT "PLOT_KIND [mcsd-plot options]" [--replace] [--name NAME] \
-#     [embedded|FILE.txt|own] [mcsd-train overrides...]
+#   experiments/sweep.sh EXPERIMENT [--replace|--add] [--name NAME] [embedded|FILE.txt|own] [mcsd-train overrides...]
+# The figures and tables are drawn by `mcsd-plot experiment` (mcsd/plots/experiments.py: the same
+# code as the figures notebook's).
 # The results go to <experiment>/trial/<corpus>/, or with --replace to <experiment>/<corpus>/
 # (the committed results), so that a trial run never overwrites them silently; --add writes
 # to the committed results too but keeps the jobs already there, numbering the new ones after
@@ -10,7 +11,7 @@
 # puts them in <NAME>/ instead of <corpus>/ (another sweep on the same corpus). `own` keeps the
 # experiment's own data config (MQAR's synthetic examples) and names the folder `own` unless --name.
 set -euo pipefail
-experiment="$1"; read -ra plot <<< "$2"; shift 2
+experiment="$1"; shift
 results=trial; add=false
 if [ "${1:-}" = --replace ]; then results=.; shift; elif [ "${1:-}" = --add ]; then results=.; add=true; shift; fi
 folder=""; if [ "${1:-}" = --name ]; then folder="$2"; shift 2; fi
@@ -48,4 +49,4 @@ for job in "$sweep"*/; do
   mkdir -p "$copy"
   cp "$logs/metrics.csv" "$logs/hparams.yaml" "$copy/"
 done
-mcsd-plot "${plot[@]}" "$out" --name "$experiment"
+mcsd-plot experiment "$out"

@@ -206,6 +206,10 @@ BAD_INPUTS = [
      "local task YAMLs with include_path=DIR"),
     ("mcsd-eval", ["ckpt=EARLIER", "tasks=[no_such_task]"], {}, None, "tasks: no_such_task is not an lm-eval task"),
     ("mcsd-plot", ["inference", "nothing.csv"], {}, None, "nothing.csv does not exist"),
+    ("mcsd-plot", ["inference", "logs"], {}, None, "logs is a folder without a results.csv: give the results.csv "
+     "(or the output_dir) of an mcsd-bench run; a training sweep's folder is drawn by mcsd-plot scaling|ablation"),
+    ("mcsd-plot", ["experiment", "logs"], {}, None, "is not a result folder of a known experiment: give "
+     "experiments/<experiment>/<name> with <experiment> one of fig4_scaling, "),
     ("mcsd-plot", ["ablation", "logs", "--out", "afile/figures"], {}, None, "--out afile/figures is not writable: "),
     ("mcsd-plot", ["ablation", "--wandb", "me/mcsd", "--group", "g"], NO_WANDB_KEY, None,
      "--wandb uses W&B online but no W&B API key is set"),

@@ -8,6 +8,7 @@ import math
 import shutil
 from pathlib import Path
 
+import matplotlib
 import nbformat
 import pandas as pd
 import pytest
@@ -19,6 +20,7 @@ from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.mcsd import MCSDConfig
 from mcsd.plots.cli import main as plot_main
+from mcsd.plots.experiments import DRAWINGS, result_folders
 from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, plot_sweep, seed_table
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "figures.ipynb"
@@ -204,50 +206,61 @@ def test_committed_notebook_has_no_outputs() -> None:
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
 
 
-def test_notebook_regenerates_every_figure(ablation_sweep: Path, scaling_sweep: Path, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def _matplotlib_of(png: Path) -> str:
+    """The matplotlib version a PNG was drawn with (its Software text chunk)."""
+    from PIL import Image
+
+    return Image.open(png).text.get("Software", "")
+
+
+def test_notebook_rewrites_the_committed_results_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notebook, executed over a copy of the committed results (what a clone has: no logs/,
+    no trial/), writes every figure and table the experiments' run.sh scripts wrote, unchanged,
+    and no other file; it shows each one. Figures are compared byte for byte when this matplotlib
+    is the one that drew the committed ones (another version draws other bytes), tables always."""
     experiments = tmp_path / "experiments"
-    shutil.copytree(ablation_sweep, experiments / "fig9_ablation" / "tiny")
-    shutil.copytree(ablation_sweep, experiments / "decay_init_study" / "tiny")  # it has a Transformer curve
-    shutil.copytree(scaling_sweep, experiments / "fig4_scaling" / "tiny")
-    for folder, name in (("fig5-8_inference", "inference"), ("train_throughput", "train")):
-        source = EXPERIMENTS / folder / "cpu_quick"
-        (experiments / folder / "cpu_quick").mkdir(parents=True)
-        shutil.copy(source / "results.csv", experiments / folder / "cpu_quick" / "results.csv")
-    for folder in ("mqar_recall/cpu", "mqar_converge/cpu", "long_context/tinyshakespeare",
-                   "compare_architectures/tinyshakespeare", "rwkv_perspectives/tinyshakespeare",
-                   "wm_ablation/tinyshakespeare"):
-        shutil.copytree(EXPERIMENTS / folder, experiments / folder)  # the committed results
-    (experiments / "mqar_converge" / "cpu" / "mqar_converge_table.md").unlink()  # to be made again
-    (experiments / "table2_downstream" / "tiny").mkdir(parents=True)
+    shutil.copytree(EXPERIMENTS, experiments, ignore=shutil.ignore_patterns("logs", "trial"))
+    before = {path.relative_to(experiments): path.read_bytes() for path in experiments.rglob("*") if path.is_file()}
+    (experiments / "table2_downstream" / "tiny").mkdir()  # Table 2 has no committed result: one made here
     (experiments / "table2_downstream" / "tiny" / "results.json").write_text(json.dumps(
         {"params": 164288, "results": {"arc_easy": {"acc,none": 0.3, "acc_norm,none": 0.35}}}))
     monkeypatch.setenv("MCSD_EXPERIMENTS", str(experiments))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    after = {path.relative_to(experiments) for path in experiments.rglob("*") if path.is_file()}
+    assert sorted(map(str, after - set(before))) == ["table2_downstream/tiny/results.json"]
+    same_matplotlib = _matplotlib_of(EXPERIMENTS / "fig9_ablation" / "tinyshakespeare" / "fig9_ablation.png") == (
+        f"Matplotlib version{matplotlib.__version__}, https://matplotlib.org/")
+    compared = [path for path in before if same_matplotlib or path.suffix not in (".png", ".pdf")]
+    changed = [str(path) for path in compared if (experiments / path).read_bytes() != before[path]]
+    assert changed == []
     images = sum(1 for cell in notebook.cells for output in cell.get("outputs", [])
                  if "image/png" in output.get("data", {}))
-    assert images == 1 + 5 + 1 + 1 + 1 + 3 + 1 + 1 + 1 + 2  # Fig. 4, Figs. 5-8 and the bandwidth limit
-    # (cpu_quick), training cost, Fig. 9, decay study, MQAR, the long-context probe, the comparison, the
-    # perspectives and the Wonderful Matrices ablation; MQAR's accuracy-vs-state figure, and mqar_converge's two
+    assert images == sum(len(list(folder.glob("*.png"))) for experiment in DRAWINGS
+                         for folder in result_folders(EXPERIMENTS, experiment))  # each committed figure, shown
     markdown = "".join(output["data"].get("text/markdown", "") for cell in notebook.cells
                        for output in cell.get("outputs", []) if "data" in output)
     assert "| **tiny** (ours, measured) | 0.2M | - | 35.0 | - | - | - | - |" in markdown  # Table 2
-    assert (experiments / "fig9_ablation" / "tiny" / "fig9_ablation_table.md").is_file()
-    assert "| Transformer |" in (experiments / "decay_init_study" / "tiny" / "decay_init_study_by_seed.md").read_text()
-    assert (experiments / "fig5-8_inference" / "cpu_quick" / "fig8_throughput_vs_batch.pdf").is_file()
-    assert "| MCSD full | 32 | 0.018 (lr 0.002) | 0.003 (lr 0.005) |" in markdown  # the committed MQAR table
-    converged = experiments / "mqar_converge" / "cpu" / "mqar_converge_table.md"
-    assert converged.read_text() == (EXPERIMENTS / "mqar_converge" / "cpu" / "mqar_converge_table.md").read_text()
-    assert converged.read_text().splitlines()[2] in markdown  # the converged table, made again and shown
-    assert (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" / "perspective_weights.md").read_text() in markdown
-    perspectives = experiments / "rwkv_perspectives" / "tinyshakespeare" / "rwkv_perspectives_table.md"
-    assert perspectives.read_text() == (EXPERIMENTS / "rwkv_perspectives" / "tinyshakespeare" /
-                                        "rwkv_perspectives_table.md").read_text()  # the committed table, made again
-    for table in ("wm_ablation_table.md", "wm_ablation_by_seed.md"):
-        assert (experiments / "wm_ablation" / "tinyshakespeare" / table).read_text() == (
-            EXPERIMENTS / "wm_ablation" / "tinyshakespeare" / table).read_text()
-    comparison = (experiments / "compare_architectures" / "tinyshakespeare" / "architectures_compared_table.md").read_text()
-    assert comparison == (EXPERIMENTS / "compare_architectures" / "tinyshakespeare" /
-                          "architectures_compared_table.md").read_text()  # the committed table, made again
+    for table in ("mqar_converge/cpu/mqar_converge_table.md", "compare_architectures/tinyshakespeare/"
+                  "architectures_compared_table.md", "fig9_ablation/tinyshakespeare/fig9_ablation_by_seed.md"):
+        assert (EXPERIMENTS / table).read_text().splitlines()[2] in markdown  # shown as well as written
+
+
+def test_plot_experiment_draws_a_result_folder_or_every_one_as_run_sh_does(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture) -> None:
+    """``mcsd-plot experiment`` (what every run.sh ends with) given an experiment's folder draws each
+    of its result folders, given one result folder that one, the committed files unchanged."""
+    experiment = tmp_path / "fig9_ablation"
+    shutil.copytree(EXPERIMENTS / "fig9_ablation", experiment, ignore=shutil.ignore_patterns("logs", "trial"))
+    tables = sorted(experiment.glob("*/*.md"))
+    for table in tables:
+        table.unlink()
+    plot_main(["experiment", str(experiment)])
+    assert [table.read_text() for table in sorted(experiment.glob("*/*.md"))] == [
+        (EXPERIMENTS / table.relative_to(tmp_path)).read_text() for table in tables]
+    capsys.readouterr()
+    plot_main(["experiment", str(experiment / "tinyshakespeare")])
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{experiment / 'tinyshakespeare'}\n") and "vs Transformer" in printed
+    assert "embedded" not in printed

@@ -371,7 +371,7 @@ def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_swee
             "data.batch_size=16", "trainer.max_steps=2", "scheduler.warmup_steps=1", "logger=csv",
             "test_after_training=false",
             "callbacks.progress_bar.refresh_rate=0"]
-    result = subprocess.run(["bash", str(script), "mqar_recall", "mqar", "--add", "--name", "cpu", "own", *tiny,
+    result = subprocess.run(["bash", str(script), "mqar_recall", "--add", "--name", "cpu", "own", *tiny,
                              "hydra.sweeper.registry_variants=[default]",
                              "hydra.sweeper.registry_architectures=[transformer]"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -24,7 +24,7 @@ out="$results/$name"
 
 source "$here/../result_jobs.sh"  # result_jobs, result_model, first_seed_jobs
 if ! $bench_only; then
-  "$here/../sweep.sh" compare_architectures "ablation" ${results_mode[@]+"${results_mode[@]}"} --name "$name" \
+  "$here/../sweep.sh" compare_architectures ${results_mode[@]+"${results_mode[@]}"} --name "$name" \
     "$split/train.txt" "$@"
   export OMP_NUM_THREADS=1
   for job in $(result_jobs "$out"); do [ -d "$out/probe/$job" ] || echo "$job $(result_model "$out" "$job")"; done | \
@@ -39,4 +39,4 @@ for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \
     output_dir="$out/bench_$mode" wandb.enabled=false
 done
-mcsd-plot compare "$out" --mqar "$here/../mqar_converge/cpu"
+mcsd-plot experiment "$out"  # the table and figure, MQAR from ../mqar_converge/cpu

@@ -4,4 +4,4 @@
 #   bash experiments/decay_init_study/run.sh embedded seed=0,1,2
 #   bash experiments/decay_init_study/run.sh ../shared/data/tinyshakespeare.txt seed=0,1,2
 set -euo pipefail
-exec "$(dirname "$0")/../sweep.sh" decay_init_study "ablation --reference Transformer" "$@"
+exec "$(dirname "$0")/../sweep.sh" decay_init_study "$@"

@@ -4,4 +4,4 @@
 #   bash experiments/fig4_scaling/run.sh                               # embedded corpus, seed 0
 #   bash experiments/fig4_scaling/run.sh ../shared/data/tinyshakespeare.txt
 set -euo pipefail
-exec "$(dirname "$0")/../sweep.sh" fig4_scaling scaling "$@"
+exec "$(dirname "$0")/../sweep.sh" fig4_scaling "$@"

@@ -5,4 +5,4 @@
 #   bash experiments/fig9_ablation/run.sh embedded seed=0,1,2          # more seeds
 #   bash experiments/fig9_ablation/run.sh ../shared/data/tinyshakespeare.txt seed=0,1
 set -euo pipefail
-exec "$(dirname "$0")/../sweep.sh" fig9_ablation "ablation --reference Transformer" "$@"
+exec "$(dirname "$0")/../sweep.sh" fig9_ablation "$@"

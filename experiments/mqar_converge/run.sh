@@ -8,5 +8,5 @@ set -euo pipefail
 flags=()
 if [ "${1:-}" = --replace ] || [ "${1:-}" = --add ]; then flags+=("$1"); shift; fi
 if [ "${1:-}" = --name ]; then flags+=(--name "$2"); shift 2; fi
-exec "$(dirname "$0")/../sweep.sh" mqar_converge "mqar" ${flags[@]+"${flags[@]}"} own logger=csv \
+exec "$(dirname "$0")/../sweep.sh" mqar_converge ${flags[@]+"${flags[@]}"} own logger=csv \
   callbacks.progress_bar.refresh_rate=0 "$@"

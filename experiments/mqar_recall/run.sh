@@ -9,4 +9,4 @@ set -euo pipefail
 flags=()
 if [ "${1:-}" = --replace ] || [ "${1:-}" = --add ]; then flags+=("$1"); shift; fi
 if [ "${1:-}" = --name ]; then flags+=(--name "$2"); shift 2; fi
-exec "$(dirname "$0")/../sweep.sh" mqar_recall "mqar" ${flags[@]+"${flags[@]}"} own "$@"
+exec "$(dirname "$0")/../sweep.sh" mqar_recall ${flags[@]+"${flags[@]}"} own "$@"

@@ -26,5 +26,5 @@ if [ -z "$given_base" ]; then
     data.sample_by=paragraph data.seq_len=256 data.batch_size=16 data.token_budget=1000000 trainer.val_check_interval=50 \
     scheduler.warmup_steps=20 hydra.run.dir="$base" paths.log_dir="$here/logs/$name" ${overrides[@]+"${overrides[@]}"}
 fi
-"$here/../sweep.sh" rwkv_perspectives "ablation --reference RWKV-4" ${replace[@]+"${replace[@]}"} --name "$name" \
+"$here/../sweep.sh" rwkv_perspectives ${replace[@]+"${replace[@]}"} --name "$name" \
   "$split/train.txt" init_from="$base" "$@"

@@ -9,5 +9,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 source "$here/../corpus_arguments.sh"  # [--replace|--add] [CORPUS.txt]: results_mode, results, name, split
-"$here/../sweep.sh" wm_ablation ablation ${results_mode[@]+"${results_mode[@]}"} --name "$name" "$split/train.txt" "$@"
-mcsd-plot ablation "$results/$name" --name wm_ablation --reference "Wonderful Matrices default, attention_every=0"
+"$here/../sweep.sh" wm_ablation ${results_mode[@]+"${results_mode[@]}"} --name "$name" "$split/train.txt" "$@"

@@ -9,6 +9,8 @@
     mcsd-plot mqar logs/train/multiruns/<time>               # MQAR accuracy vs width
     mcsd-plot context logs/probe_context                     # every probe under it, side by side
     mcsd-plot compare experiments/compare_architectures/tinyshakespeare --mqar DIR   # the headline table
+    mcsd-plot experiment experiments/fig9_ablation/tinyshakespeare   # a result folder, as its run.sh draws it
+    mcsd-plot experiment experiments/fig9_ablation                   # every result folder of the experiment
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mcsd.errors import MCSDError
 from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
 from mcsd.plots.context import load_context_results, markdown_context_table, plot_context
 from mcsd.plots.cost import plot_inference, plot_train
+from mcsd.plots.experiments import DRAWINGS, draw, draw_experiment
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, markdown_table, plot_sweep
 
@@ -29,7 +32,25 @@ SWEEPS = ("scaling", "ablation")
 RUN_TABLES = ("mqar", "context", "compare")
 
 
+def _experiment(args: argparse.Namespace) -> list:
+    """``mcsd-plot experiment``: one result folder, or every one of an experiment's folder."""
+    if args.source is None:
+        raise MCSDError("mcsd-plot experiment needs a result folder: mcsd-plot experiment experiments/<experiment>/<name>")
+    if args.out is not None:
+        raise MCSDError("--out: mcsd-plot experiment writes into the result folder it draws; leave --out out")
+    folder = Path(args.source).resolve()
+    if args.name is None and folder.name in DRAWINGS and not DRAWINGS[folder.name].whole:
+        drawn = list(draw_experiment(folder.parent, folder.name))  # an experiment's folder: each result in it
+    else:
+        drawn = [draw(folder, args.name)]
+    for one in drawn:
+        print(f"{one.folder}\n{one.markdown}" if one.markdown else one.folder)
+    return [path for one in drawn for path in one.paths]
+
+
 def _plot(args: argparse.Namespace) -> list:
+    if args.kind == "experiment":
+        return _experiment(args)
     if args.kind in COSTS:
         if args.source is None:
             raise MCSDError(f"mcsd-plot {args.kind} needs a results file: mcsd-plot {args.kind} RESULTS.csv")
@@ -71,13 +92,13 @@ def _plot(args: argparse.Namespace) -> list:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``mcsd-plot``."""
     parser = argparse.ArgumentParser(prog="mcsd-plot", description="Draw the paper's figures from result files.")
-    parser.add_argument("kind", choices=[*COSTS, *SWEEPS, *RUN_TABLES], help="which figures")
+    parser.add_argument("kind", choices=[*COSTS, *SWEEPS, *RUN_TABLES, "experiment"], help="which figures")
     parser.add_argument("source", nargs="?", help="results.csv/json of mcsd-bench, or the folder of a training sweep")
     parser.add_argument("--out", default=None, help="folder for the figures (default: beside the source)")
     parser.add_argument("--wandb", default=None, metavar="ENTITY/PROJECT", help="read the sweep from W&B instead")
     parser.add_argument("--group", default=None, help="the W&B group of the sweep (with --wandb)")
     parser.add_argument("--name", default=None, help="file stem and title of a sweep's figure (default: fig4_scaling "
-                        "or fig9_ablation)")
+                        "or fig9_ablation); experiment: the experiment (default: the result folder's parent)")
     parser.add_argument("--reference", default=None, metavar="CURVE",
                         help="a curve label (e.g. Transformer): the per-seed table gives every curve's ratio to it")
     parser.add_argument("--curves", default=None, metavar="LABEL,LABEL",

@@ -19,11 +19,24 @@ LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
 
-def read_results(path: str | Path) -> tuple[dict, pd.DataFrame]:
-    """A results file of ``mcsd-bench`` (``results.csv`` or ``results.json``): header and points."""
+def results_file(path: str | Path) -> Path:
+    """The results file of ``mcsd-bench`` that ``path`` names: the file itself, or the
+    ``results.csv`` of an mcsd-bench output folder."""
     path = Path(path)
+    if path.is_dir():
+        if (path / "results.csv").is_file():
+            return path / "results.csv"
+        raise FileNotFoundError(f"{path} is a folder without a results.csv: give the results.csv (or the output_dir) "
+                                "of an mcsd-bench run; a training sweep's folder is drawn by mcsd-plot scaling|ablation")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: give the results.csv or results.json of an mcsd-bench run")
+    return path
+
+
+def read_results(path: str | Path) -> tuple[dict, pd.DataFrame]:
+    """A results file of ``mcsd-bench`` (``results.csv`` or ``results.json``, or its output
+    folder): header and points."""
+    path = results_file(path)
     if path.suffix == ".json":
         content = json.loads(path.read_text())
         return content["header"], pd.DataFrame(content["points"])
@@ -84,6 +97,7 @@ def _title(head: dict, text: str, points: int) -> str:
 def plot_inference(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
     """Figs. 5-8 from an inference results file, as PNG and PDF beside it (or in ``output_dir``),
     and the decode step's ratio to the memory-bandwidth limit (``limit_ratio``) where measured."""
+    results = results_file(results)
     head, frame = read_results(results)
     if "gen_len" not in frame:
         raise MCSDError(f"{results} holds training results: use mcsd-plot train {results}")
@@ -118,6 +132,7 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
 
 def plot_train(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
     """Training tokens/s, peak memory and MFU vs sequence length, one line per model form."""
+    results = results_file(results)
     head, frame = read_results(results)
     if "seq_len" not in frame:
         raise MCSDError(f"{results} holds inference results: use mcsd-plot inference {results}")
