@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run an experiment's sweep two jobs at a time, keep its CSV logs in the experiment's
 # folder (<experiment>/<corpus>/<job>/csv/version_0/{metrics.csv,hparams.yaml}) and draw it.
-#   experiments/sweep.sh EXPERIMENT [--replace|--add] [--name NAME] [embedded|FILE.txt|own] [mcsd-train overrides...]
+#   experiments/sweep.sh EXPERIMENT [--replace|--add] [--name NAME] embedded|tinyshakespeare|FILE.txt|own \
+#     [mcsd-train overrides...]
 # The figures and tables are drawn by `mcsd-plot experiment` (mcsd/plots/experiments.py: the same
 # code as the figures notebook's).
 # The results go to <experiment>/trial/<corpus>/, or with --replace to <experiment>/<corpus>/
@@ -15,7 +16,12 @@ experiment="$1"; shift
 results=trial; add=false
 if [ "${1:-}" = --replace ]; then results=.; shift; elif [ "${1:-}" = --add ]; then results=.; add=true; shift; fi
 folder=""; if [ "${1:-}" = --name ]; then folder="$2"; shift 2; fi
-corpus="${1:-embedded}"; shift $(( $# < 1 ? $# : 1 ))
+source "$(dirname "$0")/corpus_path.sh"
+corpus="${1:-}"
+if [ -z "$corpus" ] || [[ "$corpus" == *=* ]]; then  # no corpus, or an override in its place
+  corpus_usage "experiments/$experiment/run.sh" "[--replace|--add] [--name NAME] CORPUS [mcsd-train overrides...]"
+fi
+shift
 here="$(cd "$(dirname "$0")" && pwd)/$experiment"
 if [ "$corpus" = embedded ]; then
   data=(data=embedded); name=embedded
@@ -23,15 +29,37 @@ elif [ "$corpus" = own ]; then
   data=(); name=own
 else
   # A .txt file is one document: its paragraphs are the documents that validation holds out whole.
-  data=(data=text_files "data.paths=[$(realpath "$corpus")]"); name="$(basename "${corpus%.*}")"
+  corpus="$(corpus_path "$corpus")"
+  data=(data=text_files "data.paths=[$corpus]"); name="$(basename "${corpus%.*}")"
   [[ "$corpus" == *.txt ]] && data+=(data.sample_by=paragraph)
 fi
 name="${folder:-$name}"
 export OMP_NUM_THREADS=1  # two jobs side by side, one core each
 # The sweep's own folder, named here, so that two sweeps of one experiment at once each copy their own jobs.
 sweep="$here/logs/$name/train/multiruns/$(date +%Y-%m-%d_%H-%M-%S)-$$/"
+# Stopped (Ctrl-C, or SIGTERM to this script), the sweep stops every process it started: each
+# training job stops after its step under way with a checkpoint (resume=RUN_DIR), then this script.
+descendants() {  # every process below $1 but the subshell that asks
+  local child; for child in $(pgrep -P "$1"); do [ "$child" = "$BASHPID" ] || { descendants "$child"; echo "$child"; }; done
+}
+stop() {
+  trap '' INT TERM
+  local processes alive
+  processes="$(descendants $$)"  # the tree as it is now: mcsd-train, its job workers, their helpers
+  [ -n "$processes" ] && kill -TERM $processes 2>/dev/null
+  for _ in $(seq 120); do  # each job saves its checkpoint, then its worker ends
+    alive=""; for process in $processes; do kill -0 "$process" 2>/dev/null && alive+=" $process"; done
+    [ -z "$alive" ] && break; sleep 0.5
+  done
+  [ -n "$alive" ] && kill -KILL $alive 2>/dev/null
+  echo "sweep.sh: stopped by $1: every job of the sweep stopped (its runs in $sweep); no results copied" >&2
+  exit 130
+}
+trap 'stop Ctrl-C' INT; trap 'stop SIGTERM' TERM
 mcsd-train -m experiment="$experiment" ${data[@]+"${data[@]}"} hydra/launcher=local_parallel \
-  paths.log_dir="$here/logs/$name" hydra.sweep.dir="$sweep" "$@"
+  paths.log_dir="$here/logs/$name" hydra.sweep.dir="$sweep" "$@" &
+wait $!
+trap - INT TERM
 out="$here/$results/$name"
 first=0
 if $add; then

@@ -3,8 +3,10 @@ rules (one line on stderr, exit status 2, no run folder left behind)."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
+import inspect
 import logging
 import os
 import shutil
@@ -15,12 +17,12 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import hydra
 from hydra.core.plugins import Plugins
 from hydra.errors import InstantiationException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from mcsd.errors import MCSDError
 
@@ -158,6 +160,89 @@ def require_values(cfg: DictConfig) -> None:
         raise MCSDError(f"{missing[0]} is missing: give it on the command line ({missing[0]}=...)")
 
 
+_INSTANTIATE_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def check_settings_exist(node: Any, path: str = "") -> None:
+    """Refuse a setting that the class or function a config node instantiates does not take (e.g.
+    ``+trainer.max_step=5``, which Hydra suggests for the typo ``trainer.max_step``), naming the
+    nearest setting it does take, instead of the TypeError it would end in once the run has begun."""
+    if isinstance(node, ListConfig):
+        for index, item in enumerate(node):
+            check_settings_exist(item, f"{path}[{index}]")
+        return
+    if not isinstance(node, DictConfig):
+        return
+    target = node.get("_target_") if "_target_" in node else None
+    if isinstance(target, str):
+        from hydra.utils import get_object
+
+        try:
+            function = get_object(target)
+            parameters = inspect.signature(function).parameters.values()
+        except (ImportError, AttributeError, ValueError, TypeError):
+            parameters = None  # what cannot be looked at here fails as it would have
+        if parameters is not None and not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            taken = {p.name for p in parameters if p.kind is not p.VAR_POSITIONAL}
+            for key in node:
+                if key not in taken and key not in _INSTANTIATE_KEYS:
+                    close = difflib.get_close_matches(str(key), sorted(taken), n=1)
+                    hint = f"did you mean {path}.{close[0]}?" if close else f"drop it (it takes {', '.join(sorted(taken))})"
+                    raise MCSDError(f"{path}.{key} is not a setting of {target}: {hint}")
+    for key in node:
+        if key not in _INSTANTIATE_KEYS:
+            check_settings_exist(node._get_node(key), f"{path}.{key}" if path else str(key))
+
+
+def parallel_jobs() -> int:
+    """How many jobs of this Hydra sweep run side by side here (the joblib launcher's n_jobs), else 1."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return 1
+    hydra_cfg = HydraConfig.get()
+    n_jobs = hydra_cfg.launcher.get("n_jobs") if "joblib" in str(hydra_cfg.launcher.get("_target_", "")) else None
+    return n_jobs if str(hydra_cfg.mode) == "RunMode.MULTIRUN" and isinstance(n_jobs, int) and n_jobs > 1 else 1
+
+
+def torch_threads(setting: int | str | None) -> tuple[int, str]:
+    """The torch threads a ``threads`` setting asks for, and why: a number as given; ``auto``
+    (the default): ``OMP_NUM_THREADS`` when set, else torch's default less the cores other work
+    keeps busy (the 1-minute load average), at least 1, since OpenMP threads that share their
+    cores with other work spin and run several times slower; ``null``: torch's default."""
+    import torch
+
+    default = torch.get_num_threads()
+    if setting is None:
+        return default, "threads=null: torch's default"
+    if setting == "auto":
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            return max(1, int(os.environ["OMP_NUM_THREADS"])), f"threads=auto: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+        cores, load, jobs = len(os.sched_getaffinity(0)), os.getloadavg()[0], parallel_jobs()
+        if jobs > 1:  # a sweep's jobs side by side share the cores
+            return max(1, min(default, cores // jobs)), f"threads=auto: {cores} cores, {jobs} jobs side by side"
+        threads = max(1, min(default, round(cores - load)))
+        return threads, f"threads=auto: {cores} cores, load {load:.1f}, torch's default {default}"
+    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+        return setting, f"threads={setting}"
+    raise MCSDError(f"threads={setting} must be a positive number of torch threads, auto or null")
+
+
+def apply_threads(app: str, cfg: DictConfig) -> None:
+    """Set torch's threads from ``cfg.threads`` (resolved to a number in the config, for what the
+    command hands on) and say so in one line."""
+    if "threads" not in cfg:
+        return
+    import torch
+
+    threads, why = torch_threads(cfg.threads)
+    torch.set_num_threads(threads)
+    if cfg.threads is not None:
+        with open_dict(cfg):
+            cfg.threads = threads
+    print(f"{app}: {threads} torch thread{'s' if threads > 1 else ''} ({why})", file=sys.stderr, flush=True)
+
+
 def require_wandb_login(setting: str) -> None:
     """Online W&B needs an API key: say how to get one (or stay offline) instead of W&B's traceback."""
     import wandb
@@ -262,7 +347,8 @@ def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Re
         @functools.wraps(task)
         def checked_task(cfg: DictConfig) -> Result:
             try:
-                return run_or_exit(app, lambda: (require_values(cfg), task(cfg))[1])
+                return run_or_exit(app, lambda: (require_values(cfg), check_settings_exist(cfg), apply_threads(app, cfg),
+                                                 task(cfg))[3])
             except SystemExit:
                 _remove_empty_run_dir()
                 raise

@@ -1,6 +1,6 @@
 """mcsd-prepare: tokenize a corpus into its cache once, for the training runs that follow.
 
-    mcsd-prepare data=fineweb_edu data.max_documents=null model.vocab_size=50304 paths.cache_dir=/shared/cache
+    mcsd-prepare data=fineweb_edu data.max_documents=null model.vocab_size=50304 paths.cache_dir=/scratch/mcsd-cache
 
 Takes mcsd-train's data settings (``data=``, ``data.*``, ``model.vocab_size``, ``paths.cache_dir``,
 ``seed`` for the held-out documents); prints where the shards are and each split's size.

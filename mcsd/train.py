@@ -27,7 +27,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from mcsd.cli import hydra_app, require_wandb_login
+from mcsd.cli import hydra_app, parallel_jobs, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.saved_model import read_checkpoint
 from mcsd.training.callbacks import SaveFinalModel
@@ -217,6 +217,11 @@ def _stop(trainer: L.Trainer, interrupt: StopOnSignal) -> None:
                 f"resume with `mcsd-train resume={run_dir}`")
         print(f"mcsd-train: interrupted at step {trainer.global_step}: checkpoint {interrupt.checkpoint}; {then} "
               f"({signal_name}; the final model folder is written only for a finished run)", file=sys.stderr, flush=True)
+    if parallel_jobs() > 1:  # a job of a sweep run side by side: its worker ends too, instead of taking the next job
+        for logger in trainer.loggers:
+            logger.save()
+        sys.stdout.flush()
+        os._exit(128 + interrupt.signum)
     raise SystemExit(128 + interrupt.signum)
 
 
@@ -224,6 +229,11 @@ def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callbac
             val_ppl: float, tokens: int) -> str:
     """The closing lines: the result and where every artefact is."""
     lines = [f"final validation perplexity: {val_ppl:.2f} (loss {val_loss:.4f}) after {tokens:,} tokens"]
+    if trainer.overfit_batches and "train/loss" in trainer.callback_metrics:
+        lines.append(f"final training loss: {float(trainer.callback_metrics['train/loss']):.4f} on the "
+                     f"{trainer.overfit_batches} batches this run overfits (it should fall to about 0); the "
+                     "validation perplexity above is on held-out text that an overfitting run does not learn: "
+                     "high by design")
     if "val/mqar_acc" in trainer.callback_metrics:
         lines.append(f"final validation MQAR accuracy: {float(trainer.callback_metrics['val/mqar_acc']):.4f}")
     for logger in loggers:

@@ -257,3 +257,27 @@ def test_ctrl_c_keeps_the_probe_of_the_documents_finished(tmp_path: Path, monkey
     whole = probe(4, "whole")
     columns = ["window", "delta", "delta_low", "delta_high", "loss_full", "loss_last"]  # not the swap partners
     pd.testing.assert_frame_equal(kept[columns], whole[columns])
+
+
+def test_the_probes_bar_counts_every_token_the_model_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The progress bar's total is the tokens the probe feeds the model (its estimate follows the
+    work, not a count of unequal passes), and it ends full."""
+    import mcsd.probes.context as context_module
+
+    bars = []
+
+    class Recorded(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "disable": False})
+            bars.append(self)
+
+    model = tiny_model("mcsd").eval()
+    fed = []
+    forward, prefill = model.forward, model.prefill
+    monkeypatch.setattr(model, "forward", lambda ids, *a, **k: (fed.append(ids.numel()), forward(ids, *a, **k))[1])
+    monkeypatch.setattr(model, "prefill", lambda ids, *a, **k: (fed.append(ids.numel()), prefill(ids, *a, **k))[1])
+    monkeypatch.setattr(context_module, "tqdm", Recorded)
+    documents = torch.randint(0, model.config.vocab_size, (5, 80))
+    probe_context(model, documents, [8, 24], num_positions=3, batch_size=2, bootstrap=0, max_tokens=50)
+    (bar,) = bars
+    assert bar.total == bar.n == sum(fed) > 0

@@ -21,6 +21,7 @@ from harness import run_cli
 from mcsd.data import DataError, LanguageModelDataModule
 from mcsd.data.datamodule import EpochShuffleSampler, _sample, corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN, train_tokenizer
+from mcsd.errors import MCSDError
 from mcsd.data.tokens import PackedBlocks, TokenStore, build_store, open_or_build, store_key
 
 WORDS = "the quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun".split()
@@ -360,3 +361,42 @@ def test_vocabulary_larger_than_the_model_is_refused(tmp_path: Path) -> None:
     (tokenizer,) = (tmp_path / "cache").glob("files-*/tokenizer-300-*.json")
     with pytest.raises(DataError, match="model.vocab_size=100: raise model.vocab_size"):
         module(tmp_path, paths=[str(tmp_path / "a.txt")], vocab_size=100, tokenizer_path=str(tokenizer)).build()
+
+
+def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """``python -m mcsd.data.download NAME``: fetched into the folder (here from a file:// copy
+    the test makes), checked by its SHA-256, kept; a damaged copy, an address that gives other
+    bytes and no internet each end in one line, leaving no partial file."""
+    import hashlib
+
+    from mcsd.data import download
+
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50
+    source = tmp_path / "source.txt"
+    source.write_text(text)
+    corpus = download.PublicCorpus(url=source.as_uri(), sha256=hashlib.sha256(text.encode()).hexdigest(),
+                                   file="plays.txt", about="a test corpus")
+    monkeypatch.setitem(download.CORPORA, "plays", corpus)
+    kept = tmp_path / "data"
+    download.main(["plays", "--to", str(kept)])
+    assert capsys.readouterr().out == f"{kept / 'plays.txt'}\n" and (kept / "plays.txt").read_text() == text
+    source.unlink()  # kept: not fetched again
+    assert download.fetch("plays", kept) == kept / "plays.txt"
+    (kept / "plays.txt").write_text(text + "tampered")
+    with pytest.raises(MCSDError, match="plays.txt is not plays \\(its SHA-256 differs\\): remove it and fetch again"):
+        download.fetch("plays", kept)
+    (kept / "plays.txt").unlink()
+    other = tmp_path / "other.txt"
+    other.write_text("something else")
+    with pytest.raises(MCSDError, match="did not give plays \\(its SHA-256 differs"):
+        download.fetch("plays", kept, url=other.as_uri())
+    with pytest.raises(SystemExit) as exit_info:  # no internet: a closed local port stands in for the address
+        download.main(["plays", "--to", str(kept), "--url", "http://127.0.0.1:9/plays.txt"])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and error.count("\n") == 1
+    assert error.startswith("mcsd.data.download: error: could not download plays from http://127.0.0.1:9/plays.txt (")
+    assert error.endswith(f"without internet here, fetch it where there is and copy it to {kept / 'plays.txt'}\n")
+    assert list(kept.iterdir()) == []
+    assert download.CORPORA["tinyshakespeare"].sha256 == (
+        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")  # Karpathy's input.txt, 1,115,394 bytes

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import matplotlib
@@ -264,3 +269,73 @@ def test_plot_experiment_draws_a_result_folder_or_every_one_as_run_sh_does(tmp_p
     printed = capsys.readouterr().out
     assert printed.startswith(f"{experiment / 'tinyshakespeare'}\n") and "vs Transformer" in printed
     assert "embedded" not in printed
+
+
+def _sweep_env() -> dict[str, str]:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
+
+
+@pytest.mark.parametrize("script", ["fig9_ablation/run.sh", "compare_architectures/run.sh", "long_context/run.sh",
+                                    "rwkv_perspectives/run.sh", "wm_ablation/run.sh"])
+def test_an_experiment_given_no_corpus_prints_its_usage_and_starts_nothing(script: str, tmp_path: Path) -> None:
+    for arguments in ([], ["--replace"], ["--replace", "logger=csv"]):  # no corpus, or an override in its place
+        result = subprocess.run(["bash", str(EXPERIMENTS / script), *arguments], cwd=tmp_path, env=_sweep_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stderr.startswith("usage: experiments/"), result.stderr
+        assert "CORPUS: tinyshakespeare (downloaded once into experiments/data/)" in result.stderr
+    assert not (EXPERIMENTS / script).parent.joinpath("logs", "logger=csv").exists() and list(tmp_path.iterdir()) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None:
+    """SIGTERM to experiments/sweep.sh (as `kill` sends it): each job stops after its step with a
+    checkpoint, its worker ends instead of taking the next job, and no process of the sweep is left."""
+    (tmp_path / "experiments").mkdir()
+    for name in ("sweep.sh", "corpus_path.sh"):
+        shutil.copy(EXPERIMENTS / name, tmp_path / "experiments" / name)
+    log = (tmp_path / "sweep.out").open("w")
+    sweep = subprocess.Popen(
+        ["bash", "experiments/sweep.sh", "fig9_ablation", "embedded", "size=tiny", "data.seq_len=32",
+         "data.batch_size=2", "data.token_budget=null", "trainer.max_steps=100000", "trainer.val_check_interval=100000",
+         "logger=csv", "validate_before_training=false", "callbacks.progress_bar.refresh_rate=0"],
+        cwd=tmp_path, env=_sweep_env(), stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while (tmp_path / "sweep.out").read_text().count("Total FLOPs") < 2:  # both jobs' model summaries: training
+        assert sweep.poll() is None and time.monotonic() < deadline, (tmp_path / "sweep.out").read_text()[-3000:]
+        time.sleep(0.5)
+    time.sleep(2)
+    processes = _descendants(sweep.pid)
+    assert len(processes) >= 3  # mcsd-train and its two job workers at least
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=120) == 130
+    assert [pid for pid in processes if _alive(pid)] == []
+    output = (tmp_path / "sweep.out").read_text()
+    assert output.count("mcsd-train: interrupted at step ") == 2 and "sweep.sh: stopped by SIGTERM" in output
+    (folder,) = (tmp_path / "experiments" / "fig9_ablation" / "logs" / "embedded" / "train" / "multiruns").iterdir()
+    assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == ["0", "1"]  # no third job begun
+    for job in ("0", "1"):
+        assert list((folder / job / "checkpoints").glob("step-*.ckpt"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,9 +85,44 @@ def test_generate_names_a_missing_model(tmp_path: Path) -> None:
     assert result.stderr.strip().startswith("mcsd-generate: error:") and "nothing does not exist: point to a model folder" in result.stderr
 
 
-def test_debug_overfit_drives_the_training_loss_to_about_zero(tmp_path: Path) -> None:
-    """What debug=overfit claims: on the same 2 batches the default model's loss falls to ~0."""
+def test_debug_overfit_drives_the_training_loss_to_about_zero(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """What debug=overfit claims: on the same 2 batches the default model's loss falls to ~0; its
+    report says the validation number is meaningless by design."""
     train(compose_train(tmp_path / "run", "debug=overfit", "logger=csv", "callbacks.progress_bar.refresh_rate=0",
                         "test_after_training=false"))
     losses = series(read_metrics(tmp_path / "run"), "train/loss")
     assert losses[0] > 8 and losses[149] < 0.1
+    report = capsys.readouterr().out
+    assert f"final training loss: {losses[149]:.4f} on the 2 batches this run overfits" in report
+    assert "held-out text that an overfitting run does not learn: high by design" in report
+
+
+PROGRESS_RUN = ["size=tiny", "data.seq_len=64", "data.batch_size=8", "trainer.max_steps=12",
+                "+trainer.limit_train_batches=5", "trainer.val_check_interval=5", "trainer.limit_val_batches=1",
+                "scheduler.warmup_steps=2", "logger=none", "test_after_training=false", "callbacks.model_checkpoint=null",
+                "callbacks.final_model=null"]
+
+
+def test_progress_lines_count_the_runs_steps_and_tokens_when_output_is_not_a_terminal(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Output to a file: no bar, a line every line_every_s seconds (0: every step) and after each
+    validation, counting the run's steps across epochs (5 batches an epoch, 12 steps) and tokens."""
+    train(compose_train(tmp_path / "run", *PROGRESS_RUN, "callbacks.progress_bar.line_every_s=0"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if ": step " in line]
+    steps = [int(line.split(": step ")[1].split("/")[0]) for line in lines]
+    assert steps == [1, 2, 3, 4, 5, 5, 6, 7, 8, 9, 10, 10, 11, 12]  # each step; each validation in training (5, 10)
+    assert lines[0].startswith("Epoch 0: step 1/12 (8%), 512 tokens, ")
+    assert lines[-1].startswith("Epoch 2: step 12/12 (100%), 6,144 tokens, ") and "left" not in lines[-1]
+    assert "~0:00:" in lines[0] and "train/loss" in lines[0] and "val/loss" in lines[5] and "val/loss" not in lines[0]
+
+
+def test_the_bar_counts_the_runs_steps_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal: one bar over the run's 12 steps that goes on across its 3 epochs (not a bar
+    of each epoch's 5 batches), with the tokens seen."""
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    train(compose_train(tmp_path / "run", *PROGRESS_RUN, "callbacks.progress_bar.refresh_rate=1"))
+    frames = [frame for frame in capsys.readouterr().out.replace("\r", "\n").splitlines() if frame.startswith("Epoch")]
+    assert frames and not any(": step " in frame for frame in frames)
+    assert any("Epoch 1: " in frame and "| 7/12 [" in frame for frame in frames)
+    assert "| 12/12 [" in frames[-1] and "tokens=6,144" in frames[-1] and frames[-1].startswith("Epoch 2:")

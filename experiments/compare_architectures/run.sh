@@ -7,13 +7,13 @@
 #   4. mcsd-bench inference and train (bench=compare) on the models of the first seed, side by side (each
 #      built from its run's logged config with random weights: speed and state do not depend on weights);
 #   5. mcsd-plot compare: the headline table, with MQAR from experiments/mqar_converge/cpu (trained to a plateau).
-#   bash experiments/compare_architectures/run.sh --replace          # the committed results (~1 hour)
-#   bash experiments/compare_architectures/run.sh                    # a trial, under trial/
+#   bash experiments/compare_architectures/run.sh --replace tinyshakespeare   # the committed results (~1 hour)
+#   bash experiments/compare_architectures/run.sh tinyshakespeare            # a trial, under trial/
 #   bash experiments/compare_architectures/run.sh --replace CORPUS.txt seed=0,1,2
 #   bash experiments/compare_architectures/run.sh --add CORPUS.txt hydra.sweeper.registry_architectures=[NAME]
 #     (a newly registered architecture: trains and probes only its arms, keeps the committed jobs, and
 #     benchmarks every first-seed model again so that the speeds stay side by side)
-#   bash experiments/compare_architectures/run.sh --bench [CORPUS.txt]
+#   bash experiments/compare_architectures/run.sh --bench CORPUS
 #     (the committed jobs' benchmarks and table again, nothing trained: e.g. after a change to bench=compare)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"

@@ -3,7 +3,7 @@
 # (run that first: its models stay under compare_architectures/logs/<corpus>/): every job of its
 # results (compare_architectures/<corpus>/) probed on the held-out tenth of the corpus at 16 positions per document,
 # then the figure of the key curves and of all of them.
-#   bash experiments/long_context/run.sh --replace                       # the committed results
+#   bash experiments/long_context/run.sh --replace tinyshakespeare       # the committed results
 #   bash experiments/long_context/run.sh --replace CORPUS.txt length=2048 windows=[64,256,1024]
 #   bash experiments/long_context/run.sh --add CORPUS.txt   # probe only the jobs the committed results lack
 #     (a newly registered architecture's models), keep the rest, draw them all
@@ -11,7 +11,11 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 results="$here/trial"; add=false
 if [ "${1:-}" = --replace ]; then results="$here"; shift; elif [ "${1:-}" = --add ]; then results="$here"; add=true; shift; fi
-corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
+source "$here/../corpus_path.sh"
+if [ -z "${1:-}" ] || [[ "$1" == *=* ]]; then  # no corpus, or an override in its place
+  corpus_usage "experiments/long_context/run.sh" "[--replace|--add] CORPUS [mcsd-probe overrides...]"
+fi
+corpus="$(corpus_path "$1")"; shift
 name="$(basename "${corpus%.*}")"
 compared="$here/../compare_architectures/$name"  # the comparison's results: its jobs, and where it saved their models
 trained="$here/../compare_architectures/logs/$name"

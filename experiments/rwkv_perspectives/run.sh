@@ -14,7 +14,11 @@ here="$(cd "$(dirname "$0")" && pwd)"
 replace=(); given_base=""
 if [ "${1:-}" = --replace ]; then replace=(--replace); shift; fi
 if [ "${1:-}" = --base ]; then given_base="$(realpath "$2")"; shift 2; fi
-corpus="${1:-$here/../../../shared/data/tinyshakespeare.txt}"; shift $(( $# < 1 ? $# : 1 ))
+source "$here/../corpus_path.sh"
+if [ -z "${1:-}" ] || [[ "$1" == *=* ]]; then  # no corpus, or an override in its place
+  corpus_usage "experiments/rwkv_perspectives/run.sh" "[--replace] [--base RUN_DIR] CORPUS [mcsd-train overrides...]"
+fi
+corpus="$(corpus_path "$1")"; shift
 name="$(basename "${corpus%.*}")"
 split="$here/logs/$name/split"; "$here/../split_corpus.sh" "$corpus" "$split"
 

@@ -81,6 +81,8 @@ def _checked_files(paths: list[str], field: str) -> list[Path]:
     files = []
     for raw in paths:
         path = Path(raw).expanduser().resolve()
+        if path.is_dir():
+            raise DataError(f"{field}: {raw} is a folder: list its files, e.g. {field}=[{raw.rstrip('/')}/a.txt]")
         if not path.is_file():
             raise DataError(f"{field}: {raw} does not exist (looked for {path}): fix the path or drop it")
         if path.suffix.lower() not in LOADERS:

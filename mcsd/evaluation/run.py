@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 import mcsd
 from mcsd.cli import StopAfterCurrent, hydra_app, interrupted, require_wandb_login
@@ -121,8 +122,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     shots: dict[str, Any] = {}
     versions: dict[str, Any] = {}
     finished = []
-    with StopAfterCurrent() as stop:
-        for task in tasks:  # one at a time, so that Ctrl-C keeps the tasks finished
+    with StopAfterCurrent() as stop, tqdm(total=len(tasks), desc="mcsd-eval", unit="task") as bar:
+        for task in tasks:  # one at a time, so that Ctrl-C keeps the tasks finished (lm-eval's bars go within)
+            bar.set_postfix_str(task)
             outcome = simple_evaluate(model=lm, tasks=[task], num_fewshot=num_fewshot, limit=cfg.limit,
                                       task_manager=manager, log_samples=True, random_seed=cfg.seed,
                                       numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
@@ -135,6 +137,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
             shots.update(outcome.get("n-shot") or {})
             versions.update(outcome.get("versions") or {})
             finished.append(task)
+            bar.update(1)
             if stop.requested:
                 break
     if not finished:

@@ -63,6 +63,7 @@ def _losses(model: CausalLM, documents: torch.Tensor, others: torch.Tensor, wind
     """Per-token loss of the full past ``[B, length - 1]``, and ``[B, windows, positions]`` losses
     with the last N tokens (``last``) and with the distant past swapped (``swapped``)."""
     full = _token_nll(model(documents[:, :-1], form=form), documents[:, 1:])
+    progress.update(documents[:, :-1].numel())
     batch = documents.shape[0]
     last = torch.empty(batch, len(windows), len(positions))
     swapped = torch.empty_like(last)
@@ -74,7 +75,7 @@ def _losses(model: CausalLM, documents: torch.Tensor, others: torch.Tensor, wind
         nll = [F.cross_entropy(model.prefill(rows[r:r + per_call], form=form)[0].float(), targets[r:r + per_call],
                                reduction="none") for r in range(0, len(rows), per_call)]
         last[:, w] = torch.cat(nll).view(len(positions), batch).T
-        progress.update(1)
+        progress.update(len(rows) * window)
     # The swapped control: read the other documents once, splicing in at every start.
     splices = sorted({(t - window + 1, w, p) for w, window in enumerate(windows) for p, t in enumerate(positions)})
     state, read = None, 0
@@ -85,8 +86,21 @@ def _losses(model: CausalLM, documents: torch.Tensor, others: torch.Tensor, wind
         t = positions[p]
         logits, _ = model.prefill(documents[:, start:t + 1], copy.deepcopy(state), form=form)
         swapped[:, w, p] = F.cross_entropy(logits.float(), documents[:, t + 1], reduction="none")
-    progress.update(1)
+    progress.update(_swapped_tokens(batch, windows, positions))
     return full, {"last": last, "swapped": swapped}
+
+
+def _swapped_tokens(batch: int, windows: list[int], positions: list[int]) -> int:
+    """The tokens the swapped control reads for ``batch`` documents: the other documents up to the
+    last splice, then each window's own tokens."""
+    starts = {t - window + 1 for window in windows for t in positions}
+    return batch * (max(starts) + sum(window for window in windows for _ in positions))
+
+
+def _probe_tokens(batch: int, length: int, windows: list[int], positions: list[int]) -> int:
+    """The tokens the probe reads for ``batch`` documents (what its progress bar counts): the full
+    past, every position's last-N window, the swapped control."""
+    return batch * (length - 1 + len(positions) * sum(windows)) + _swapped_tokens(batch, windows, positions)
 
 
 def _bootstrap(per_document: np.ndarray, draws: int, rng: np.random.Generator) -> tuple[float, float, float]:
@@ -116,7 +130,8 @@ def probe_context(model: CausalLM, documents: torch.Tensor, windows: list[int], 
     others = documents.roll(1, dims=0)
     full, last, swapped = [], [], []
     batches = range(0, len(documents), batch_size)
-    with tqdm(total=len(batches) * (len(windows) + 1), desc="context probe", unit="pass") as progress:
+    total = sum(_probe_tokens(len(documents[start:start + batch_size]), length, windows, positions) for start in batches)
+    with tqdm(total=total, desc="context probe", unit="token", unit_scale=True) as progress:
         for start in batches:
             f, windowed = _losses(model, documents[start:start + batch_size], others[start:start + batch_size],
                                   windows, positions, form, max_tokens, progress)

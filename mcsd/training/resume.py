@@ -12,6 +12,7 @@ on one, ...), the batch per process is scaled to keep the global batch.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
@@ -220,6 +221,23 @@ def _same_global_batch(composed: DictConfig, checkpoint: dict[str, Any], batch_g
     return global_batch // now
 
 
+def _refuse_finished(cfg: DictConfig, ckpt_path: Path, checkpoint: dict[str, Any], composed: DictConfig) -> None:
+    """A checkpoint at or past the steps the resumed config plans has nothing left to train:
+    say so, and how to train on, instead of starting a run (and a W&B run) that stops at once."""
+    trainer, data = composed.trainer, composed.data
+    if data.get("token_budget") is not None:
+        processes = _world_size(composed) or checkpoint.get(WORLD_SIZE_KEY) or 1
+        per_step = data.batch_size * data.seq_len * (trainer.get("accumulate_grad_batches") or 1) * processes
+        planned, setting = math.ceil(data.token_budget / per_step), f"data.token_budget (now {data.token_budget})"
+    else:
+        planned, setting = trainer.get("max_steps"), f"trainer.max_steps (now {trainer.get('max_steps')})"
+    step = checkpoint.get("global_step", 0)
+    if isinstance(planned, int) and planned > 0 and step >= planned:
+        how = f"resume={cfg.resume}" if cfg.get("resume") else f"ckpt_path={ckpt_path}"
+        raise MCSDError(f"{how}: that run finished (step {step} of {planned}); to train on from it, give a larger "
+                        f"{setting} beside {how.split('=')[0]}=")
+
+
 def resume_config(cfg: DictConfig) -> DictConfig:
     """The config of the run to resume, with this command's overrides on top (``cfg``
     itself when nothing is resumed). Also makes it the Hydra config of this run, so that
@@ -254,6 +272,7 @@ def resume_config(cfg: DictConfig) -> DictConfig:
     if batch_size is not None:
         overrides.insert(-1, f"data.batch_size={batch_size}")
         composed = compose(config_name=hydra_cfg.job.config_name, overrides=overrides, return_hydra_config=True)
+    _refuse_finished(cfg, ckpt_path, checkpoint, composed)
     saved_shapes, shapes = _parameter_shapes(checkpoint["hyper_parameters"]["model"]), _parameter_shapes(composed.model)
     for name in [*saved_shapes, *(shapes.keys() - saved_shapes.keys())]:  # the first in model order
         if saved_shapes.get(name) != shapes.get(name):
