@@ -190,6 +190,7 @@ def train(cfg: DictConfig) -> float:
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     if interrupt.checkpoint is not None:
         _stop(trainer, interrupt)
+    train_loss = trainer.callback_metrics.get("train/loss")  # a validation below keeps only its own metrics
     if module.validated_at_step != trainer.global_step:  # the final model is always validated
         trainer.validate(module, datamodule=datamodule, verbose=False)
     _record_peak(plan, trainer)
@@ -197,7 +198,7 @@ def train(cfg: DictConfig) -> float:
     val_ppl = float(trainer.callback_metrics.get("val/ppl", float("nan")))
     if cfg.test_after_training:
         trainer.test(module, datamodule=datamodule, verbose=False)
-    report = _report(trainer, loggers, callbacks, val_loss, val_ppl, int(module.tokens_seen))
+    report = _report(trainer, loggers, callbacks, val_loss, val_ppl, int(module.tokens_seen), train_loss)
     wandb.finish()  # before the report, so that the report is what the run prints last
     if trainer.is_global_zero:
         print(report, flush=True)
@@ -226,11 +227,11 @@ def _stop(trainer: L.Trainer, interrupt: StopOnSignal) -> None:
 
 
 def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callback], val_loss: float,
-            val_ppl: float, tokens: int) -> str:
+            val_ppl: float, tokens: int, train_loss: torch.Tensor | None = None) -> str:
     """The closing lines: the result and where every artefact is."""
     lines = [f"final validation perplexity: {val_ppl:.2f} (loss {val_loss:.4f}) after {tokens:,} tokens"]
-    if trainer.overfit_batches and "train/loss" in trainer.callback_metrics:
-        lines.append(f"final training loss: {float(trainer.callback_metrics['train/loss']):.4f} on the "
+    if trainer.overfit_batches and train_loss is not None:
+        lines.append(f"final training loss: {float(train_loss):.4f} on the "
                      f"{trainer.overfit_batches} batches this run overfits (it should fall to about 0); the "
                      "validation perplexity above is on held-out text that an overfitting run does not learn: "
                      "high by design")

@@ -28,3 +28,18 @@ def test_no_document_points_outside_the_repository() -> None:
             if not any(reading.is_relative_to(ROOT.resolve()) for reading in readings):
                 outside.append(f"{document.relative_to(ROOT)}: {path}")
     assert outside == []
+
+
+def test_the_readme_lists_every_option_of_every_config_group() -> None:
+    """The README's table of mcsd-train's config groups names each group's every option (a
+    config added under conf/ that the table lacks fails here, before a user misses it)."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("### Config groups of `mcsd-train`", 1)[1].split("\n\n", 2)[1]
+    rows = {line.split("|")[1].strip().strip("`"): line.split("|")[2] for line in table.splitlines()[2:]}
+    missing = []
+    for group in ("model", "size", "ablation", "data", "trainer", "logger", "callbacks", "paths", "experiment",
+                  "debug"):
+        for option in sorted((ROOT / "conf" / group).glob("*.yaml")):
+            if not option.stem.startswith("_") and f"`{option.stem}`" not in rows[group]:
+                missing.append(f"{group}={option.stem}")
+    assert missing == []
