@@ -77,4 +77,4 @@ for job in "$sweep"*/; do
   mkdir -p "$copy"
   cp "$logs/metrics.csv" "$logs/hparams.yaml" "$copy/"
 done
-mcsd-plot experiment "$out"
+mcsd-plot experiment "$out" --name "$experiment"

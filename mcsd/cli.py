@@ -189,8 +189,8 @@ def check_settings_exist(node: Any, path: str = "") -> None:
                     close = difflib.get_close_matches(str(key), sorted(taken), n=1)
                     hint = f"did you mean {path}.{close[0]}?" if close else f"drop it (it takes {', '.join(sorted(taken))})"
                     raise MCSDError(f"{path}.{key} is not a setting of {target}: {hint}")
-    for key in node:
-        if key not in _INSTANTIATE_KEYS:
+    for key in node:  # not the model node: the registry names a setting of another architecture itself
+        if key not in _INSTANTIATE_KEYS and not (path == "" and key == "model"):
             check_settings_exist(node._get_node(key), f"{path}.{key}" if path else str(key))
 
 
@@ -230,7 +230,7 @@ def torch_threads(setting: int | str | None) -> tuple[int, str]:
 
 def apply_threads(app: str, cfg: DictConfig) -> None:
     """Set torch's threads from ``cfg.threads`` (resolved to a number in the config, for what the
-    command hands on) and say so in one line."""
+    command hands on) and say so in the command's log (its console and log file)."""
     if "threads" not in cfg:
         return
     import torch
@@ -240,7 +240,7 @@ def apply_threads(app: str, cfg: DictConfig) -> None:
     if cfg.threads is not None:
         with open_dict(cfg):
             cfg.threads = threads
-    print(f"{app}: {threads} torch thread{'s' if threads > 1 else ''} ({why})", file=sys.stderr, flush=True)
+    logging.getLogger("mcsd").info("%s: %d torch thread%s (%s)", app, threads, "s" if threads > 1 else "", why)
 
 
 def require_wandb_login(setting: str) -> None:

@@ -167,8 +167,8 @@ BAD_INPUTS = [
     ("mcsd-train", ["data=wikitext103"], OFFLINE, None,
      "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use data=text_files"),
     ("mcsd-train", ["trainer.max_steps=-5"], {}, None, "trainer.max_steps=-5 must be a positive number of steps"),
-    ("mcsd-train", ["resume=EARLIER"], {}, None, "that run finished (step 6 of 6); to train on from it, give a larger "
-     "trainer.max_steps (now 6) beside resume="),
+    ("mcsd-train", ["resume=EARLIER", "trainer.max_steps=2"], {}, None, "that run finished (step 2 of 2); to train on "
+     "from it, give a larger trainer.max_steps (now 2) beside resume="),
     ("mcsd-train", ["+trainer.max_step=5"], {}, None,
      "trainer.max_step is not a setting of lightning.pytorch.trainer.Trainer: did you mean trainer.max_steps?"),
     ("mcsd-train", ["data=text_files", "data.paths=[logs]"], {}, None,

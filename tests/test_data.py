@@ -398,5 +398,7 @@ def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
     assert error.startswith("mcsd.data.download: error: could not download plays from http://127.0.0.1:9/plays.txt (")
     assert error.endswith(f"without internet here, fetch it where there is and copy it to {kept / 'plays.txt'}\n")
     assert list(kept.iterdir()) == []
+    with pytest.raises(MCSDError, match="unknown corpus 'embedded': use one of tinyshakespeare, plays, or give the"):
+        download.fetch("embedded", kept)
     assert download.CORPORA["tinyshakespeare"].sha256 == (
         "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")  # Karpathy's input.txt, 1,115,394 bytes

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from mcsd.bench import measure
-from mcsd.cli import StopAfterCurrent, git_commit, hydra_app, interrupted, require_wandb_login
+from mcsd.cli import StopAfterCurrent, apply_threads, git_commit, hydra_app, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.config import make_config
@@ -229,6 +229,7 @@ def log_to_wandb(cfg: DictConfig, head: dict[str, Any], csv_path: Path, output_d
 def bench(cfg: DictConfig) -> Path:
     """Run the grid of ``cfg`` and write its results; return the CSV's path."""
     _check(cfg)
+    apply_threads("mcsd-bench", cfg)  # threads=auto made a number, for the points' processes too
     isolate = cfg.isolate if cfg.isolate is not None else not cfg.device.startswith("cuda")
     if cfg.threads:  # the peak and the bandwidth on the points' own thread count
         torch.set_num_threads(cfg.threads)

@@ -46,7 +46,7 @@ def fetch(name: str, folder: str | Path = "data", url: str | None = None) -> Pat
     """The path of corpus ``name`` in ``folder``, downloaded there first if it is not (``url``:
     another place to fetch the same bytes from, e.g. a mirror or a ``file://`` copy)."""
     if name not in CORPORA:
-        raise MCSDError(f"unknown corpus {name!r}: use one of {', '.join(CORPORA)}")
+        raise MCSDError(f"unknown corpus {name!r}: use one of {', '.join(CORPORA)}, or give the path of a text file")
     corpus = CORPORA[name]
     path = Path(folder) / corpus.file
     if path.is_file():
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     from mcsd.cli import run_or_exit
 
     parser = argparse.ArgumentParser(prog="python -m mcsd.data.download", description="Fetch a public corpus once.")
-    parser.add_argument("name", choices=sorted(CORPORA), help="; ".join(f"{k}: {c.about}" for k, c in CORPORA.items()))
+    parser.add_argument("name", help="; ".join(f"{k}: {c.about}" for k, c in CORPORA.items()))
     parser.add_argument("--to", default="data", help="the folder to keep it in (default: ./data)")
     parser.add_argument("--url", default=None, help="fetch the same bytes from elsewhere (a mirror, a file:// copy)")
     args = parser.parse_args(argv)

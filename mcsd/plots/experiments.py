@@ -78,8 +78,9 @@ def _comparison(folder: Path) -> Drawn:
     """The sweep's loss curves, then the table of every measurement (training, MQAR from
     ``COMPARISON_MQAR``, the probe, the benches) and its figure."""
     curves = _sweep("ablation", "compare_architectures")(folder)
-    mqar = experiments_root(folder, "compare_architectures").joinpath(*COMPARISON_MQAR)
-    comparison = comparison_table(folder, mqar if mqar.is_dir() else None)
+    root = next((parent.parent for parent in folder.resolve().parents if parent.name == "compare_architectures"), None)
+    mqar = root.joinpath(*COMPARISON_MQAR) if root is not None else None
+    comparison = comparison_table(folder, mqar if mqar is not None and mqar.is_dir() else None)
     return Drawn(folder, markdown_comparison(comparison) + "\n" + curves.markdown,
                  curves.paths + plot_comparison(comparison, folder))
 
@@ -118,14 +119,6 @@ DRAWINGS: dict[str, Drawing] = {
     "rwkv_perspectives": Drawing(_sweep("ablation", "rwkv_perspectives", "RWKV-4", notes="perspective_weights.md")),
     "wm_ablation": Drawing(_sweep("ablation", "wm_ablation", "Wonderful Matrices default, attention_every=0")),
 }
-
-
-def experiments_root(folder: Path, experiment: str) -> Path:
-    """The folder holding every experiment, from one of ``experiment``'s result folders."""
-    for parent in folder.resolve().parents:
-        if parent.name == experiment:
-            return parent.parent
-    raise MCSDError(f"{folder} is not inside a folder named {experiment}")
 
 
 def result_folders(root: Path, experiment: str) -> list[Path]:
