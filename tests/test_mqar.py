@@ -361,7 +361,8 @@ def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_swee
     them; the figure then draws both."""
     script = tmp_path / "experiments" / "sweep.sh"
     script.parent.mkdir()
-    shutil.copy(Path(__file__).parent.parent / "experiments" / "sweep.sh", script)
+    for name in ("sweep.sh", "corpus_path.sh"):
+        shutil.copy(Path(__file__).parent.parent / "experiments" / name, script.parent / name)
     results = tmp_path / "experiments" / "mqar_recall" / "cpu"
     committed = load_mqar_runs(recall_sweep / "logs").sort_values("run").iloc[0]
     assert committed["curve"] == "mcsd|full"
