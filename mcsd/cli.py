@@ -248,6 +248,7 @@ def require_wandb_login(setting: str) -> None:
     import wandb
 
     if not wandb.login(prompt=False):
+        wandb.teardown()  # the failed login set W&B up online for this process: later offline runs in it stay offline
         raise MCSDError(f"{setting} uses W&B online but no W&B API key is set: run `wandb login` (or set "
                         "WANDB_API_KEY), or stay offline (unset WANDB_MODE; logger.wandb.offline=true)")
 
