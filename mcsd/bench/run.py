@@ -229,7 +229,8 @@ def log_to_wandb(cfg: DictConfig, head: dict[str, Any], csv_path: Path, output_d
 def bench(cfg: DictConfig) -> Path:
     """Run the grid of ``cfg`` and write its results; return the CSV's path."""
     _check(cfg)
-    apply_threads("mcsd-bench", cfg)  # threads=auto made a number, for the points' processes too
+    if isinstance(cfg.threads, str):  # threads=auto (not through the command): a number, for the points too
+        apply_threads("mcsd-bench", cfg)
     isolate = cfg.isolate if cfg.isolate is not None else not cfg.device.startswith("cuda")
     if cfg.threads:  # the peak and the bandwidth on the points' own thread count
         torch.set_num_threads(cfg.threads)
