@@ -20,7 +20,7 @@ from omegaconf import OmegaConf, open_dict
 
 import mcsd
 from conftest import tiny_config
-from harness import run_cli
+from harness import run_here
 from mcsd.bench import measure
 from mcsd.bench.run import bench, model_source
 from mcsd.errors import MCSDError
@@ -133,6 +133,7 @@ def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:
 
 def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "train.seq_lens=[32,64]", "train.repeats=1",
+                         "train.peak_matmul_size=256",
                          "train.warmup=1", "isolate=false")
     frame = pd.read_csv(csv_path)
     assert list(zip(frame["model"], frame["form"])) == [  # each architecture's parallel form, then its training form
@@ -161,6 +162,7 @@ def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) 
     one_layer = tmp_path / "one_layer.yaml"
     one_layer.write_text(yaml.safe_dump({"model": {**node, "num_layers": 1}}))
     csv_path = run_bench(tmp_path, "mode=train", "train.seq_lens=[32]", "train.repeats=2", "train.warmup=0",
+                         "train.peak_matmul_size=256",
                          f"models=[{one_layer}]", "train.forms=[training]", "compile=true", "isolate=false")
     frame = pd.read_csv(csv_path)
     assert list(frame["form"]) == ["chunk"]  # [training]: the architecture's training form
@@ -243,14 +245,14 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path: Path) -> None:
 
 
 def test_cli_runs_under_paths_log_dir_and_plot_cli_names_a_missing_file(tmp_path: Path) -> None:
-    result = run_cli("mcsd-bench", *TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd]",
+    result = run_here("mcsd-bench", *TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd]",
                      "wandb.enabled=true", "paths.log_dir=elsewhere", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [path.name for path in tmp_path.iterdir()] == ["elsewhere"]  # everything it wrote is there
     (run,) = (tmp_path / "elsewhere" / "bench" / "runs").iterdir()
     assert len(pd.read_csv(run / "results.csv")) == 2
     assert list((run / "wandb").glob("offline-run-*"))  # the results table, in an offline W&B run
-    missing = run_cli("mcsd-plot", "inference", "nothing.csv", cwd=tmp_path)
+    missing = run_here("mcsd-plot", "inference", "nothing.csv", cwd=tmp_path)
     assert missing.returncode == 2 and "mcsd-plot: error: nothing.csv does not exist" in missing.stderr
 
 

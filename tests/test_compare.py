@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from harness import run_cli
+from harness import run_here
 from mcsd.models import registry
 from mcsd.models.config import ConfigError
 from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
@@ -18,7 +18,7 @@ from test_experiments import TINY_SWEEP, sweep_dir
 
 
 def test_the_comparison_trains_every_registered_variant_and_tabulates_it(tmp_path: Path) -> None:
-    result = run_cli("mcsd-train", "-m", "experiment=compare_architectures", "size=tiny", "hydra.sweeper.params.seed=0",
+    result = run_here("mcsd-train", "-m", "experiment=compare_architectures", "size=tiny", "hydra.sweeper.params.seed=0",
                      *TINY_SWEEP, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = sweep_dir(tmp_path)
@@ -29,7 +29,7 @@ def test_the_comparison_trains_every_registered_variant_and_tabulates_it(tmp_pat
     assert {(config["data"]["token_budget"], config["seed"], config["choices"]["size"]) for config in configs} == {
         (384, 0, "tiny")}  # the same data budget, seed and size for every arm
 
-    plotted = run_cli("mcsd-plot", "compare", str(sweep), cwd=tmp_path)
+    plotted = run_here("mcsd-plot", "compare", str(sweep), cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
     table = comparison_table(sweep).table
     assert list(table["label"]) == [curve_label("ablation", f"{name}|{variant}", None) for name, variant in expected]

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 import mcsd
 from conftest import tiny_model
-from harness import run_cli
+from harness import run_here
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, LMConfig, TokenMixer, registry
 from mcsd.probes.context import _losses, evaluation_positions, probe_context
@@ -190,7 +190,7 @@ def test_mcsd_probe_context_writes_the_probe_of_the_documents_it_cuts(tmp_path: 
     common = ["ckpt=model", "data=text_files", f"data.paths=[{paths[0]},{paths[1]}]", "windows=[16,64]",
               "num_positions=5", "batch_size=2", "bootstrap=50", "seed=7", "max_tokens=100", "wandb.enabled=false",
               "paths.log_dir=logs"]
-    result = run_cli("mcsd-probe", "context", *common, f"length={length}", f"num_documents={count}", cwd=tmp_path)
+    result = run_here("mcsd-probe", "context", *common, f"length={length}", f"num_documents={count}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     (run_dir,) = (tmp_path / "logs" / "probe_context" / "runs").iterdir()
     deltas = pd.read_csv(run_dir / "context_delta.csv")
@@ -199,15 +199,15 @@ def test_mcsd_probe_context_writes_the_probe_of_the_documents_it_cuts(tmp_path: 
     curve = pd.read_csv(run_dir / "context_curve.csv")
     assert curve["bin_end"].iloc[-1] == length - 1 and (run_dir / "context_probe.png").stat().st_size > 0
 
-    plotted = run_cli("mcsd-plot", "context", "logs/probe_context", "--name", "side_by_side", "--curves", "MCSD full",
+    plotted = run_here("mcsd-plot", "context", "logs/probe_context", "--name", "side_by_side", "--curves", "MCSD full",
                       cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
     assert (tmp_path / "logs" / "probe_context" / "side_by_side.png").is_file() and "MCSD full" in plotted.stdout
-    unknown = run_cli("mcsd-plot", "context", "logs/probe_context", "--curves", "Transformer", cwd=tmp_path)
+    unknown = run_here("mcsd-plot", "context", "logs/probe_context", "--curves", "Transformer", cwd=tmp_path)
     assert unknown.returncode == 2 and unknown.stderr.strip() == (
         "mcsd-plot: error: --curves: no probe of 'Transformer' under logs/probe_context: use some of MCSD full")
 
-    refused = run_cli("mcsd-probe", "context", *common, "length=100000", cwd=tmp_path)
+    refused = run_here("mcsd-probe", "context", *common, "length=100000", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "mcsd-probe context: error: data=text_files has 0 piece(s) of length=100000 tokens; the probe needs at "
         "least 2: lower length or give longer documents"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from harness import run_cli
+from harness import run_here
 from mcsd.data import DataError, LanguageModelDataModule
 from mcsd.data.datamodule import EpochShuffleSampler, _sample, corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN, train_tokenizer
@@ -243,7 +243,7 @@ def test_tokenizer_is_trained_once_and_cached(tmp_path: Path) -> None:
 
 
 def test_mcsd_prepare_builds_the_shards_that_training_then_reads(tmp_path: Path) -> None:
-    result = run_cli("mcsd-prepare", "data=embedded", "model.vocab_size=512", "data.seq_len=128",
+    result = run_here("mcsd-prepare", "data=embedded", "model.vocab_size=512", "data.seq_len=128",
                      f"paths.cache_dir={tmp_path / 'cache'}", f"paths.log_dir={tmp_path / 'logs'}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     (index,) = (tmp_path / "cache").glob("pydoc-*/tokens-*/train/index.json")

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
 import mcsd
-from harness import FAST, compose_train, read_metrics, run_cli, series, train_refusal
+from harness import FAST, compose_train, read_metrics, run_cli, run_here, series, train_refusal
 from mcsd.train import train
 
 RUN = [*FAST, "logger=csv", "test_after_training=false"]
@@ -133,7 +133,7 @@ def test_the_paper_size_is_refused_by_its_memory_plan_without_allocating(tmp_pat
     """size=10b under trainer=fsdp on this machine's CPUs: built on the meta device, planned per
     process (10.1B fp32 parameters over 2 processes: 18.9 GiB of shards each, before gradients and
     AdamW), refused in one line with the numbers, not killed for memory."""
-    result = run_cli("mcsd-train", "size=10b", *FSDP, cwd=tmp_path)
+    result = run_here("mcsd-train", "size=10b", *FSDP, cwd=tmp_path)
     errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
     assert result.returncode == 2 and len(errors) == 1, result.stderr[-2000:]
     count = mcsd.count_parameters({"_target_": "mcsd.models.mcsd.MCSDConfig", "vocab_size": 50304, "hidden_size": 3072,
@@ -186,7 +186,7 @@ def test_slurm_resources_given_by_hand_that_disagree_are_refused_before_submitti
         (["trainer=fsdp", "hydra.launcher.nodes=2"], "hydra.launcher.nodes=2 but trainer.num_nodes=1"),
         (["trainer=gpu", "hydra.launcher.gpus_per_node=0"], "hydra.launcher.gpus_per_node=0 but trainer.devices=1"),
     ):
-        result = run_cli("mcsd-train", "-m", "hydra/launcher=slurm", *overrides, cwd=tmp_path, env=env)
+        result = run_here("mcsd-train", "-m", "hydra/launcher=slurm", *overrides, cwd=tmp_path, env=env)
         errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
         assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert not log.exists()  # nothing was submitted

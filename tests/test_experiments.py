@@ -20,7 +20,7 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
-from harness import run_cli
+from harness import run_here
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.mcsd import MCSDConfig
@@ -46,7 +46,7 @@ def sweep_dir(cwd: Path) -> Path:
 @pytest.fixture(scope="module")
 def ablation_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cwd = tmp_path_factory.mktemp("fig9")
-    result = run_cli("mcsd-train", "-m", "experiment=fig9_ablation", "size=tiny", *TINY_SWEEP, cwd=cwd)
+    result = run_here("mcsd-train", "-m", "experiment=fig9_ablation", "size=tiny", *TINY_SWEEP, cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep_dir(cwd)
 
@@ -54,7 +54,7 @@ def ablation_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def scaling_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cwd = tmp_path_factory.mktemp("fig4")
-    result = run_cli("mcsd-train", "-m", "experiment=fig4_scaling", "size=tiny,small", "seed=0,1", *TINY_SWEEP,
+    result = run_here("mcsd-train", "-m", "experiment=fig4_scaling", "size=tiny,small", "seed=0,1", *TINY_SWEEP,
                      cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return sweep_dir(cwd)
@@ -91,7 +91,7 @@ def test_ablation_figure_has_a_curve_per_variant(ablation_sweep: Path, tmp_path:
 
 
 def test_arms_cannot_also_be_overridden(tmp_path: Path) -> None:
-    result = run_cli("mcsd-train", "-m", "experiment=fig9_ablation", "model=transformer", *TINY_SWEEP, cwd=tmp_path)
+    result = run_here("mcsd-train", "-m", "experiment=fig9_ablation", "model=transformer", *TINY_SWEEP, cwd=tmp_path)
     assert result.returncode != 0
     assert "hydra.sweeper.arms sets model=mcsd but that key is also overridden" in result.stderr
 
@@ -152,7 +152,7 @@ def test_seed_table_pairs_each_curve_with_the_reference_by_seed(tmp_path: Path) 
 
 
 def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_path: Path) -> None:
-    result = run_cli("mcsd-plot", "scaling", str(scaling_sweep), "--out", str(tmp_path), cwd=tmp_path)
+    result = run_here("mcsd-plot", "scaling", str(scaling_sweep), "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "fig4_scaling.png").is_file() and (tmp_path / "fig4_scaling_table.md").is_file()
     rows = load_csv_runs(scaling_sweep)
@@ -199,9 +199,9 @@ def test_wandb_source_gives_the_same_curves(scaling_sweep: Path, monkeypatch: py
 
 
 def test_plot_errors_are_one_line(tmp_path: Path) -> None:
-    empty = run_cli("mcsd-plot", "ablation", str(tmp_path), cwd=tmp_path)
+    empty = run_here("mcsd-plot", "ablation", str(tmp_path), cwd=tmp_path)
     assert empty.returncode == 2 and "holds no run logs" in empty.stderr
-    no_group = run_cli("mcsd-plot", "scaling", "--wandb", "me/mcsd", cwd=tmp_path)
+    no_group = run_here("mcsd-plot", "scaling", "--wandb", "me/mcsd", cwd=tmp_path)
     assert no_group.returncode == 2 and "--wandb needs --group" in no_group.stderr
 
 

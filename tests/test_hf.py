@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 
 import mcsd
 from conftest import tiny_config, variant_cases
-from harness import FAST, run_cli
+from harness import FAST, run_cli, run_here
 from mcsd.bench.run import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
@@ -264,7 +264,7 @@ def test_exported_folders_and_hub_ids_load_in_the_harness(exported: dict[str, tu
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of mcsd-train as a user starts it (its .hydra/ records the command and the data)."""
     root = tmp_path_factory.mktemp("hf-train")
-    result = run_cli("mcsd-train", *FAST, "logger=csv", "paths.log_dir=logs", cwd=root)
+    result = run_here("mcsd-train", *FAST, "logger=csv", "paths.log_dir=logs", cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (root / "logs" / "train" / "runs").iterdir()
     return run_dir

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import yaml
 from lightning.pytorch.callbacks import EarlyStopping
 
-from harness import FAST, compose_train, read_metrics, run_cli, series
+from harness import FAST, compose_train, read_metrics, run_here, series
 from hydra_plugins.mcsd_arms_sweeper import registry_arms
 from hydra.errors import HydraException
 import mcsd
@@ -347,7 +347,7 @@ def recall_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``mcsd-train -m experiment=mqar_recall`` at a tiny budget: every arm, 2 widths, 2 learning
     rates (the folder it ran in)."""
     folder = tmp_path_factory.mktemp("recall")
-    result = run_cli("mcsd-train", "-m", "experiment=mqar_recall", "model.hidden_size=16,32", "data.seq_len=32",
+    result = run_here("mcsd-train", "-m", "experiment=mqar_recall", "model.hidden_size=16,32", "data.seq_len=32",
                      "optimizer.lr=1e-3,3e-3", "data.num_train=128", "data.num_val=32", "data.batch_size=16",
                      "trainer.max_steps=2", "scheduler.warmup_steps=1", "logger=csv", "test_after_training=false",
                      "callbacks.progress_bar.refresh_rate=0", cwd=folder)

@@ -15,7 +15,7 @@ import yaml
 
 import mcsd
 from conftest import relative_rms_error, tiny_model_to_compile
-from harness import FAST, compose_train, read_metrics, run_cli, series
+from harness import FAST, compose_train, read_metrics, run_here, series
 from mcsd.models import registry
 from mcsd.train import train
 
@@ -72,7 +72,7 @@ def test_run_leaves_checkpoints_wandb_run_and_model(trained_run: tuple[Path, flo
 
 def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_path: Path) -> None:
     run_dir, _ = trained_run
-    result = run_cli("mcsd-generate", f"ckpt={run_dir}", "prompt=The for", "max_new_tokens=12", "temperature=0",
+    result = run_here("mcsd-generate", f"ckpt={run_dir}", "prompt=The for", "max_new_tokens=12", "temperature=0",
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     model, tokenizer = mcsd.load(run_dir), mcsd.load_tokenizer(run_dir)
@@ -96,7 +96,7 @@ def test_any_checkpoint_of_a_run_is_a_saved_model(trained_run: tuple[Path, float
     with torch.no_grad():
         assert torch.equal(last(ids), latest(ids)) and not torch.equal(early(ids), latest(ids))
     assert mcsd.load_tokenizer(step).to_str() == mcsd.load_tokenizer(run_dir).to_str()
-    result = run_cli("mcsd-generate", f"ckpt={step}", "prompt=The for", "max_new_tokens=5", "temperature=0",
+    result = run_here("mcsd-generate", f"ckpt={step}", "prompt=The for", "max_new_tokens=5", "temperature=0",
                      "compile=true", cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.startswith("The for"), result.stderr[-2000:]
     tokenizer = mcsd.load_tokenizer(step)

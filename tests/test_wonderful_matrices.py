@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 import mcsd
 from conftest import tiny_config, tiny_model
-from harness import run_cli
+from harness import run_here
 from mcsd import ConfigError, build_model, count_parameters
 from mcsd.bench.measure import state_bytes
 from mcsd.models.transformer.attention import CausalSelfAttention, KVCache, rotary
@@ -228,7 +228,7 @@ def test_bad_settings_are_refused_in_one_line(override: dict, message: str) -> N
 def test_ablation_experiment_trains_its_four_arms(tmp_path: Path) -> None:
     """experiment=wm_ablation: SSD only, + attention, + dynamic mask, + CDMoE at one seed (4 layers so
     that the tiny model has an attention layer), each the model it names, plotted against SSD only."""
-    result = run_cli("mcsd-train", "-m", "experiment=wm_ablation", "size=tiny", "model.num_layers=4",
+    result = run_here("mcsd-train", "-m", "experiment=wm_ablation", "size=tiny", "model.num_layers=4",
                      "hydra.sweeper.params.seed=0", *TINY_SWEEP, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = sweep_dir(tmp_path)
@@ -244,7 +244,7 @@ def test_ablation_experiment_trains_its_four_arms(tmp_path: Path) -> None:
     assert all(abs(config["model/params"] / reference - 1) < 0.03 for config in configs[:3])
     assert configs[3]["model/params_activated"] < configs[3]["model/params"]
     assert [config["model/params_activated"] == config["model/params"] for config in configs] == [True] * 3 + [False]
-    plotted = run_cli("mcsd-plot", "ablation", str(sweep), "--name", "wm_ablation",
+    plotted = run_here("mcsd-plot", "ablation", str(sweep), "--name", "wm_ablation",
                       "--reference", "Wonderful Matrices default, attention_every=0", cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
     table = (sweep / "wm_ablation_by_seed.md").read_text()

@@ -243,7 +243,7 @@ def bench(cfg: DictConfig) -> Path:
         for labels, arguments in bar:
             # The machine's limit right before each point (this process is idle while a point runs):
             # on a shared machine it moves by a third between minutes, so each point has its own.
-            limit = (measure.matmul_peak_flops(cfg.device, cfg.dtype) if cfg.mode == "train"
+            limit = (measure.matmul_peak_flops(cfg.device, cfg.dtype, cfg.train.peak_matmul_size) if cfg.mode == "train"
                      else measure.read_bandwidth_bytes_per_s(cfg.device))
             result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
             rows.append(_row(cfg.mode, labels, result, limit))
