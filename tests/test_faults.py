@@ -85,12 +85,14 @@ def test_a_signal_stops_with_a_checkpoint_and_says_how_to_resume(uninterrupted: 
                                                                  signum: int) -> None:
     """SIGINT (Ctrl-C) or SIGTERM (kill, a preemption outside SLURM): the run stops at the end of
     that step with a checkpoint of it, exits 128 + the signal with one line naming the checkpoint
-    and the command, writes no model folder."""
-    process, stderr, run = start_then_signal(tmp_path, signum)
+    and the command, writes no model folder; before the run's minimum length too (min_steps,
+    min_epochs: Lightning alone would go on to it, checkpointing every step)."""
+    process, stderr, run = start_then_signal(tmp_path, signum, f"+trainer.min_steps={STEPS}", "+trainer.min_epochs=2")
     assert process.returncode == 128 + signum, stderr[-2000:]
     hint = [line for line in stderr.splitlines() if line.startswith("mcsd-train: interrupted at step ")]
     assert len(hint) == 1 and f"resume with `mcsd-train resume={run}`" in hint[0] and "Traceback" not in stderr
     stopped_at = int(hint[0].split("step ")[1].split(":")[0])
+    assert stopped_at < STEPS and "has not been met" not in stderr
     assert (run / "checkpoints" / f"step-{stopped_at:06d}.ckpt").is_file() and not (run / "model").exists()
     assert resume_and_compare(tmp_path, run, uninterrupted) == stopped_at
 

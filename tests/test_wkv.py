@@ -146,7 +146,8 @@ def test_loop_free_chunk_carry_equals_the_looped_one(group_chunks: int, length: 
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Outputs, final states and every gradient, in float64, to round-off, at lengths that are
     (48) and are not (5, 50) multiples of the chunk (4), with the carry in one group of chunks
-    and across several (groups of 2: both levels of the carry, and empty chunks in front)."""
+    and across several (groups of 2: both levels of the carry, and empty chunks in front; groups
+    of 32, or 5 tokens in groups of 2: the one level of at most GROUP_CHUNKS chunks)."""
     monkeypatch.setattr(wkv_chunk, "GROUP_CHUNKS", group_chunks)
     results = []
     for form in (wkv_chunk.chunk_wkv, looped_chunks):

@@ -95,6 +95,10 @@ class StopOnSignal(L.Callback):
         trainer.save_checkpoint(self.checkpoint, weights_only=False)  # the full state: resuming is exact
         trainer.save_checkpoint(folder / LAST_CHECKPOINT, weights_only=False)
         trainer.should_stop = True
+        # A signal stops before the run's minimum length too (Lightning would go on to
+        # trainer.min_epochs / min_steps, checkpointing every step): the resumed run goes on to it.
+        trainer.fit_loop.min_epochs = 0
+        trainer.fit_loop.epoch_loop.min_steps = None
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for signum, handler in self._previous_handlers.items():
