@@ -74,18 +74,25 @@ def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> No
     for name, rows in frame.groupby("model"):
         expected = [STATE_BYTES[name](nodes[name], 16 + gen_len) for gen_len in rows["gen_len"]]
         assert list(rows["state_bytes_per_sequence"]) == expected, name
+        # What an average step reads of it: a KV cache's 16 + (gen_len + 1) / 2 positions, the rest whole.
+        read = [STATE_BYTES[name](nodes[name], 16 + (gen_len + 1) / 2) for gen_len in rows["gen_len"]]
+        assert list(rows["step_state_bytes_per_sequence"]) == pytest.approx(read, rel=1e-12), name
+        if name == "transformer":
+            assert rows["step_state_bytes_per_sequence"].iloc[0] < rows["state_bytes_per_sequence"].iloc[0]
     assert set(frame["dtype"]) == {"float32"} and frame["torch"].iloc[0].startswith("2.13")
     head = json.loads((tmp_path / "results.json").read_text())["header"]
     assert {"device", "dtype", "torch", "git_commit"} <= set(head)
-    # The bandwidth limit: one step's time over the time to read the weights it uses once, at the
-    # bandwidth measured right before each point (each its own measurement).
+    # The bandwidth limit: one step's time over the time to read the weights it uses and the states
+    # of its batch once, at the bandwidth measured right before each point (each its own measurement).
     assert (frame["read_bandwidth_bytes_per_s"] > 1e8).all() and frame["read_bandwidth_bytes_per_s"].nunique() > 1
     for name, rows in frame.groupby("model"):
         model = mcsd.build_model(nodes[name])
         read = sum(p.numel() for p in model.parameters()) - (0 if model.config.tie_embeddings else 512 * 64)
         assert (rows["step_weight_bytes"] == 4 * read).all(), name
+    assert (frame["step_read_bytes"] == frame["step_weight_bytes"]
+            + frame["batch"] * frame["step_state_bytes_per_sequence"]).all()
     assert (frame["limit_ratio"] == frame["decode_s_per_token"]
-            / (frame["step_weight_bytes"] / frame["read_bandwidth_bytes_per_s"])).all()
+            / (frame["step_read_bytes"] / frame["read_bandwidth_bytes_per_s"])).all()
     figures = plot_inference(csv_path)
     assert sorted(path.name for path in figures) == sorted(
         f"{name}.{suffix}" for name in ["fig5_memory_vs_length", "fig6_latency_vs_batch", "fig7_throughput_vs_length",

@@ -18,6 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import mcsd
+from mcsd.models.transformer.attention import KVCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -67,16 +68,20 @@ def limit_extra_memory(megabytes: float | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def state_bytes(state: Any) -> int:
-    """Bytes of every tensor a decoding state holds (a KV cache's whole allocation)."""
+def state_bytes(state: Any, kv_positions: float | None = None) -> int | float:
+    """Bytes of every tensor a decoding state holds (a KV cache's whole allocation); with
+    ``kv_positions``, of each KV cache only its first ``kv_positions`` entries (what a decoding
+    step reads there; the rest of its allocation is not read)."""
+    if isinstance(state, KVCache) and kv_positions is not None:
+        return state_bytes(state) * kv_positions / state.capacity
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
     if isinstance(state, (list, tuple)):
-        return sum(state_bytes(item) for item in state)
+        return sum(state_bytes(item, kv_positions) for item in state)
     if isinstance(state, dict):
-        return sum(state_bytes(item) for item in state.values())
+        return sum(state_bytes(item, kv_positions) for item in state.values())
     if dataclasses.is_dataclass(state):
-        return sum(state_bytes(getattr(state, field.name)) for field in dataclasses.fields(state))
+        return sum(state_bytes(getattr(state, field.name), kv_positions) for field in dataclasses.fields(state))
     if state is None or isinstance(state, (bool, int, float, str)):
         return 0
     raise TypeError(f"cannot count the bytes of a {type(state).__qualname__} in a decoding state: make it a "
@@ -99,8 +104,9 @@ def inference_point(
     model_cfg: dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
     device: str, dtype: str, seed: int, compile: bool = False,
 ) -> dict[str, Any]:
-    """Median prefill time, decode time per token, latency, throughput, peak memory, and the
-    bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens; with
+    """Median prefill time, decode time per token, latency, throughput, peak memory, the
+    bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens, and the bytes
+    a decoding step must read at least (the weights it uses, the states of its batch); with
     ``compile`` through the compiled step (compiled by the warm-up, which then runs at least
     once)."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
@@ -110,7 +116,10 @@ def inference_point(
     prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=generator).to(device_)
 
     @torch.inference_mode()
-    def run(length: int) -> tuple[float, float, int]:
+    def run(length: int) -> tuple[float, float, float, float]:
+        """Prefill and decode seconds; bytes of a sequence's state at the end, and of what an
+        average step reads of it (a KV cache's positions so far: the step at position p reads
+        p + 1 of them, prompt_len + (length + 1) / 2 on average)."""
         prefill_s, (logits, state) = timed(lambda: model.prefill(prompt, max_new_tokens=length), device_)
 
         def decode() -> Any:
@@ -120,7 +129,8 @@ def inference_point(
             return next_state
 
         decode_s, final_state = timed(decode, device_)
-        return prefill_s, decode_s, state_bytes(final_state) // batch_size
+        return (prefill_s, decode_s, state_bytes(final_state) / batch_size,
+                state_bytes(final_state, kv_positions=prompt_len + (length + 1) / 2) / batch_size)
 
     for _ in range(max(warmup, 1 if compile else 0)):
         run(min(gen_len, 16))
@@ -132,6 +142,9 @@ def inference_point(
     latency_s = statistics.median(r[0] + r[1] for r in runs)
     peak = peak_memory_bytes(device_)
     weights = weights_bytes(model)
+    # What one decoding step must read at least: every weight but the input embedding's (a
+    # lookup of B rows) unless it is tied to the LM head, and each sequence's state.
+    step_weight_bytes = step_parameters(model) * model.embed.weight.element_size()
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "prefill_s": prefill_s,
@@ -141,10 +154,10 @@ def inference_point(
         "peak_mem_bytes": peak,
         "weights_bytes": weights,
         "peak_mem_minus_weights_bytes": peak - weights,
-        "state_bytes_per_sequence": runs[-1][2],
-        # What one decoding step must read at least: every weight but the input embedding's
-        # (a lookup of B rows), unless it is tied to the LM head.
-        "step_weight_bytes": step_parameters(model) * model.embed.weight.element_size(),
+        "state_bytes_per_sequence": int(runs[-1][2]),
+        "step_weight_bytes": step_weight_bytes,
+        "step_state_bytes_per_sequence": runs[-1][3],
+        "step_read_bytes": step_weight_bytes + batch_size * runs[-1][3],
     }
 
 

@@ -43,7 +43,8 @@ MODES = ("inference", "train")
 COLUMNS = {
     "inference": ["model", "arch", "variant", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
-                  "state_bytes_per_sequence", "step_weight_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "status"],
+                  "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
+                  "read_bandwidth_bytes_per_s", "limit_ratio", "status"],
     "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
 }
@@ -268,9 +269,9 @@ def _row(mode: str, labels: dict[str, Any], result: dict[str, Any], limit: float
     if mode == "train" and result["status"] == "ok":
         row["matmul_peak_flops"] = limit
         row["mfu"] = result["model_flops"] / result["step_s"] / limit  # model FLOPs (CausalLM.training_flops)
-    if mode == "inference" and result["status"] == "ok":  # a decoding step over the time to read its weights once
+    if mode == "inference" and result["status"] == "ok":  # a decoding step over the time to read what it must once
         row["read_bandwidth_bytes_per_s"] = limit
-        row["limit_ratio"] = result["decode_s_per_token"] / (result["step_weight_bytes"] / limit)
+        row["limit_ratio"] = result["decode_s_per_token"] / (result["step_read_bytes"] / limit)
     log.info("%s: %s", " ".join(f"{key}={value}" for key, value in labels.items()),
              f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mem_bytes'] / 2**20:.0f} MiB"
              if result["status"] == "ok" else result["status"])

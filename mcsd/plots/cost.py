@@ -115,7 +115,7 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
     ]
     if "limit_ratio" in frame:  # results written before mcsd-bench measured the bandwidth have none
         specs.append(("decode_limit_ratio", "gen_len", "limit_ratio", "batch", 1.0, "generated tokens",
-                      "decode step time / weight-read time", "Decoding against the memory-bandwidth limit"))
+                      "decode step time / time to read weights + state", "Decoding against the memory-bandwidth limit"))
     for name, x, y, within, scale, xlabel, ylabel, title in specs:
         figure, ax = plt.subplots(figsize=(6.4, 4.4))
         _curves(ax, frame, x, y, within, scale)
@@ -124,7 +124,7 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
             ax.set_yscale("log")
         if y == "limit_ratio":
             ax.axhline(1.0, color="black", linewidth=0.8)
-            ax.text(0.01, 1.0, " reading the weights once per step at the measured bandwidth",
+            ax.text(0.01, 1.0, " reading the weights and the state (KV cache) once per step at the measured bandwidth",
                     transform=ax.get_yaxis_transform(), fontsize=7, va="bottom")
         written += save_figure(figure, output_dir, name)
     return written
