@@ -113,9 +113,13 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
         ("fig8_throughput_vs_batch", "batch", "tokens_per_s", "gen_len", 1.0, "batch size",
          "throughput (tokens/s)", "Fig. 8: throughput vs batch size"),
     ]
-    if "limit_ratio" in frame:  # results written before mcsd-bench measured the bandwidth have none
+    # Results written before mcsd-bench measured the bandwidth have no limit_ratio; those written
+    # before it counted the states (no step_read_bytes) have it over the weights alone.
+    with_state = "step_read_bytes" in frame
+    if "limit_ratio" in frame:
         specs.append(("decode_limit_ratio", "gen_len", "limit_ratio", "batch", 1.0, "generated tokens",
-                      "decode step time / time to read weights + state", "Decoding against the memory-bandwidth limit"))
+                      "decode step time / " + ("time to read weights + state" if with_state else "weight-read time"),
+                      "Decoding against the memory-bandwidth limit"))
     for name, x, y, within, scale, xlabel, ylabel, title in specs:
         figure, ax = plt.subplots(figsize=(6.4, 4.4))
         _curves(ax, frame, x, y, within, scale)
@@ -124,7 +128,8 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
             ax.set_yscale("log")
         if y == "limit_ratio":
             ax.axhline(1.0, color="black", linewidth=0.8)
-            ax.text(0.01, 1.0, " reading the weights and the state (KV cache) once per step at the measured bandwidth",
+            ax.text(0.01, 1.0, " reading the weights" + (" and the state (KV cache)" if with_state else "")
+                    + " once per step at the measured bandwidth",
                     transform=ax.get_yaxis_transform(), fontsize=7, va="bottom")
         written += save_figure(figure, output_dir, name)
     return written
