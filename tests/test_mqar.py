@@ -179,6 +179,22 @@ def test_training_scores_the_labelled_positions_and_logs_accuracy(tmp_path: Path
     assert logged_accuracy[5] == pytest.approx(mqar_accuracy(logits, val.labels).mean().item(), abs=1e-6)
 
 
+def test_compile_trains_mqar_as_eager_does(tmp_path: Path) -> None:
+    """``compile=true`` compiles MQAR's loss too (the model and the LM head at the labelled
+    positions alone, in one graph): the same losses and accuracy as the eager run."""
+    overrides = [*FAST, *MQAR_RUN, "model.num_layers=1", "trainer.max_steps=2", "trainer.val_check_interval=2",
+                 "logger=csv", "validate_before_training=false", "test_after_training=false"]
+    train(compose_train(tmp_path / "eager", *overrides))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    train(compose_train(tmp_path / "compiled", *overrides, "compile=true"))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
+    eager, compiled = (read_metrics(tmp_path / name) for name in ("eager", "compiled"))
+    assert sorted(series(compiled, "train/loss")) == [0, 1]
+    for metric in ("train/loss", "val/loss", "val/mqar_acc"):
+        assert series(compiled, metric) == pytest.approx(series(eager, metric), rel=1e-4), metric
+
+
 def test_registry_arms_name_every_architecture_and_the_variants_asked() -> None:
     arms = registry_arms(["default", "slope_only"])
     assert [arm[0] for arm in arms if len(arm) == 1] == [f"model={name}" for name in registry.architectures()]

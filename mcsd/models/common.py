@@ -399,16 +399,24 @@ class CausalLM(nn.Module):
         hidden = self.streams.merge(self.final_norm(x))
         return hidden, DecodingState(position=state.position + input_ids.shape[1], layers=layers)
 
-    def forward(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:
-        """Logits ``[B, N, vocab]`` for every position (training and scoring)."""
-        return self.lm_head(self.hidden_states(input_ids, form))
+    def forward(
+        self, input_ids: torch.Tensor, form: str | None = None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``[B, N, vocab]`` for every position (training and scoring), or ``[P, vocab]`` at
+        ``positions`` alone (indices into the flattened ``[B * N]`` positions: the LM head reads
+        only those, e.g. MQAR's answers). A forward call, so FSDP2 gathers the root's weights."""
+        hidden = self.hidden_states(input_ids, form)
+        return self.lm_head(hidden if positions is None else hidden.flatten(0, 1)[positions])
 
     def loss(
-        self, input_ids: torch.Tensor, targets: torch.Tensor, form: str | None = None
+        self, input_ids: torch.Tensor, targets: torch.Tensor, form: str | None = None,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean next-token cross-entropy (fp32) of :meth:`forward`'s logits against ``targets``
-        ``[B, N]`` (``-100``: not scored), and the logits: what a training step differentiates."""
-        logits = self(input_ids, form)
+        ``[B, N]`` (``-100``: not scored), and the logits: what a training step differentiates.
+        With ``positions`` (indices into the flattened ``[B * N]`` positions, e.g. MQAR's answers),
+        the LM head reads those positions alone and ``targets`` ``[P]`` are theirs."""
+        logits = self(input_ids, form, positions)
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten()), logits
 
     def loss_function(

@@ -10,7 +10,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torchmetrics import MeanMetric
 from torchmetrics.text import Perplexity
@@ -118,14 +117,15 @@ class LanguageModelModule(L.LightningModule):
                 "model/mlp_hidden_size": self.model.config.mlp_hidden_size, **self.parameter_counts()}
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        ids = batch["input_ids"]
-        if "labels" in batch:  # the LM head only where a label is (MQAR: K of T positions)
-            scored = batch["labels"] != IGNORE_INDEX
-            logits = self.model.lm_head(self.model.hidden_states(ids)[scored])[None]  # [1, scored, vocab]
-            targets = batch["labels"][scored][None]
-            return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten()), logits, targets
         # With compile: the model and its loss in one compiled graph (the model's weights and
         # names are untouched, so checkpoints and saved models are the same).
+        ids = batch["input_ids"]
+        if "labels" in batch:  # the LM head only where a label is (MQAR: K of T positions)
+            labels = batch["labels"].flatten()
+            positions = (labels != IGNORE_INDEX).nonzero().squeeze(1)
+            targets = labels[positions]
+            loss, logits = self.model.loss_function(self.compile)(ids, targets, positions=positions)
+            return loss, logits[None], targets[None]  # [1, scored, vocab], [1, scored]
         targets = ids[:, 1:]
         loss, logits = self.model.loss_function(self.compile)(ids[:, :-1], targets)
         return loss, logits, targets
