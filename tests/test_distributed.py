@@ -66,6 +66,20 @@ def test_fsdp_on_two_processes_trains_as_one_process_does(runs: tuple[Path, Path
     assert len(list((fsdp / "memory").glob("process-*.json"))) == 2
 
 
+def test_fsdp_trains_mqar_as_one_process_does(tmp_path: Path) -> None:
+    """MQAR's loss (the LM head at the labelled positions alone) goes through the model's forward,
+    so FSDP2 gathers the root's weights: 2 sharded processes log one process's losses and accuracy."""
+    mqar = [*RUN, "data=mqar", "model.num_layers=2", "data.seq_len=32", "data.num_pairs=4", "data.num_train=64",
+            "data.num_val=16", "trainer.max_steps=2", "trainer.val_check_interval=2", "scheduler.warmup_steps=1",
+            "validate_before_training=false"]
+    result = run_cli("mcsd-train", *mqar, *FSDP, "paths.log_dir=fsdp", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    train(compose_train(tmp_path / "single", *mqar, *SINGLE))
+    sharded, single = (read_metrics(run) for run in (only_run(tmp_path / "fsdp"), tmp_path / "single"))
+    for key in ("train/loss", "val/loss", "val/mqar_acc"):
+        assert series(sharded, key) and series(sharded, key) == pytest.approx(series(single, key), rel=1e-5), key
+
+
 def test_sharded_checkpoints_and_the_final_folder_load_on_one_process(runs: tuple[Path, Path, Path]) -> None:
     _, fsdp, single = runs
     ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(1))
