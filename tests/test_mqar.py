@@ -27,7 +27,7 @@ from mcsd.data import MQARDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mqar import IGNORE_INDEX, mqar_accuracy, mqar_examples
 from mcsd.models import registry
-from mcsd.plots.mqar import load_mqar_runs, plot_mqar
+from mcsd.plots.mqar import load_mqar_runs, plot_mqar, run_course
 from mcsd.saved_model import load as load_model
 from mcsd.train import train
 from mcsd.training.callbacks import PlateauStopping
@@ -321,12 +321,21 @@ def test_plateau_stopping_decides_from_min_epochs_on(tmp_path: Path, script: lis
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(_ScriptedAccuracy(script), loader, loader)
     assert trainer.current_epoch == epochs
+
+    def verdict(target: str, played: int) -> str:  # mcsd-plot mqar's account of the run: why it stopped
+        config = {"callbacks": {"early_stopping": {"_target_": target, "patience": 4, "min_delta": 0.001},
+                                "epoch_cap": {"epochs": 12}}, "trainer": {"min_epochs": 8}, "data": {"seq_len": 16}}
+        metrics = pd.DataFrame({"step": range(1, played + 1), "val/mqar_acc": script[:played]})
+        return run_course(config, metrics)["stopped"]
+
+    assert verdict("mcsd.training.callbacks.PlateauStopping", epochs) == ("cap" if epochs == 12 else "plateau")
     if epochs == 12 and min(script[6:]) > script[0]:  # the stock callback, for contrast: stopped at min_epochs
         stock = L.Trainer(max_epochs=12, min_epochs=8, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                           enable_model_summary=False, default_root_dir=tmp_path, callbacks=[EarlyStopping(
                               monitor="val/mqar_acc", mode="max", patience=4, min_delta=0.001)])
         stock.fit(_ScriptedAccuracy(script), loader, loader)
         assert stock.current_epoch == 8
+        assert verdict("lightning.pytorch.callbacks.EarlyStopping", 8) == "plateau"
 
 
 def test_the_epoch_cap_stops_a_run_that_is_the_uncapped_one_until_then(tmp_path: Path) -> None:

@@ -74,21 +74,22 @@ def load_mqar_runs(root: str | Path) -> pd.DataFrame:
                         "seq_len": int(data["seq_len"]), "num_pairs": int(data["num_pairs"]),
                         "lr": float((config.get("optimizer") or {})["lr"]), "seed": config.get("seed"),
                         "params": config.get("model/params"), "accuracy": float(metrics[ACCURACY].dropna().iloc[-1]),
-                        "state_bytes": decoding_state_bytes(model, int(data["seq_len"])), **_course(config, metrics)})
+                        "state_bytes": decoding_state_bytes(model, int(data["seq_len"])), **run_course(config, metrics)})
     if not records:
         raise MCSDError(f"{root} holds no MQAR runs (no {ACCURACY} in its logs): point it at an "
                         "experiment=mqar_recall sweep")
     return pd.DataFrame(records)
 
 
-def _course(config: dict[str, Any], metrics: pd.DataFrame) -> dict[str, Any]:
+def run_course(config: dict[str, Any], metrics: pd.DataFrame) -> dict[str, Any]:
     """How a run went: its validations after training began (``epochs`` when validated once an
     epoch), the tokens and examples it trained on, its training loss (the mean of those logged
     in its last epoch) beside its final validation loss (a gap between them: the training
     examples memorised rather than recall learned), its best accuracy, the first validation at
     :data:`SOLVED` or above, and why it stopped: ``plateau`` (its early stopping's rule held at
     some validation: no rise above ``min_delta`` in ``patience`` validations; the stop then comes
-    at ``trainer.min_epochs`` at the earliest), ``cap`` (the epoch cap),
+    at ``trainer.min_epochs`` at the earliest; under ``PlateauStopping``, at a validation from
+    ``trainer.min_epochs`` on), ``cap`` (the epoch cap),
     ``max_epochs``, ``budget`` (a run with no early stopping: its steps or epochs) or
     ``unfinished`` (none of these: interrupted)."""
     validations = metrics.dropna(subset=[ACCURACY])
@@ -100,10 +101,14 @@ def _course(config: dict[str, Any], metrics: pd.DataFrame) -> dict[str, Any]:
     max_epochs = (config.get("trainer") or {}).get("max_epochs")
     stopped = "budget" if stopping is None else "unfinished"
     if stopping is not None:
+        # Lightning's EarlyStopping, mode max: once signalled, the stop stands (it takes effect at
+        # min_epochs); PlateauStopping drops a signal given before min_epochs (the count goes on).
+        waits = str(stopping.get("_target_", "")).endswith("PlateauStopping")
+        min_epochs = int((config.get("trainer") or {}).get("min_epochs") or 0)
         best, waited, plateaued = float("-inf"), 0, False
-        for accuracy in accuracies:  # Lightning's EarlyStopping, mode max: once signalled, the stop stands
+        for epoch, accuracy in enumerate(accuracies, start=1):
             best, waited = (accuracy, 0) if accuracy - float(stopping["min_delta"]) > best else (best, waited + 1)
-            plateaued = plateaued or waited >= int(stopping["patience"])  # (it takes effect at min_epochs)
+            plateaued = plateaued or (waited >= int(stopping["patience"]) and (not waits or epoch >= min_epochs))
         if plateaued:
             stopped = "plateau"
         elif cap is not None and len(accuracies) >= int(cap):
