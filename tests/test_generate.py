@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from conftest import relative_rms_error, tiny_model, tiny_model_to_compile
 from mcsd.models import registry
@@ -83,3 +84,25 @@ def test_compiled_step_decodes_like_the_eager_step(name: str) -> None:
         expected, twin = model.step(ids[:, position], twin)
         assert relative_rms_error(logits, expected) < 1e-6, position
     assert torch.equal(model.generate(ids[:, :5], 8, compile=True), model.generate(ids[:, :5], 8))
+
+
+@pytest.mark.parametrize("name", ["mcsd", "transformer"])
+@torch.no_grad()
+def test_compiled_batch_one_step_multiplies_in_fused_kernels(name: str) -> None:
+    """At batch 1 on a CPU the compiled step's graph (one, for every position) has every
+    ``nn.Linear`` product as inductor's multiply-and-sum kernel (``decompose_mm_pass``: twice
+    the read rate of the BLAS call at batch 1), and the eager step's logits."""
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model_to_compile(name)
+    ids = torch.randint(0, 101, (1, 20))
+    _, state = model.prefill(ids[:, :5], max_new_tokens=20)
+    twin = copy.deepcopy(state)
+    step = model.step_function(compile=True)
+    for position in range(5, 20):
+        logits, state = step(ids[:, position].clone(), state)
+        expected, twin = model.step(ids[:, position], twin)
+        assert relative_rms_error(logits, expected) < 1e-6, position
+    linears = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["inductor"]["decompose_mm"] + counters["inductor"]["decompose_addmm"] == linears

@@ -473,11 +473,18 @@ class CausalLM(nn.Module):
         """:meth:`step`, or with ``compile`` its ``torch.compile``d twin (one graph for every
         position, batch size and cache length, built on its first calls and kept for this
         model; CUDA graphs too on a GPU). The compiled step computes the same function: its
-        logits differ from the eager step's by float rounding (about 1e-7 here)."""
+        logits differ from the eager step's by float rounding (about 1e-7 here).
+
+        On a CPU a batch of one row compiles to a graph of its own, in which inductor's
+        ``decompose_mm_pass`` turns each matrix-vector product (weights of at most 2048 x 2048)
+        into a fused multiply-and-sum kernel: it reads the weights at about twice the rate of
+        the BLAS call it replaces, which at batch 1 is the step's whole cost
+        (``experiments/fig5-8_inference/``). Larger batches keep the BLAS products."""
         if not compile:
             return self.step
-        mode = "reduce-overhead" if self.embed.weight.device.type == "cuda" else None
-        return _compiled_method(_COMPILED_STEPS, self, "step", dynamic=True, mode=mode)
+        if self.embed.weight.device.type == "cuda":
+            return _compiled_method(_COMPILED_STEPS, self, "step", dynamic=True, mode="reduce-overhead")
+        return _compiled_method(_COMPILED_STEPS, self, "step", dynamic=True, options=CPU_STEP_COMPILE_OPTIONS)
 
     @torch.inference_mode()
     def stream(
@@ -517,6 +524,10 @@ class CausalLM(nn.Module):
             return input_ids
         return torch.cat([input_ids, torch.stack(tokens, dim=1)], dim=1)
 
+
+CPU_STEP_COMPILE_OPTIONS: dict[str, Any] = {"post_grad_fusion_options": {"decompose_mm_pass": {}}}
+"""Inductor's options for a decoding step compiled for a CPU: matrix products of one row (the
+batch-1 step's, whose batch size the compiler then knows) as fused multiply-and-sum kernels."""
 
 _COMPILED_STEPS: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
 _COMPILED_LOSSES: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
