@@ -7,10 +7,9 @@
 #   bash experiments/decode_gemv_before_after/run.sh     # ~15 minutes on 2 cores
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-before=/tmp/mcsd_before_decode_gemv
-[ -d "$before" ] || git -C "$here" worktree add -q "$before" f904391
+source "$here/../before_after.sh"  # code_of
 for side in before after; do
-  code="$before"; [ "$side" = after ] && code="$(git -C "$here" rev-parse --show-toplevel)"
+  code="$(code_of "$side" f904391)"
   for size in small base; do
     PYTHONPATH="$code" mcsd-bench bench=cpu_quick model_size=$size compile=true "inference.batch_sizes=[1]" \
       "inference.gen_lengths=[4096]" inference.repeats=3 output_dir="$here/$side/$size" wandb.enabled=false

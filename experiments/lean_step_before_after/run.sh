@@ -5,10 +5,9 @@
 #   bash experiments/lean_step_before_after/run.sh     # ~15 minutes on 2 cores
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-before=/tmp/mcsd_before_lean_step
-[ -d "$before" ] || git -C "$here" worktree add -q "$before" 1ab3077
+source "$here/../before_after.sh"  # code_of
 for side in before after; do
-  code="$before"; [ "$side" = after ] && code="$(git -C "$here" rev-parse --show-toplevel)"
+  code="$(code_of "$side" 1ab3077)"
   PYTHONPATH="$code" mcsd-bench bench=cpu_quick "inference.gen_lengths=[4096]" output_dir="$here/$side/inference" \
     wandb.enabled=false
   PYTHONPATH="$code" mcsd-bench bench=cpu_quick mode=train "train.seq_lens=[1024,4096]" memory_limit_mb=16000 \

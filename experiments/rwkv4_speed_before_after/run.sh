@@ -8,10 +8,9 @@
 #   bash experiments/rwkv4_speed_before_after/run.sh     # ~10 minutes on 2 cores
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-before=/tmp/mcsd_before_issue33
-[ -d "$before" ] || git -C "$here" worktree add -q "$before" c2ace2c
+source "$here/../before_after.sh"  # code_of
 for side in before after; do
-  code="$before"; [ "$side" = after ] && code="$(git -C "$here" rev-parse --show-toplevel)"
+  code="$(code_of "$side" c2ace2c)"
   common=(mode=train "models=[rwkv4,mcsd]" "train.forms=[training]" memory_limit_mb=16000 wandb.enabled=false)
   PYTHONPATH="$code" mcsd-bench bench=compare "${common[@]}" model_size=tiny threads=1 output_dir="$here/$side/tiny"
   PYTHONPATH="$code" mcsd-bench bench=compare "${common[@]}" output_dir="$here/$side/small"
