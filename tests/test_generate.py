@@ -91,7 +91,8 @@ def test_compiled_step_decodes_like_the_eager_step(name: str) -> None:
 def test_compiled_batch_one_step_multiplies_in_fused_kernels(name: str) -> None:
     """At batch 1 on a CPU the compiled step's graph (one, for every position) has every
     ``nn.Linear`` product as inductor's multiply-and-sum kernel (``decompose_mm_pass``: twice
-    the read rate of the BLAS call at batch 1), and the eager step's logits."""
+    the read rate of the BLAS call at batch 1; the tiny models' weights are all within its 2048
+    x 2048 limit), and the eager step's logits."""
     torch._dynamo.reset()
     counters.clear()
     model = tiny_model_to_compile(name)

@@ -478,8 +478,8 @@ class CausalLM(nn.Module):
         On a CPU a batch of one row compiles to a graph of its own, in which inductor's
         ``decompose_mm_pass`` turns each matrix-vector product (weights of at most 2048 x 2048)
         into a fused multiply-and-sum kernel: it reads the weights at about twice the rate of
-        the BLAS call it replaces, which at batch 1 is the step's whole cost
-        (``experiments/fig5-8_inference/``). Larger batches keep the BLAS products."""
+        the BLAS call it replaces, which at batch 1 is most of the step's cost
+        (``experiments/decode_gemv_before_after/``). Larger batches keep the BLAS products."""
         if not compile:
             return self.step
         if self.embed.weight.device.type == "cuda":
