@@ -457,6 +457,11 @@ class CausalLM(nn.Module):
         """Decode one token per batch row: ``token_ids`` ``[B]`` -> logits ``[B, vocab]``, through
         each layer's :meth:`Layer.step` (the recurrent form's numbers, without its sequence axis)."""
         hidden, state = self.step_hidden(token_ids, state)
+        if torch.compiler.is_compiling() and hidden.shape[0] == 1 and hidden.device.type == "cpu":
+            # The LM head of a batch-1 step compiled for a CPU as a multiply-and-sum that inductor
+            # fuses into one reduction kernel, as decompose_mm_pass does for the smaller products
+            # (its limit of 2048 rows leaves a vocabulary's head to a BLAS call, 1.5-2x slower).
+            return (hidden[:, None, :] * self.lm_head.weight).sum(-1), state
         return self.lm_head(hidden), state
 
     def step_hidden(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:
@@ -479,7 +484,9 @@ class CausalLM(nn.Module):
         ``decompose_mm_pass`` turns each matrix-vector product (weights of at most 2048 x 2048)
         into a fused multiply-and-sum kernel: it reads the weights at about twice the rate of
         the BLAS call it replaces, which at batch 1 is most of the step's cost
-        (``experiments/decode_gemv_before_after/``). Larger batches keep the BLAS products."""
+        (``experiments/decode_gemv_before_after/``); the LM head, over the pass's limit, is
+        written as such a kernel by :meth:`step` itself (``experiments/decode_head_before_after/``).
+        Larger batches keep the BLAS products."""
         if not compile:
             return self.step
         if self.embed.weight.device.type == "cuda":
