@@ -1,7 +1,7 @@
 """The Wonderful Matrices hybrid beyond the conformance suite: SSD is its written recurrence
 (and retention when dt is constant), attention sits at every r-th layer and only there does
-the decoding state grow, the dynamic mask starts as plain attention and is cached with the
-keys, product-key retrieval finds the true top experts, and sizes match MCSD's."""
+the decoding state grow, the dynamic mask starts as plain attention, is cached with the
+keys and folds into the fused causal kernel, product-key retrieval finds the true top experts, and sizes match MCSD's."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from conftest import tiny_config, tiny_model
 from harness import run_here
 from mcsd import ConfigError, build_model, count_parameters
 from mcsd.bench.measure import state_bytes
-from mcsd.models.transformer.attention import CausalSelfAttention, KVCache, rotary
+from mcsd.models.transformer.attention import CausalSelfAttention, KVCache, biased_mask, causal_attention, rotary
 from mcsd.models.wonderful_matrices import CrossDomainMoE, DynamicMaskAttention, StateSpaceDuality
 from mcsd.ops.decayed_attention import decayed_attention
 from test_experiments import TINY_SWEEP, sweep_dir
@@ -127,6 +127,40 @@ def test_dynamic_mask_starts_as_plain_attention(form: str) -> None:
     biased, _ = masked.layers[1].mixer(x, None, 0, form)
     unbiased, _ = plain.layers[1].mixer(x, None, 0, form)
     assert (biased - unbiased).abs().max() > 0.1 * unbiased.abs().max()
+
+
+@pytest.mark.parametrize("length", [1, 37])
+def test_folded_key_bias_is_the_masked_attention(length: int) -> None:
+    """causal_attention's bias folded into one more query/key feature gives the masked SDPA's
+    outputs and gradients (every input's, the bias's too)."""
+    inputs = [torch.randn(2, 3, length, 8, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    bias = torch.rand(2, 3, length, dtype=torch.float64, requires_grad=True)
+    folded = causal_attention(*inputs, bias)
+    masked = F.scaled_dot_product_attention(*inputs, attn_mask=biased_mask(bias, 0, length))
+    torch.testing.assert_close(folded, masked, rtol=1e-12, atol=1e-12)
+    weights = torch.randn_like(masked)
+    for got, expected in zip(torch.autograd.grad((folded * weights).sum(), [*inputs, bias]),
+                             torch.autograd.grad((masked * weights).sum(), [*inputs, bias])):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_biased_attention_layer_forms_agree() -> None:
+    """With biases spread over (0, 1], the dynamic-mask layer's parallel and chunk forms from the
+    start (the folded causal kernel) equal its recurrent form (a masked call per token), values
+    and gradients."""
+    attention = tiny_model(HYBRID).double().layers[1].mixer
+    with torch.no_grad():
+        attention.A.fill_(-3.0)
+        attention.dt_proj.weight.normal_(std=10.0)
+    x = torch.randn(2, 37, 24, dtype=torch.float64)
+    outputs, grads = {}, {}
+    for form in ("parallel", "chunk", "recurrent"):
+        outputs[form], _ = attention(x, None, 0, form)
+        grads[form] = torch.autograd.grad(outputs[form].square().sum(), list(attention.parameters()))
+    for form in ("parallel", "chunk"):
+        torch.testing.assert_close(outputs[form], outputs["recurrent"], rtol=1e-10, atol=1e-12)
+        for got, expected in zip(grads[form], grads["recurrent"]):
+            torch.testing.assert_close(got, expected, rtol=1e-8, atol=1e-10)
 
 
 @torch.no_grad()

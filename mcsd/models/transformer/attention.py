@@ -141,10 +141,7 @@ class CausalSelfAttention(TokenMixer):
         key = rotary(key, position, self.rope_base)
         bias = self.key_bias(value)
         if form == "parallel" and cache is None:
-            if bias is None:
-                attended = F.scaled_dot_product_attention(query, key, value, is_causal=True)
-            else:
-                attended = F.scaled_dot_product_attention(query, key, value, attn_mask=biased_mask(bias, 0, length))
+            attended = causal_attention(query, key, value, bias)
         else:
             # From no cache (training, a model's hidden states), the chunk form's blocks attend in
             # one call: with autograd every block's scores are kept anyway, and ``torch.compile``
@@ -193,6 +190,8 @@ class CausalSelfAttention(TokenMixer):
             cache.key_bias[:, :, position:end] = bias.to(cache.key_bias.dtype)
         if block is None:
             keys, values = cache.keys[:, :, :end].to(query.dtype), cache.values[:, :, :end].to(query.dtype)
+            if position == 0:  # from the sequence's start: the fused causal kernel, no [N, N] mask
+                return causal_attention(query, keys, values, None if bias is None else cache.key_bias[:, :, :end])
             if bias is not None:
                 mask = biased_mask(cache.key_bias[:, :, :end].to(query.dtype), position, length)
             else:  # query i (absolute position + i) sees keys <= itself
@@ -214,6 +213,25 @@ class CausalSelfAttention(TokenMixer):
                 mask = None
             outputs.append(F.scaled_dot_product_attention(query[:, :, start:stop], keys, values, attn_mask=mask))
         return torch.cat(outputs, dim=2)
+
+
+def causal_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Causal attention of ``query``, ``key``, ``value`` ``[B, H, N, Dh]`` from position 0, with an
+    optional additive bias per key ``[B, H, N]``, through SDPA's fused causal kernel. The bias is
+    folded into one more feature, ``s q.k + b = s [q, 1].[k, b / s]`` (``s`` the usual
+    ``Dh^-1/2``), and the values get a zero feature to match (the CPU kernel wants one width),
+    so no ``[N, N]`` mask is made: at 16384 tokens the hybrid's mask and its gradient took
+    16 GB."""
+    if key_bias is None:
+        return F.scaled_dot_product_attention(query, key, value, is_causal=True)
+    width = query.shape[-1]
+    scale = width**-0.5
+    query = torch.cat([query, torch.ones_like(query[..., :1])], dim=-1)
+    key = torch.cat([key, (key_bias / scale).to(key.dtype)[..., None]], dim=-1)
+    value = torch.cat([value, torch.zeros_like(value[..., :1])], dim=-1)
+    return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)[..., :width]
 
 
 def biased_mask(key_bias: torch.Tensor, first_query: int, num_queries: int) -> torch.Tensor:
