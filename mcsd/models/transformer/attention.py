@@ -143,8 +143,8 @@ class CausalSelfAttention(TokenMixer):
         if form == "parallel" and cache is None:
             attended = causal_attention(query, key, value, bias)
         else:
-            # From no cache (training, a model's hidden states), the chunk form's blocks attend in
-            # one call: with autograd every block's scores are kept anyway, and ``torch.compile``
+            # From no cache (training, a model's hidden states), the chunk form attends in one
+            # fused causal call (:func:`causal_attention`): no scores are kept, and ``torch.compile``
             # takes one graph for every length (a loop over blocks would unroll at each length).
             block = 1 if form == "recurrent" else self.chunk_size if cache is not None else None
             if cache is None:
