@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from mcsd import build_model
-from mcsd.models import CausalLM, registry
+from mcsd.models import CausalLM, DecodingState, registry
 from mcsd.models.config import class_path
 
 
@@ -59,6 +59,53 @@ def tiny_config(case: str, **fields: Any) -> dict[str, Any]:
 
 def tiny_model(case: str, **fields: Any) -> CausalLM:
     return build_model(tiny_config(case, **fields)).eval()
+
+
+def decode_all(model: CausalLM, input_ids: torch.Tensor, split: int, hint: bool = True,
+               compile: bool = False) -> torch.Tensor:
+    """Prefill ``input_ids[:, :split]`` then step through the rest (with the compiled step with
+    ``compile``); logits of positions split-1.. With ``hint=False`` the prefill is not told how
+    many tokens follow."""
+    return decode_with_state(model, input_ids, split, hint, compile)[0]
+
+
+def decode_with_state(model: CausalLM, input_ids: torch.Tensor, split: int, hint: bool = True,
+                      compile: bool = False) -> tuple[torch.Tensor, DecodingState]:
+    """:func:`decode_all`, and the decoding state after the last token."""
+    length = input_ids.shape[1]
+    step = model.step_function(compile)
+    logits, state = model.prefill(input_ids[:, :split], max_new_tokens=length - split if hint else 0)
+    outputs = [logits]
+    for position in range(split, length):
+        logits, state = step(input_ids[:, position].clone(), state)
+        outputs.append(logits)
+    return torch.stack(outputs, dim=1), state
+
+
+SIXTEEN_BIT_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
+"""How far a model cast to 16 bits may be from its fp32 self: the relative RMS error of its logits
+along a fixed token path (not its greedy tokens, which may part at near-ties). The tiny models
+here stay within a quarter of it (bf16 at most 8e-3, fp16 1e-3)."""
+
+
+def floating_tensors(state: object) -> list[torch.Tensor]:
+    """The floating-point tensors of a (layer's) decoding state, however it nests them."""
+    if isinstance(state, torch.Tensor):
+        return [state] if state.is_floating_point() else []
+    if isinstance(state, (list, tuple)):
+        return [tensor for item in state for tensor in floating_tensors(item)]
+    if hasattr(state, "__dict__"):  # a dataclass (a KV cache) or another object of tensors
+        return floating_tensors(list(vars(state).values()))
+    return []
+
+
+def assert_recurrent_states_stay_fp32(model: CausalLM, state: DecodingState) -> None:
+    """Every floating tensor of every recurrent state is fp32; a KV cache (a state that keeps an
+    entry per position, :attr:`TokenMixer.state_rewinds`) follows the model's dtype."""
+    for layer, layer_state in zip(model.layers, state.layers):
+        for part, part_state in ((layer.mixer, layer_state.mixer), (layer.mlp, layer_state.mlp)):
+            if not getattr(part, "state_rewinds", True):
+                assert {tensor.dtype for tensor in floating_tensors(part_state)} == {torch.float32}, type(part)
 
 
 # Compiling takes time per layer: one layer of each of an architecture's kinds (the hybrid's

@@ -1,7 +1,7 @@
 """The conformance suite: every registered architecture, in each of its variants, is one
 function in its parallel, chunkwise and recurrent forms, decodes any number of tokens after
 a prefill, keeps its gradients across forms, survives bf16 at N = 4096, round-trips through
-save/load and counts its parameters on the meta device."""
+save/load and counts its parameters on the meta device (cast to 16 bits: tests/test_precision.py)."""
 
 from __future__ import annotations
 
@@ -12,25 +12,13 @@ import pytest
 import torch
 
 import mcsd
-from conftest import relative_rms_error, tiny_config, tiny_model, variant_cases
+from conftest import decode_all, relative_rms_error, tiny_config, tiny_model, variant_cases
 from mcsd.models import registry
 
 TOLERANCE = 1e-5
 LENGTHS = [1, 2, 63, 64, 65, 301]
 CASES = variant_cases()
 ARCHITECTURES = registry.architectures()
-
-
-def decode_all(model: mcsd.CausalLM, input_ids: torch.Tensor, split: int, hint: bool = True) -> torch.Tensor:
-    """Prefill ``input_ids[:, :split]`` then step through the rest; logits of positions split-1..
-    With ``hint=False`` the prefill is not told how many tokens follow."""
-    length = input_ids.shape[1]
-    logits, state = model.prefill(input_ids[:, :split], max_new_tokens=length - split if hint else 0)
-    outputs = [logits]
-    for position in range(split, length):
-        logits, state = model.step(input_ids[:, position], state)
-        outputs.append(logits)
-    return torch.stack(outputs, dim=1)
 
 
 def test_registry_lists_the_built_in_architectures() -> None:

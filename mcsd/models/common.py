@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -543,9 +544,16 @@ _COMPILED_LOSSES: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKe
 def _compiled_method(cache: weakref.WeakKeyDictionary, model: CausalLM, name: str, **options: Any) -> Callable:
     """``model.<name>`` through ``torch.compile``, kept in ``cache`` for as long as the model lives:
     the compiled function holds the model weakly (a bound method would keep it, and its entry,
-    alive for ever)."""
+    alive for ever).
+
+    Each model compiles a function of its own, with its own code object: dynamo keeps its graphs
+    per code object, so models sharing ``type(model).<name>`` would share one recompile budget
+    (``torch._dynamo.config.recompile_limit``, 8), past which later models silently run eager."""
     if model not in cache:
-        compiled = torch.compile(getattr(type(model), name), **options)
+        method = getattr(type(model), name)
+        own = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__,
+                                 method.__defaults__, method.__closure__)
+        compiled = torch.compile(own, **options)
         model_ref = weakref.ref(model)
 
         def call(*args: Any, **kwargs: Any) -> Any:

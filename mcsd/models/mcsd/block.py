@@ -185,7 +185,9 @@ class Section(torch.nn.Module):
         if position == 0:  # row 0 of Eqs. 3 and 9: token 0 itself (the paper's "first number 1"),
             # added in place to the filter's output there, which is exactly 0 (no history, no state).
             filtered[:, :, 0] += channels_first[:, :, 0].to(filtered.dtype)
-        return filtered.transpose(1, 2), final
+        # The fp32 denominators promote a 16-bit model's output: back to the model's dtype (the
+        # state stays fp32).
+        return filtered.transpose(1, 2).to(channels_first.dtype), final
 
     def mix_step(self, value: torch.Tensor, state: torch.Tensor, position: int) -> torch.Tensor:
         """One token ``value`` ``[B, C, Dc]`` at absolute ``position``: its mixed history, with
@@ -326,10 +328,12 @@ class MCSDBlock(TokenMixer):
                                 dim=1)
         filtered, final = exp_filter(channels_first, log_decay, initial, form, self.sections[0].chunk_size)
         # Slices, not split(): finish() may add token 0's row in place, which autograd allows on a view
-        # of one slice but not on one of split()'s several.
-        return [section.finish(*(tensor[:, index * self.num_channels:(index + 1) * self.num_channels]
-                                 for tensor in (filtered, final, channels_first)), position)
-                for index, section in enumerate(self.sections)]
+        # of one slice but not on one of split()'s several. Each state a tensor of its own: decoding
+        # advances them in place, and a compiled step given views of one base (two decay sections'
+        # states) fails in inductor (torch 2.13, 16-bit models).
+        channels = [slice(index * self.num_channels, (index + 1) * self.num_channels) for index in range(len(self.sections))]
+        return [section.finish(filtered[:, part], final[:, part].clone(), channels_first[:, part], position)
+                for part, section in zip(channels, self.sections)]
 
     def step(
         self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int
