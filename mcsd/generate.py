@@ -13,11 +13,12 @@ from omegaconf import DictConfig
 import mcsd
 from mcsd.cli import hydra_app
 from mcsd.data.tokenizer import EOS_TOKEN
+from mcsd.precision import model_dtype
 
 
 def generate(cfg: DictConfig) -> str:
     """Decode ``cfg.max_new_tokens`` tokens after ``cfg.prompt``, printing each piece; return the text."""
-    model = mcsd.load(cfg.ckpt, device=cfg.device)
+    model = mcsd.load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
     tokenizer = mcsd.load_tokenizer(cfg.ckpt)
     prompt_ids = tokenizer.encode(cfg.prompt).ids
     if not prompt_ids:

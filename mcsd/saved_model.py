@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, load_model, save_model
+from safetensors.torch import load_file, save_model
 from tokenizers import Tokenizer
 
 from mcsd.api import build_model
@@ -130,10 +130,14 @@ def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = N
 
 def whole_model(config: LMConfig, weights: dict[str, torch.Tensor]) -> CausalLM:
     """The model of ``config`` holding ``weights`` (a full state dict, e.g. gathered from a
-    sharded model) as its parameters, without a copy."""
+    sharded model) as its parameters, without a copy (an empty model filled, never initialised)."""
     with torch.device("meta"):
         model = build_model(config)
+    if config.tie_embeddings:  # a file holds a tied weight once, under either name
+        tied = weights.get("embed.weight", weights.get("lm_head.weight"))
+        weights = {**weights, "embed.weight": tied, "lm_head.weight": tied}
     model.load_state_dict(weights, assign=True)
+    model.tie_weights()  # assigned one by one, tied parameters come apart
     return model
 
 
@@ -165,15 +169,14 @@ def read_config(saved: SavedModel) -> LMConfig:
     return make_config(read_checkpoint(saved.path)["hyper_parameters"]["model"])
 
 
-def load(path: str | Path, device: str | torch.device = "cpu") -> CausalLM:
-    """Load the model at ``path`` (see :func:`locate`) onto ``device``, in eval mode."""
+def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
+    """Load the model at ``path`` (see :func:`locate`) onto ``device`` in ``dtype``, in eval mode:
+    the weights are read straight into an empty model (built on the meta device, never initialised)."""
     saved = locate(path)
-    model = build_model(read_config(saved))
-    if saved.kind == "folder":
-        load_model(model, str(saved.path / WEIGHTS_FILE), device=str(device))
-        return model.to(device).eval()
-    model.load_state_dict(read_weights(saved))
-    return model.to(device).eval()
+    # A checkpoint's tensors are mapped from its file: copied, so that the model outlives the file.
+    copy = saved.kind == "checkpoint"
+    weights = {name: value.to(device=device, dtype=dtype, copy=copy) for name, value in read_weights(saved).items()}
+    return whole_model(read_config(saved), weights).eval()
 
 
 def read_weights(saved: SavedModel) -> dict[str, torch.Tensor]:

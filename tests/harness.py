@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+from mcsd.bench.run import bench
 from mcsd.cli import require_values, run_or_exit
 from mcsd.train import train
 from mcsd.training.resume import resume_config
@@ -49,6 +50,15 @@ def compose_train(output_dir: Path, *overrides: str) -> DictConfig:
     with open_dict(cfg):
         del cfg.hydra  # a task sees its config without the hydra node
     return cfg
+
+
+def run_bench(output_dir: Path, *overrides: str) -> Path:
+    """``mcsd-bench OVERRIDES`` (W&B off) in this process, writing to ``output_dir``: its results.csv."""
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=["wandb.enabled=false", *overrides])
+        with open_dict(cfg):
+            cfg.output_dir = str(output_dir)
+        return bench(cfg)
 
 
 def train_refusal(output_dir: Path, *overrides: str) -> str:

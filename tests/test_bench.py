@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pandas as pd
@@ -16,13 +17,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 import yaml
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 import mcsd
 from conftest import tiny_config
-from harness import run_here
+from harness import run_bench, run_here
 from mcsd.bench import measure
-from mcsd.bench.run import bench, model_source
+from mcsd.bench.run import model_source, run_point
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.plots.cost import model_label, plot_inference, plot_train
@@ -44,14 +45,6 @@ STATE_BYTES = {
         else node.state_size * node.ssd_expand * node.hidden_size * 4  # SSD: [H, N, P]
         for index in range(node.num_layers)),
 }
-
-
-def run_bench(output_dir: Path, *overrides: str) -> Path:
-    with initialize_config_module("mcsd.conf", version_base="1.3"):
-        cfg = compose("bench", overrides=["wandb.enabled=false", *overrides])
-        with open_dict(cfg):
-            cfg.output_dir = str(output_dir)
-        return bench(cfg)
 
 
 def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> None:
@@ -107,10 +100,82 @@ def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path) 
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.warmup=0", "inference.batch_sizes=[2]",
                          "models=[mcsd]", "compile=true", "isolate=false")
     frame = pd.read_csv(csv_path)
-    assert list(frame["status"]) == ["ok", "ok"] and frame["compile"].all()
+    assert list(frame["status"]) == ["ok", "ok"] and frame["compile"].all() and frame["compiled"].all()
     assert json.loads((tmp_path / "results.json").read_text())["header"]["compile"] is True
     # A compilation inside the timed decode would take seconds: these steps take milliseconds.
     assert (frame["decode_s_per_token"] < 0.05).all()
+
+
+def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failures injected into the second and third points: a GPU library's allocation failure is
+    ``oom``, any other error is ``error`` with its one-line reason; the points after them are
+    measured; results.json holds every point measured before each point starts; a failed point's
+    tensors are freed before the next point."""
+    real = measure.inference_point
+    started, held = [], []
+
+    def failing(**arguments: object) -> dict[str, object]:
+        point = len(started)
+        started.append(point)
+        written = json.loads((tmp_path / "results.json").read_text())["points"] if point else []
+        assert len(written) == point
+        assert all(reference() is None for reference in held)  # the failed point's memory is gone
+        if point == 1:
+            tensors = torch.ones(2**20)
+            held.append(weakref.ref(tensors))
+            raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+        if point == 2:
+            raise ValueError("this model cannot decode\nsecond line of the message")
+        return real(**arguments)
+
+    monkeypatch.setattr(measure, "inference_point", failing)
+    csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[4]",
+                         "models=[mcsd,transformer,retnet,rwkv4]", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["status"]) == ["ok", "oom", "error", "ok"] and len(started) == 4
+    assert frame["reason"][1].startswith("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED")
+    assert frame["reason"][2] == "ValueError: this model cannot decode"
+    assert pd.isna(frame["reason"][0]) and frame["tokens_per_s"][3] > 0
+    assert json.loads((tmp_path / "results.json").read_text())["header"]["complete"] is True
+
+
+def test_a_point_that_fails_in_its_own_process_is_an_error_row() -> None:
+    """An isolated point whose measurement raises (here a model node that cannot be built) comes
+    back as a row with its reason, not as an exception that ends the grid."""
+    arguments = {"model_cfg": tiny_config("mcsd", hidden_size=25), "batch_size": 1, "prompt_len": 4, "gen_len": 2,
+                 "repeats": 1, "warmup": 0, "device": "cpu", "dtype": "float32", "seed": 0}
+    result = run_point("inference", arguments, isolate=True, memory_limit_mb=None)
+    assert result["status"] == "error"
+    assert result["reason"].startswith("ConfigError: model.hidden_size=25 is not divisible by model.num_channels=3")
+
+
+def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path) -> None:
+    """In one process, every compiled point compiles its own model's step: with dynamo's recompile
+    limit at 2 (a point compiles one or two graphs), models that shared one step function would hit
+    it by the third point (a point that hits it is an error, never a silent eager run); each row
+    says it ran compiled."""
+    with torch._dynamo.config.patch(recompile_limit=2):
+        csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.batch_sizes=[2]", "inference.gen_lengths=[4]",
+                             "models=[mcsd,transformer,retnet,rwkv4]", "compile=true", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["status"]) == ["ok"] * 4 and frame["compiled"].all()
+    assert all(point["compiled"] is True for point in json.loads((tmp_path / "results.json").read_text())["points"])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_every_architecture_benches_cast_to_16_bits(tmp_path: Path, dtype: str) -> None:
+    """``dtype=bfloat16 / float16``: every architecture's model, built in that dtype, decodes (the
+    weights' bytes are 2 a parameter) and trains under autocast."""
+    csv_path = run_bench(tmp_path / "inference", *TINY_INFERENCE, "inference.batch_sizes=[2]", "inference.gen_lengths=[4]",
+                         f"dtype={dtype}", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["model"]) == registry.architectures() and (frame["status"] == "ok").all()
+    assert (frame["weights_bytes"] == 2 * frame["params"]).all() and not frame["compiled"].any()
+    csv_path = run_bench(tmp_path / "train", "mode=train", "model_size=tiny", "train.seq_lens=[32]", "train.repeats=1",
+                         "train.peak_matmul_size=64",
+                         "train.warmup=0", "train.forms=[training]", f"dtype={dtype}", "isolate=false")
+    assert (pd.read_csv(csv_path)["status"] == "ok").all()
 
 
 def test_an_isolated_point_reports_its_own_peak_memory(tmp_path: Path) -> None:

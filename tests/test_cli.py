@@ -206,6 +206,9 @@ BAD_INPUTS = [
     ("mcsd-bench", ["mode=serve"], {}, None, "mode='serve' is unknown"),
     ("mcsd-bench", ["paths.log_dir=afile/logs"], {}, None, "paths.log_dir=afile/logs is not writable: "),
     ("mcsd-generate", [], {}, None, "ckpt is missing: give it on the command line"),
+    ("mcsd-generate", ["ckpt=EARLIER", "dtype=float64"], {}, None,
+     "dtype='float64' is not a dtype: use auto, float32, bfloat16, float16"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "dtype=half"], {}, None, "dtype='half' is not a dtype: use auto"),
     ("mcsd-eval", ["tasks=local"], {}, None, "ckpt is missing: give it on the command line"),
     ("mcsd-eval", ["ckpt=EARLIER", "tasks=table2"], OFFLINE, None,
      "task arc_challenge downloads its data from the Hugging Face Hub, which is unreachable from here: evaluate "
@@ -223,6 +226,7 @@ BAD_INPUTS = [
     ("mcsd-probe", [], {}, None, "name a probe first: mcsd-probe {context} ckpt=RUN"),
     ("mcsd-probe", ["context", "ckpt=EARLIER", "windows=[0]"], {}, "mcsd-probe context",
      "windows=[0] must be positive token counts"),
+    ("mcsd-probe", ["context", "ckpt=EARLIER", "dtype=fp8"], {}, "mcsd-probe context", "dtype='fp8' is not a dtype"),
 ]
 
 

@@ -103,9 +103,11 @@ def test_prompt_split_anywhere_decodes_like_one_pass(case: str) -> None:
 @pytest.mark.parametrize("case", CASES)
 @torch.no_grad()
 def test_step_is_the_recurrent_form_on_one_token(case: str) -> None:
-    """``model.step`` (each mixer's lean step) gives exactly the logits and states of the
-    recurrent form run on a sequence of one token, at the first position and later ones (so
-    the states they leave agree too)."""
+    """``model.step`` (each mixer's lean step) gives the logits and states of the recurrent form
+    run on a sequence of one token, at the first position and later ones (so the states they
+    leave agree too), to the last bits of fp32: the same operations, on ``[B, D]`` rather than
+    ``[B, 1, D]``, for which a product (a grouped projection's einsum) may take another BLAS path
+    (1 ulp here and there: seen with the weights seed 0 draws since issue 54)."""
     model = tiny_model(case)
     input_ids = torch.randint(0, 101, (2, 40))
     _, state = model.prefill(input_ids[:, :20])
@@ -115,7 +117,7 @@ def test_step_is_the_recurrent_form_on_one_token(case: str) -> None:
             token = input_ids[:, position + offset]
             hidden, twin = model.run(token[:, None], twin, "recurrent")
             logits, start = model.step(token, start)
-            assert torch.equal(logits, model.lm_head(hidden[:, -1])), (position, offset)
+            assert relative_rms_error(logits, model.lm_head(hidden[:, -1])) < 1e-7, (position, offset)
             assert start.position == twin.position == position + offset + 1
 
 
@@ -214,3 +216,44 @@ def test_save_load_round_trip_and_meta_count(case: str, tmp_path: Path) -> None:
     with torch.no_grad():
         assert torch.equal(loaded(input_ids), model(input_ids))
     assert mcsd.count_parameters(tiny_config(case)) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_every_parameter_is_initialised_once_on_its_device_and_dtype(case: str) -> None:
+    """``build_model`` makes the modules on the meta device and initialises every parameter once
+    (:meth:`CausalLM.reset_parameters` writes each of them: an allocated model filled with NaN has
+    none left); in a 16-bit dtype the values are drawn in it, the same for the same seed; the
+    weights that write into the residual stream come out at init_std / sqrt(2 L)."""
+    config = tiny_config(case, hidden_size=48, num_channels=3, mlp_hidden_size=64, num_layers=3, init_std=0.5)
+    with torch.device("meta"):
+        empty = mcsd.build_model(config)
+    assert all(parameter.is_meta for parameter in empty.parameters())
+    empty.to_empty(device="cpu")
+    for parameter in empty.parameters():
+        parameter.fill_(float("nan"))
+    empty.tie_weights()
+    empty.reset_parameters()
+    assert all(torch.isfinite(parameter).all() for parameter in empty.parameters())
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(3)
+        model = mcsd.build_model(config, dtype=dtype)
+        torch.manual_seed(3)
+        again = mcsd.build_model(config, device="cpu", dtype=dtype)
+        assert {parameter.dtype for parameter in model.parameters()} == {dtype}
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+    residual = torch.cat([weight.float().flatten() for layer in model.layers for weight in layer.residual_weights()])
+    assert residual.std().item() == pytest.approx(0.5 / 6**0.5, rel=0.05)
+
+
+@torch.no_grad()
+def test_a_tied_model_builds_and_loads_with_one_weight(tmp_path: Path) -> None:
+    """``tie_embeddings``: one parameter for the embedding and the LM head, after the meta-device
+    build and after loading (a file holds it once), in any dtype."""
+    model = tiny_model("mcsd", tie_embeddings=True)
+    assert model.lm_head.weight is model.embed.weight
+    mcsd.save(model, tmp_path / "tied")
+    for dtype in (torch.float32, torch.bfloat16):
+        loaded = mcsd.load(tmp_path / "tied", dtype=dtype)
+        assert loaded.lm_head.weight is loaded.embed.weight and loaded.embed.weight.dtype == dtype
+        assert torch.equal(loaded.embed.weight, model.embed.weight.to(dtype))

@@ -111,7 +111,8 @@ def test_a_model_that_cannot_see_far_has_delta_zero(delay: None) -> None:
     documents = torch.randint(0, VOCAB, (6, 160), generator=torch.Generator().manual_seed(1))
     result = probe_context(model, documents, windows=[2, 5, 16, 64], num_positions=8, batch_size=3, bootstrap=200)
     deltas = result.deltas.set_index("window")
-    assert deltas.loc[2, "delta"] > 0.01 and deltas.loc[2, "swapped"] > 0.01  # it does use 3 to 5 tokens back
+    # It does use 3 to 5 tokens back: cutting them changes the loss (up or down: random weights).
+    assert abs(deltas.loc[2, "delta"]) > 0.01 and abs(deltas.loc[2, "swapped"]) > 0.01
     for window in (5, 16, 64):
         assert abs(deltas.loc[window, "delta"]) < 1e-5 and abs(deltas.loc[window, "swapped"]) < 1e-5
         assert deltas.loc[window, "delta_low"] <= deltas.loc[window, "delta"] <= deltas.loc[window, "delta_high"]

@@ -216,3 +216,17 @@ def test_bf16_compute_under_fsdp_trains_close_to_fp32(runs: tuple[Path, Path, Pa
     assert sorted(bf16["val/loss"]) == sorted(fp32["val/loss"])
     for step, value in bf16["val/loss"].items():
         assert value == pytest.approx(fp32["val/loss"][step], rel=1e-2) and value != fp32["val/loss"][step]
+
+
+def test_fsdp_on_one_process_is_refused_on_cpus_and_runs_on_a_gpu() -> None:
+    """One process gains nothing from sharding on a CPU (refused in one line); on a GPU it is the
+    bf16 path a larger machine shards, and ``pytest -m gpu`` runs it on a machine with one GPU."""
+    from mcsd.errors import MCSDError
+    from mcsd.training.fsdp import check_processes
+
+    check_processes(1, 1, "cuda")
+    check_processes(2, 1, "cpu")
+    check_processes(1, 2, "cpu")
+    with pytest.raises(MCSDError, match="^trainer=fsdp shards the model over processes, but trainer.devices=1 x "
+                                        "trainer.num_nodes=1 makes one: use trainer.devices=2 or more"):
+        check_processes(1, 1, "cpu")

@@ -48,7 +48,7 @@ def request(kind: str, *arguments: object) -> Instance:
 
 def hflm(path: Path, batch_size: int):
     """What mcsd-eval scores with: lm-eval's HFLM over the saved model."""
-    cfg = OmegaConf.create({"device": "cpu", "batch_size": batch_size, "max_length": 2048})
+    cfg = OmegaConf.create({"device": "cpu", "dtype": "auto", "batch_size": batch_size, "max_length": 2048})
     return language_model(mcsd.locate(path), cfg)
 
 

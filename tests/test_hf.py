@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 import mcsd
-from conftest import tiny_config, variant_cases
+from conftest import SIXTEEN_BIT_TOLERANCE, relative_rms_error, tiny_config, variant_cases
 from harness import FAST, run_cli, run_here
 from mcsd.bench.run import model_source
 from mcsd.data.tokenizer import train_tokenizer
@@ -76,7 +76,7 @@ def test_exported_model_equals_the_project_model(case: str, exported: dict[str, 
         assert kept.shape == (1, 3, VOCAB) and torch.allclose(kept, expected[:, -3:], rtol=1e-6, atol=1e-7)
     generated = hf_model.generate(prompt_ids(tokenizer), max_new_tokens=32, do_sample=False)
     cfg = OmegaConf.create({"ckpt": str(saved), "prompt": "the king of a far", "max_new_tokens": 32, "temperature": 0,
-                            "top_k": None, "top_p": None, "seed": 0, "device": "cpu", "stop_at_eos": True,
+                            "top_k": None, "top_p": None, "seed": 0, "device": "cpu", "dtype": "auto", "stop_at_eos": True,
                             "compile": False})
     new = generated[0, prompt_ids(tokenizer).shape[1]:].tolist()
     eos = tokenizer.token_to_id("<|endoftext|>")
@@ -90,6 +90,33 @@ def test_exported_model_equals_the_project_model(case: str, exported: dict[str, 
                                  do_sample=False, eos_token_id=None, use_cache=False)
     assert torch.equal(beams, uncached)
     assert all(torch.equal(value, mcsd.load(folder).state_dict()[key]) for key, value in model.state_dict().items())
+
+
+@pytest.mark.parametrize("dtype", list(SIXTEEN_BIT_TOLERANCE), ids=str)
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_exported_model_loads_in_16_bits_and_generates(case: str, dtype: torch.dtype,
+                                                       exported: dict[str, tuple[Path, Path]]) -> None:
+    """``from_pretrained(folder, dtype=bfloat16 / float16)``: the weights in that dtype, the logits of
+    both forms and of every step of ``generate`` within :data:`SIXTEEN_BIT_TOLERANCE` of the fp32
+    model's along the same tokens."""
+    saved, folder = exported[case]
+    model, tokenizer = mcsd.load(saved), mcsd.load_tokenizer(saved)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    assert {parameter.dtype for parameter in hf_model.parameters()} == {dtype}
+    tolerance = SIXTEEN_BIT_TOLERANCE[dtype]
+    ids = torch.tensor([tokenizer.encode(TEXT[:200]).ids[:40]])
+    expected = model(ids)
+    for use_cache in (False, True):
+        logits = hf_model(ids, use_cache=use_cache).logits
+        assert logits.dtype == dtype and relative_rms_error(logits, expected) < tolerance, use_cache
+    prompt = prompt_ids(tokenizer)
+    output = hf_model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                               return_dict_in_generate=True, output_logits=True)
+    assert output.sequences.shape == (1, prompt.shape[1] + 12)
+    steps = torch.stack(output.logits, dim=1)  # the logits each new token was chosen from
+    along = model(output.sequences)[:, prompt.shape[1] - 1:-1]
+    assert relative_rms_error(steps, along) < tolerance
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -290,7 +317,7 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
     with torch.no_grad():
         assert torch.equal(model(ids, use_cache=False).logits, mcsd.load(trained_run)(ids))
     generation = {"prompt": "The", "max_new_tokens": 12, "temperature": 0, "top_k": None, "top_p": None, "seed": 0,
-                  "device": "cpu", "stop_at_eos": True, "compile": False}
+                  "device": "cpu", "dtype": "auto", "stop_at_eos": True, "compile": False}
     assert (mcsd_generate(OmegaConf.create({"ckpt": str(out), **generation}))
             == mcsd_generate(OmegaConf.create({"ckpt": str(trained_run), **generation})))
     eval_run = tmp_path / "eval"

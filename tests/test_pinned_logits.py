@@ -1,14 +1,24 @@
-"""MCSD's numbers are pinned: logits of a seeded tiny model, computed before the architecture
-registry refactor (commit f75ddb4), must not change (same initialisation, same math). The
-decay settings that existed implicitly then are set explicitly (``LEGACY_DECAY``), so that the
-old behaviour stays one override away whatever the defaults become."""
+"""MCSD's numbers are pinned: logits of a tiny model, computed before the architecture registry
+refactor (commit f75ddb4), must not change (same math). The decay settings that existed implicitly
+then are set explicitly (``LEGACY_DECAY``), so that the old behaviour stays one override away
+whatever the defaults become.
+
+The weights are those that seed 0 drew before models were built on the meta device (saved at
+5fee4d4 in ``tests/data/pinned_tiny_mcsd/``): since then a model is initialised once, on its
+device and in its dtype, and the same seed draws other values (issue 54). The new initialisation
+is pinned apart (:func:`test_seeded_initialisation_is_pinned`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from mcsd import build_model
+
+WEIGHTS = Path(__file__).parent / "data" / "pinned_tiny_mcsd"
 
 # Computed at f75ddb4 with the code below: logits[:, ::9, :3] flattened, the sum, the mean square.
 PINNED = {
@@ -34,14 +44,23 @@ PINNED = {
 LEGACY_DECAY = {"decay_norm": "rmsnorm", "decay_norm_gain_init": 1.0}
 
 
+def tiny_mcsd_config(**extra: object) -> dict[str, object]:
+    return dict(_target_="mcsd.models.config.MCSDConfig", vocab_size=101, hidden_size=24, num_channels=3,
+                num_layers=2, mlp_hidden_size=40, chunk_size=16, init_std=0.3, **{**LEGACY_DECAY, **extra})
+
+
+def pinned_tiny_mcsd(name: str, **extra: object) -> torch.nn.Module:
+    """The tiny MCSD of ``extra`` holding the pinned weights saved as ``name``."""
+    model = build_model(tiny_mcsd_config(**extra)).eval()
+    model.load_state_dict(load_file(WEIGHTS / f"{name}.safetensors"))
+    return model
+
+
 @pytest.mark.parametrize("name", PINNED)
 @torch.no_grad()
-def test_seeded_tiny_mcsd_logits_are_pinned(name: str) -> None:
+def test_tiny_mcsd_logits_are_pinned(name: str) -> None:
     extra, values, total, mean_square = PINNED[name]
-    torch.manual_seed(0)
-    model = build_model(dict(_target_="mcsd.models.config.MCSDConfig", vocab_size=101, hidden_size=24, num_channels=3,
-                             num_layers=2, mlp_hidden_size=40, chunk_size=16, init_std=0.3, **LEGACY_DECAY,
-                             **extra)).eval()
+    model = pinned_tiny_mcsd(name, **extra)
     ids = (torch.arange(2 * 37).reshape(2, 37) * 7) % 101
     logits = model(ids)
     torch.testing.assert_close(logits[:, ::9, :3].flatten(), torch.tensor(values), rtol=0, atol=2e-6)
@@ -77,18 +96,11 @@ PINNED_DECODING = {
 }
 
 
-def pinned_tiny_mcsd(**extra: object) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return build_model(dict(_target_="mcsd.models.config.MCSDConfig", vocab_size=101, hidden_size=24, num_channels=3,
-                            num_layers=2, mlp_hidden_size=40, chunk_size=16, init_std=0.3,
-                            **{**LEGACY_DECAY, **extra})).eval()
-
-
 @pytest.mark.parametrize("name", PINNED_DECODING)
 @torch.no_grad()
-def test_seeded_tiny_mcsd_decoding_is_pinned(name: str) -> None:
+def test_tiny_mcsd_decoding_is_pinned(name: str) -> None:
     extra, values, total, mean_square = PINNED_DECODING[name]
-    model = pinned_tiny_mcsd(**extra)
+    model = pinned_tiny_mcsd(name, **extra)
     ids = (torch.arange(2 * 37).reshape(2, 37) * 7) % 101
     logits, state = model.prefill(ids[:, :5])
     steps = []
@@ -105,7 +117,8 @@ def test_seeded_tiny_mcsd_decoding_is_pinned(name: str) -> None:
 def test_weights_saved_with_a_projection_per_section_still_load() -> None:
     """Before the block had one grouped projection, each section had its own
     (``sections.i.proj.weight``, ``[C, Dc, 2 Dc]``): such weights load into ``in_proj``."""
-    model = pinned_tiny_mcsd(sections=["slope", "decay", "decay"])
+    torch.manual_seed(0)
+    model = build_model(tiny_mcsd_config(sections=["slope", "decay", "decay"])).eval()
     old_layout = {}
     for key, value in model.state_dict().items():
         if key.endswith("mixer.in_proj.weight"):
@@ -117,3 +130,21 @@ def test_weights_saved_with_a_projection_per_section_still_load() -> None:
     fresh.load_state_dict(old_layout)
     ids = torch.arange(30).reshape(2, 15)
     assert torch.equal(fresh(ids), model(ids))
+
+
+@torch.no_grad()
+def test_seeded_initialisation_is_pinned() -> None:
+    """Seed 0's tiny MCSD, as :func:`mcsd.build_model` initialises it on a CPU since issue 54 (once,
+    on the meta-built model's own device): a few values, the sum and the mean square of every
+    parameter, computed at the commit that made it so. The embedding is drawn first; the MLP's
+    down projection is a residual weight (drawn at init_std, scaled by 1 / sqrt(2 L))."""
+    torch.manual_seed(0)
+    model = build_model(tiny_mcsd_config())
+    torch.testing.assert_close(model.embed.weight[0, :4], torch.tensor([-0.337752, -0.3457081, -0.0751736, -0.1301637]),
+                               rtol=0, atol=1e-7)
+    torch.testing.assert_close(model.layers[1].mlp.down.weight[0, :3], torch.tensor([0.0700378, -0.1056468, -0.0780405]),
+                               rtol=0, atol=1e-7)
+    values = torch.cat([parameter.flatten().double() for parameter in model.parameters()])
+    assert values.numel() == 14616
+    assert values.sum().item() == pytest.approx(150.348269, abs=1e-5)
+    assert values.pow(2).mean().item() == pytest.approx(0.0813018201, abs=1e-9)

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 import mcsd
-from conftest import relative_rms_error, tiny_model_to_compile
+from conftest import relative_rms_error, tiny_config, tiny_model_to_compile
 from harness import FAST, compose_train, read_metrics, run_here, series
 from mcsd.models import registry
 from mcsd.train import train
@@ -38,6 +38,39 @@ def test_short_run_learns(trained_run: tuple[Path, float]) -> None:
     assert val_ppl[39] < 0.5 * val_ppl[0]
     assert val_loss == pytest.approx(series(rows, "val/loss")[39])
     assert math.exp(val_loss) == pytest.approx(val_ppl[39], rel=0.05)
+
+
+def test_train_ppl_is_the_exp_of_the_loss_it_is_logged_with(trained_run: tuple[Path, float]) -> None:
+    rows = read_metrics(trained_run[0])
+    losses, ppls = series(rows, "train/loss"), series(rows, "train/ppl")
+    assert ppls and set(ppls) == set(losses)
+    assert all(ppls[step] == pytest.approx(math.exp(losses[step]), rel=1e-5) for step in ppls)
+
+
+@torch.no_grad()
+def test_perplexity_from_the_loss_equals_torchmetrics_perplexity_of_the_logits() -> None:
+    """What training logs (``exp`` of the step's loss) and evaluation accumulates (:class:`LossPerplexity`:
+    losses weighted by their scored tokens) equal torchmetrics' ``Perplexity`` of the logits, which
+    was logged before (it took a softmax over [tokens, vocabulary] and a host sync every step):
+    next-token batches of different lengths, and MQAR's batches scored at their labels only."""
+    from torchmetrics.text import Perplexity
+
+    from mcsd.data.mqar import IGNORE_INDEX
+    from mcsd.training.module import LanguageModelModule, LossPerplexity
+
+    module = LanguageModelModule(model=tiny_config("mcsd"), optimizer=torch.optim.AdamW)
+    for labelled in (False, True):
+        ours, theirs = LossPerplexity(), Perplexity()
+        for length in (9, 17, 33):
+            batch = {"input_ids": torch.randint(0, 101, (3, length))}
+            if labelled:
+                batch["labels"] = torch.where(torch.rand(3, length) < 0.3, torch.randint(0, 101, (3, length)), IGNORE_INDEX)
+            loss, logits, targets = module._loss(batch)
+            step = Perplexity()(logits.float(), targets)
+            assert loss.exp().item() == pytest.approx(step.item(), rel=1e-5)
+            ours.update(loss, targets.numel())
+            theirs.update(logits.float(), targets)
+        assert ours.compute().item() == pytest.approx(theirs.compute().item(), rel=1e-5)
 
 
 def test_every_curve_has_tokens_seen(trained_run: tuple[Path, float]) -> None:

@@ -7,20 +7,22 @@ backward and an AdamW step on random tokens in one form of the model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import resource
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 from torch.utils.flop_counter import FlopCounterMode
 
 import mcsd
 from mcsd.models.transformer.attention import KVCache
+from mcsd.precision import DTYPES
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def synchronize(device: torch.device) -> None:
@@ -91,9 +93,24 @@ def state_bytes(state: Any, kv_positions: float | None = None) -> int | float:
 def build(model_cfg: dict[str, Any] | str, device: torch.device, dtype: torch.dtype, seed: int) -> mcsd.CausalLM:
     """A model node built with seeded random weights, or a saved model (a path) loaded."""
     if isinstance(model_cfg, str):
-        return mcsd.load(model_cfg, device=device).to(dtype=dtype)
+        return mcsd.load(model_cfg, device=device, dtype=dtype)
     torch.manual_seed(seed)
-    return mcsd.build_model(model_cfg).to(device=device, dtype=dtype)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(seed)
+    return mcsd.build_model(model_cfg, device=device, dtype=dtype)
+
+
+def compiled_graphs() -> int:
+    """How many graphs dynamo has compiled in this process so far."""
+    return counters["stats"]["unique_graphs"]
+
+
+@contextlib.contextmanager
+def no_eager_fallback(compile: bool) -> Iterator[None]:
+    """With ``compile``, a recompile past dynamo's limit raises (the point is an error) where it
+    would silently run the rest eagerly."""
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=compile):
+        yield
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
@@ -132,11 +149,13 @@ def inference_point(
         return (prefill_s, decode_s, state_bytes(final_state) / batch_size,
                 state_bytes(final_state, kv_positions=prompt_len + (length + 1) / 2) / batch_size)
 
-    for _ in range(max(warmup, 1 if compile else 0)):
-        run(min(gen_len, 16))
-    if device_.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device_)
-    runs = [run(gen_len) for _ in range(repeats)]
+    graphs = compiled_graphs()
+    with no_eager_fallback(compile):
+        for _ in range(max(warmup, 1 if compile else 0)):
+            run(min(gen_len, 16))
+        if device_.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device_)
+        runs = [run(gen_len) for _ in range(repeats)]
     prefill_s = statistics.median(r[0] for r in runs)
     decode_s = statistics.median(r[1] for r in runs)
     latency_s = statistics.median(r[0] + r[1] for r in runs)
@@ -158,6 +177,7 @@ def inference_point(
         "step_weight_bytes": step_weight_bytes,
         "step_state_bytes_per_sequence": runs[-1][3],
         "step_read_bytes": step_weight_bytes + batch_size * runs[-1][3],
+        "compiled": compile and compiled_graphs() > graphs,  # its own graphs, no eager fallback
     }
 
 
@@ -231,10 +251,12 @@ def train_point(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    warmups = [timed(step, device_)[0] for _ in range(max(warmup, 1 if compile else 0))]
-    if device_.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device_)
-    step_s = statistics.median(timed(step, device_)[0] for _ in range(repeats))
+    graphs = compiled_graphs()
+    with no_eager_fallback(compile):
+        warmups = [timed(step, device_)[0] for _ in range(max(warmup, 1 if compile else 0))]
+        if device_.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device_)
+        step_s = statistics.median(timed(step, device_)[0] for _ in range(repeats))
     peak = peak_memory_bytes(device_)
     weights = weights_bytes(model)
     return {
@@ -247,4 +269,5 @@ def train_point(
         "peak_mem_bytes": peak,
         "weights_bytes": weights,
         "peak_mem_minus_weights_bytes": peak - weights,
+        "compiled": compile and compiled_graphs() > graphs,  # its own graphs, no eager fallback
     }

@@ -6,13 +6,16 @@
     mcsd-bench models=[mcsd,logs/train/runs/<run>/checkpoints/step-000100.ckpt]
     mcsd-bench models=[logs/train/runs/<run>/csv/version_0/hparams.yaml]   # the run's model, random weights
 Every point runs after a warm-up; on a CPU each point runs in a fresh child process so
-that peak resident memory belongs to that point alone. Results: results.csv and
-results.json (with a header naming the machine) in the run directory.
+that peak resident memory belongs to that point alone. A point that fails is a row of its own
+(``status`` oom or error, with its one-line ``reason``) and the grid goes on. Results:
+results.csv and results.json (with a header naming the machine), written after every point, in
+the run directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import json
 import logging
@@ -44,11 +47,15 @@ COLUMNS = {
     "inference": ["model", "arch", "variant", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
-                  "read_bandwidth_bytes_per_s", "limit_ratio", "status"],
+                  "read_bandwidth_bytes_per_s", "limit_ratio", "compiled", "status", "reason"],
     "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "model_flops", "counted_flops", "step_s",
-              "first_step_s", "tokens_per_s", "matmul_peak_flops", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes", "status"],
+              "first_step_s", "tokens_per_s", "matmul_peak_flops", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
+              "compiled", "status", "reason"],
 }
-OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory")
+# How an allocation failure reads, on a CPU and on a GPU (the caching allocator's OutOfMemoryError,
+# or a library that allocates for itself: cuBLAS, cuDNN, cuFFT, or CUDA's own error).
+OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory", "alloc_failed",
+                 "failed to allocate", "std::bad_alloc")
 
 
 def models_of(cfg: DictConfig) -> list[str]:
@@ -98,18 +105,38 @@ def train_forms(cfg: DictConfig, arch: str) -> list[str]:
     return forms
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (``oom``), on a CPU or a GPU."""
+    return (isinstance(error, (MemoryError, torch.OutOfMemoryError))
+            or any(text in str(error).lower() for text in OUT_OF_MEMORY))
+
+
+def measure_point(kind: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """One point's measurement (:mod:`mcsd.bench.measure`) with its ``status``: ``ok``; ``oom`` (an
+    allocation failure); or ``error``, with its one-line ``reason``, so that the grid goes on. The
+    point's memory is freed before it returns: outside the ``except``, whose traceback holds the
+    point's tensors (its frames' locals), then the garbage collector and the GPU's cache."""
+    try:
+        result = {**getattr(measure, f"{kind}_point")(**arguments), "status": "ok"}
+    except Exception as error:  # noqa: BLE001  a point's failure is a result: the grid goes on
+        lines = str(error).strip().splitlines()
+        reason = f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+        result = {"status": "oom" if is_out_of_memory(error) else "error", "reason": reason}
+    if arguments.get("compile"):
+        torch._dynamo.reset()  # the point's compiled graphs go with its model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return result
+
+
 def _in_child(kind: str, arguments: dict[str, Any], memory_limit_mb: float | None,
               threads: int | None) -> dict[str, Any]:
-    """Run one point in this (fresh) process; an allocation failure is a result, not an error."""
+    """Run one point in this (fresh) process."""
     if threads:
         torch.set_num_threads(threads)
     measure.limit_extra_memory(memory_limit_mb)
-    try:
-        return {**getattr(measure, f"{kind}_point")(**arguments), "status": "ok"}
-    except (MemoryError, RuntimeError) as error:
-        if isinstance(error, MemoryError) or any(text in str(error).lower() for text in OUT_OF_MEMORY):
-            return {"status": "oom"}
-        raise
+    return measure_point(kind, arguments)
 
 
 def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_mb: float | None,
@@ -119,11 +146,7 @@ def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_
     if not isolate:
         if threads:
             torch.set_num_threads(threads)
-        try:
-            return {**getattr(measure, f"{kind}_point")(**arguments), "status": "ok"}
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            return {"status": "oom"}
+        return measure_point(kind, arguments)
     pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
     # The point's process ignores Ctrl-C (a terminal sends it to the whole process group): it is
     # started with SIGINT ignored, which Python keeps. A second Ctrl-C in mcsd-bench kills it.
@@ -136,7 +159,7 @@ def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_
         try:
             return pool.submit(_in_child, kind, arguments, memory_limit_mb, threads).result()
         except BrokenProcessPool:
-            return {"status": "oom"}
+            return {"status": "oom", "reason": "the point's process was killed (out of memory)"}
         except KeyboardInterrupt:
             if started.done():
                 os.kill(started.result(), signal.SIGKILL)
@@ -237,6 +260,8 @@ def bench(cfg: DictConfig) -> Path:
         torch.set_num_threads(cfg.threads)
     points = grid(cfg)
     rows = []
+    output_dir = Path(cfg.output_dir)
+    head = {**header(cfg), "complete": False, "points_planned": len(points)}
     bar = tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point")
     # Ctrl-C: stop after the point under way (again: at once); the points measured are kept.
     with StopAfterCurrent(lambda: bar.set_description(f"mcsd-bench {cfg.mode} (Ctrl-C: stopping after this point)")
@@ -248,11 +273,11 @@ def bench(cfg: DictConfig) -> Path:
                      else measure.read_bandwidth_bytes_per_s(cfg.device))
             result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
             rows.append(_row(cfg.mode, labels, result, limit))
+            write_results(output_dir, head, rows)  # after every point: a crash or a kill loses none measured
             if stop.requested:
                 break
     bar.close()
-    head = {**header(cfg), "complete": len(rows) == len(points), "points_planned": len(points)}
-    output_dir = Path(cfg.output_dir)
+    head["complete"] = len(rows) == len(points)
     json_path, csv_path = write_results(output_dir, head, rows)
     if stop.requested:
         interrupted("mcsd-bench", f"kept the {len(rows)} of {len(points)} points measured in {csv_path} and "
@@ -274,7 +299,7 @@ def _row(mode: str, labels: dict[str, Any], result: dict[str, Any], limit: float
         row["limit_ratio"] = result["decode_s_per_token"] / (result["step_read_bytes"] / limit)
     log.info("%s: %s", " ".join(f"{key}={value}" for key, value in labels.items()),
              f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mem_bytes'] / 2**20:.0f} MiB"
-             if result["status"] == "ok" else result["status"])
+             if result["status"] == "ok" else f"{result['status']} ({result['reason']})")
     return row
 
 

@@ -30,6 +30,7 @@ from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
 from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import registry
+from mcsd.precision import model_dtype
 from mcsd.saved_model import SavedModel
 
 
@@ -99,7 +100,8 @@ def language_model(saved: SavedModel, cfg: DictConfig) -> Any:
     from lm_eval.models.huggingface import HFLM
 
     logging.getLogger("lm_eval.models.huggingface").addFilter(_DropModelInstanceNote())
-    model, tokenizer = mcsd.load(saved.path, device=cfg.device), mcsd.load_tokenizer(saved.path)
+    model = mcsd.load(saved.path, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
+    tokenizer = mcsd.load_tokenizer(saved.path)
     return HFLM(pretrained=as_hf_model(model, eos_id(tokenizer)), tokenizer=as_hf_tokenizer(tokenizer),
                 batch_size=cfg.batch_size, max_length=cfg.max_length)
 
@@ -113,6 +115,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
     saved = mcsd.locate(cfg.ckpt)
+    model_dtype(cfg.dtype, cfg.device)  # a wrong dtype is refused before anything is written
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)

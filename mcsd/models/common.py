@@ -109,7 +109,7 @@ class GatedMLP(nn.Module):
         nn.init.normal_(self.down.weight, std=self.init_std)
 
     def residual_weights(self) -> list[nn.Parameter]:
-        """The weights that write into the residual stream (scaled by the skeleton)."""
+        """The weights that write into the residual stream (drawn at init_std, scaled by the skeleton)."""
         return [self.down.weight]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,7 +142,7 @@ class TokenMixer(nn.Module):
     ``x`` is ``[B, N, D]`` at absolute positions ``position .. position+N-1``;
     ``layer_state`` is ``None`` at the start of a sequence. A mixer initialises its own
     parameters (``reset_parameters``) and names the weights that write into the residual
-    stream (``residual_weights``), which the skeleton re-draws at a depth-scaled std.
+    stream (``residual_weights``, drawn at ``init_std``), which the skeleton scales to a depth-scaled std.
     """
 
     sequence_backward_factor: ClassVar[int] = 2
@@ -290,15 +290,19 @@ class CausalLM(nn.Module):
         self.embed = built["embed"]
         self.layers = nn.ModuleList(built[f"layers.{index}"] for index in range(config.num_layers))
         self.final_norm, self.streams, self.lm_head = built["final_norm"], built["streams"], built["lm_head"]
-        if config.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        self.tie_weights()
         self.reset_parameters()
+
+    def tie_weights(self) -> None:
+        """With ``tie_embeddings``, the LM head's weight is the embedding's (one parameter)."""
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
 
     @staticmethod
     def parts(config: LMConfig) -> list[tuple[str, Callable[[], nn.Module]]]:
         """The model's top-level modules by name, each with its constructor, in the order they
-        are built: the order in which their constructors draw random numbers (a sharded model
-        replays it to initialise exactly as one process does, :mod:`mcsd.training.fsdp`)."""
+        are built (:func:`mcsd.build_model` builds them on the meta device: their constructors'
+        own initialisation draws nothing, :meth:`reset_parameters` draws every value)."""
         return [("embed", functools.partial(nn.Embedding, config.vocab_size, config.hidden_size)),
                 *((f"layers.{index}", functools.partial(Layer, config, index)) for index in range(config.num_layers)),
                 ("final_norm", functools.partial(nn.RMSNorm, config.hidden_size, eps=config.norm_eps)),
@@ -312,10 +316,11 @@ class CausalLM(nn.Module):
 
     def init_steps(self) -> list[InitStep]:
         """The initialisation, step by step: Normal(0, init_std) embedding and LM head, unit norm
-        gains, each layer's modules as they initialise themselves; then the weights that write
-        into the residual stream are drawn again at std / sqrt(2 L)."""
+        gains, each layer's modules as they initialise themselves, the weights of the layer that
+        write into the residual stream (drawn at init_std by their modules) then scaled to
+        std / sqrt(2 L). Every value is drawn once."""
         std = self.config.init_std
-        residual_std = std / math.sqrt(2 * self.config.num_layers)
+        residual_scale = 1 / math.sqrt(2 * self.config.num_layers)
 
         def normal(module: nn.Module) -> list[nn.Parameter]:
             nn.init.normal_(module.weight, std=std)
@@ -325,15 +330,15 @@ class CausalLM(nn.Module):
             module.reset_parameters()
             return list(module.parameters())
 
-        def residual(layer: nn.Module) -> list[nn.Parameter]:
-            weights = layer.residual_weights()
-            for weight in weights:
-                nn.init.normal_(weight, std=residual_std)
-            return weights
+        def layer_reset(layer: nn.Module) -> list[nn.Parameter]:
+            layer.reset_parameters()
+            for weight in layer.residual_weights():
+                weight.mul_(residual_scale)
+            return list(layer.parameters())
 
         layers = [f"layers.{index}" for index in range(self.config.num_layers)]
-        return [InitStep("embed", normal), *(InitStep(path, reset) for path in layers), InitStep("final_norm", reset),
-                InitStep("streams", reset), InitStep("lm_head", normal), *(InitStep(path, residual) for path in layers)]
+        return [InitStep("embed", normal), *(InitStep(path, layer_reset) for path in layers),
+                InitStep("final_norm", reset), InitStep("streams", reset), InitStep("lm_head", normal)]
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

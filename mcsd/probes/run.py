@@ -28,6 +28,7 @@ from mcsd.errors import MCSDError
 from mcsd.models import CausalLM
 from mcsd.plots.context import CURVE_FILE, DELTA_FILE, markdown_context_table, plot_context
 from mcsd.plots.runs import curve_label
+from mcsd.precision import model_dtype
 from mcsd.probes.context import ContextProbe, probe_context
 
 
@@ -81,7 +82,7 @@ def context(cfg: DictConfig) -> ContextProbe:
     windows = sorted(int(window) for window in cfg.windows)
     if not windows or windows[0] < 1:
         raise MCSDError(f"windows={list(cfg.windows)} must be positive token counts, e.g. windows=[64,256,1024]")
-    model = mcsd.load(cfg.ckpt, device=cfg.device).eval()
+    model = mcsd.load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
     forms = model.architecture.forms
     if cfg.form is not None and cfg.form not in forms:
         raise MCSDError(f"form={cfg.form} is not a form of this model: use one of {', '.join(forms)} (or null)")

@@ -39,16 +39,13 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def materialize(model: CausalLM, rng_state: torch.Tensor, device: torch.device) -> None:
     """Allocate a (sharded) model built on the meta device on ``device`` and initialise it
     exactly as ``mcsd.build_model`` does on a CPU whose random state is ``rng_state``, one part at a
-    time: the constructors' draws are replayed in their order (:meth:`CausalLM.parts`, each part
-    built on the CPU and dropped), then each initialisation step (:meth:`CausalLM.init_steps`)
-    runs on a CPU copy of its submodule alone, and the parameters it wrote are copied into this
-    process's shards. At most one top-level part is whole in memory at a time. The global random
-    state is left as it was."""
+    time: each initialisation step (:meth:`CausalLM.init_steps`, in their order) runs on a CPU
+    copy of its submodule alone, and the parameters it wrote are copied into this process's
+    shards. At most one top-level part is whole in memory at a time. The global random state is
+    left as it was."""
     model.to_empty(device=device)
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         torch.set_rng_state(rng_state)
-        for _, build in model.parts(model.config):
-            build()  # only its random draws matter
         with torch.device("meta"):
             template = type(model)(model.config)
         for step in template.init_steps():
@@ -81,12 +78,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.reshard_after_forward = reshard_after_forward
 
     def setup_environment(self) -> None:
-        world_size = self.num_nodes * self.num_processes
-        if world_size < 2:
-            raise MCSDError(f"trainer=fsdp shards the model over processes, but trainer.devices={self.num_processes} x "
-                            f"trainer.num_nodes={self.num_nodes} makes one: use trainer.devices=2 or more (or "
-                            "trainer=cpu / trainer=gpu for one device)")
-        self._data_parallel_size, self._tensor_parallel_size = world_size, 1
+        check_processes(self.num_processes, self.num_nodes, self.parallel_devices[0].type)
+        self._data_parallel_size, self._tensor_parallel_size = self.num_nodes * self.num_processes, 1
         super().setup_environment()
 
     @property
@@ -165,6 +158,15 @@ class FSDP2Strategy(ModelParallelStrategy):
             keyed = {"state": {order[index]: value for index, value in state["state"].items()}, "param_groups": groups}
             set_optimizer_state_dict(self.model, optimizer, keyed, options=whole)
         return checkpoint
+
+
+def check_processes(devices: int, nodes: int, device_type: str) -> None:
+    """``trainer=fsdp`` shards over 2 processes or more; on a GPU one process is allowed too (bf16
+    compute with fp32 master weights and DCP checkpoints, the path a larger machine shards)."""
+    if devices * nodes < 2 and device_type != "cuda":
+        raise MCSDError(f"trainer=fsdp shards the model over processes, but trainer.devices={devices} x "
+                        f"trainer.num_nodes={nodes} makes one: use trainer.devices=2 or more (or "
+                        "trainer=cpu / trainer=gpu for one device)")
 
 
 def replace_checkpoint(source: Path, target: Path) -> None:

@@ -12,7 +12,6 @@ import lightning as L
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torchmetrics import MeanMetric
-from torchmetrics.text import Perplexity
 
 import mcsd
 from mcsd.distributed import is_sharded
@@ -21,6 +20,20 @@ from mcsd.models import ConfigError, registry
 from mcsd.saved_model import load_weights
 from mcsd.training.callbacks import batch_tokens
 from mcsd.training.fsdp import FSDP2Strategy, materialize
+
+
+class LossPerplexity(MeanMetric):
+    """Perplexity from the losses themselves: ``exp`` of the mean cross-entropy per scored token
+    over every batch seen (each batch's mean loss weighted by its scored tokens, synced over
+    processes as any torchmetrics metric). The value torchmetrics' ``Perplexity`` computes from
+    the logits, without its softmax over ``[tokens, vocabulary]`` and its boolean-mask index (a
+    host sync) at every step."""
+
+    def update(self, loss: torch.Tensor, tokens: int) -> None:  # type: ignore[override]
+        super().update(loss.detach().float(), tokens)
+
+    def compute(self) -> torch.Tensor:
+        return super().compute().exp()
 
 
 def freeze_all_but(model: torch.nn.Module, patterns: list[str]) -> None:
@@ -85,7 +98,7 @@ class LanguageModelModule(L.LightningModule):
         self.register_buffer("tokens_seen", torch.zeros((), dtype=torch.long))
         self.flops_per_batch = 0  # read by Lightning's ThroughputMonitor (flops_per_sec)
         self.validated_at_step = -1  # the global step of the latest validation
-        self.train_ppl, self.val_ppl, self.test_ppl = Perplexity(), Perplexity(), Perplexity()
+        self.val_ppl, self.test_ppl = LossPerplexity(), LossPerplexity()
         self.val_mqar_acc, self.test_mqar_acc = MeanMetric(), MeanMetric()
 
     def configure_model(self) -> None:
@@ -144,15 +157,14 @@ class LanguageModelModule(L.LightningModule):
         tokens = batch_tokens(batch)
         self.tokens_seen += tokens * self.trainer.world_size
         self.flops_per_batch = self._training_flops(batch)
-        self.train_ppl(logits.detach().float(), targets)
         self.log("train/loss", loss, prog_bar=True, sync_dist=True)  # the mean over processes: the global batch's
-        self.log("train/ppl", self.train_ppl)
+        self.log("train/ppl", loss.detach().exp())  # this process's batch, as the loss it is the exp of
         self.log("trainer/tokens", self.tokens_seen.float())
         return loss
 
-    def _evaluate(self, batch: dict[str, torch.Tensor], stage: str, metric: Perplexity) -> None:
+    def _evaluate(self, batch: dict[str, torch.Tensor], stage: str, metric: LossPerplexity) -> None:
         loss, logits, targets = self._loss(batch)
-        metric(logits.float(), targets)
+        metric(loss, targets.numel())
         self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=stage == "val")
         self.log(f"{stage}/ppl", metric, on_step=False, on_epoch=True, prog_bar=stage == "val")
         if "labels" in batch:

@@ -256,7 +256,7 @@ class MCSDBlock(TokenMixer):
 
     Initialisation: Normal(0, init_std) projections (drawn section by section), decay RMSNorm
     gains at ``decay_norm_gain_init``; ``out_proj`` writes into the residual stream (the
-    skeleton draws it at init_std / sqrt(2 L)).
+    skeleton scales it to init_std / sqrt(2 L)).
     """
 
     def __init__(self, config: MCSDConfig) -> None:

@@ -26,7 +26,7 @@ from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
 class CrossDomainMoE(nn.Module):
     """CDMoE with a shared expert of width ``mlp_hidden_size``. Initialisation: Normal(0,
     init_std) everywhere; the shared down projection and the experts' up vectors write into
-    the residual stream (drawn again by the skeleton)."""
+    the residual stream (scaled by the skeleton)."""
 
     def __init__(self, config: WonderfulMatricesConfig) -> None:
         super().__init__()

@@ -30,7 +30,7 @@ from mcsd.ops.flops import decayed_attention_flops
 class StateSpaceDuality(TokenMixer):
     """The hybrid's SSD mixer. Initialisation: Normal(0, init_std) projections, ``A_log =
     log(1..H)``, skip 1, unit norm gains, and dt's bias such that ``softplus(dt_bias)`` is
-    log-uniform in [dt_min, dt_max] (Mamba-2's); ``out_proj`` is drawn again by the skeleton."""
+    log-uniform in [dt_min, dt_max] (Mamba-2's); ``out_proj`` is scaled by the skeleton."""
 
     def __init__(self, config: WonderfulMatricesConfig) -> None:
         super().__init__()

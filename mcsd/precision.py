@@ -1,0 +1,29 @@
+"""The dtypes a model runs in, by name, and what ``dtype=auto`` chooses.
+
+A model cast to bf16 or fp16 runs every form and decodes in that dtype; what stays fp32 whatever
+the dtype: every recurrent state (MCSD's section states, RetNet's, RWKV-4's, the SSD's), the
+chunkwise forms' carries, MCSD's fixed slope and decay weights (from float64 logs), the losses
+and the probes' log-likelihoods. A KV cache, which holds the keys and values themselves, follows
+the model's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mcsd.errors import MCSDError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def model_dtype(setting: str, device: str | torch.device, name: str = "dtype") -> torch.dtype:
+    """The dtype a ``dtype`` setting names: ``auto`` is bf16 on a GPU that supports it, fp32
+    elsewhere (a CPU, an older GPU); otherwise one of :data:`DTYPES`. A wrong value is one line
+    naming the setting ``name`` and the choices."""
+    if setting == "auto":
+        device = torch.device(device)
+        supported = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if supported else torch.float32
+    if setting not in DTYPES:
+        raise MCSDError(f"{name}={setting!r} is not a dtype: use auto, {', '.join(DTYPES)}")
+    return DTYPES[setting]
