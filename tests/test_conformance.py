@@ -257,3 +257,42 @@ def test_a_tied_model_builds_and_loads_with_one_weight(tmp_path: Path) -> None:
         loaded = mcsd.load(tmp_path / "tied", dtype=dtype)
         assert loaded.lm_head.weight is loaded.embed.weight and loaded.embed.weight.dtype == dtype
         assert torch.equal(loaded.embed.weight, model.embed.weight.to(dtype))
+
+
+class RecordAttentionWidths(torch.overrides.TorchFunctionMode):
+    """The head widths (query, key, value) of every ``scaled_dot_product_attention`` call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.widths: list[tuple[int, int, int]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            self.widths.append(tuple(tensor.shape[-1] for tensor in args[:3]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+@torch.no_grad()
+def test_every_attention_call_at_the_paper_size_has_a_fused_kernel_width(name: str) -> None:
+    """At ``size=1.6b`` (on the meta device: no memory), every SDPA call of every form, of a prefill
+    and of a decoding step has heads whose width is a multiple of 8, which the fused GPU kernels
+    take (the hybrid's folded key bias made 257 before it was padded)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from mcsd.models.transformer.attention import FUSED_WIDTH_MULTIPLE
+
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        node = OmegaConf.to_container(compose("build", overrides=[f"model={name}", "size=1.6b"]).model, resolve=True)
+    with torch.device("meta"):
+        model = mcsd.build_model(node)
+    ids = torch.zeros(1, 80, dtype=torch.long, device="meta")
+    with RecordAttentionWidths() as recorded:
+        for form in registry.get(name).forms:
+            model(ids, form=form)
+        _, state = model.prefill(ids, max_new_tokens=2)
+        model.step(ids[:, 0], state)
+    assert all(width % FUSED_WIDTH_MULTIPLE == 0 for widths in recorded.widths for width in widths), recorded.widths
+    has_attention = any(layer.mixer.state_rewinds for layer in model.layers)
+    assert bool(recorded.widths) == has_attention

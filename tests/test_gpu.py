@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 import mcsd
 from conftest import SIXTEEN_BIT_TOLERANCE, assert_recurrent_states_stay_fp32, decode_with_state, relative_rms_error
-from conftest import tiny_model, variant_cases
+from conftest import ONE_LAYER_OF_EACH_KIND, tiny_model, variant_cases
 from harness import FAST, compose_train, read_metrics, run_bench, run_cli, series
 from mcsd.models import registry
 from mcsd.train import train
@@ -103,3 +103,22 @@ def test_a_1_6b_model_is_built_once_on_the_gpu_in_bf16() -> None:
     assert {(parameter.device.type, parameter.dtype) for parameter in model.parameters()} == {("cuda", torch.bfloat16)}
     assert all(torch.isfinite(parameter).all() for parameter in model.parameters())
     assert torch.cuda.max_memory_allocated() - before < 1.05 * 2 * params
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+def test_attention_at_the_paper_size_runs_in_a_fused_kernel(name: str) -> None:
+    """Every architecture at ``size=1.6b``'s widths (one layer of each kind, bf16), forward and
+    backward in its parallel and training forms with SDPA restricted to its fused kernels (no
+    math fallback): each attention call finds one (the CPU test checks every call's width)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        node = OmegaConf.to_container(compose("build", overrides=[f"model={name}", "size=1.6b"]).model, resolve=True)
+    model = mcsd.build_model({**node, **ONE_LAYER_OF_EACH_KIND.get(name, {"num_layers": 1})}, device=CUDA,
+                             dtype=torch.bfloat16)
+    ids = torch.randint(0, node["vocab_size"], (1, 512), device=CUDA)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        for form in ("parallel", model.default_form):
+            loss, _ = model.loss(ids[:, :-1], ids[:, 1:], form=form)
+            loss.backward()
+            assert torch.isfinite(loss)

@@ -31,7 +31,7 @@ from mcsd.ops.flops import decayed_attention_flops
 
 class MultiScaleRetention(TokenMixer):
     """RetNet's mixer. Initialisation: Normal(0, init_std) projections, unit norm gains;
-    ``out_proj`` writes into the residual stream (the skeleton draws it at init_std / sqrt(2 L))."""
+    ``out_proj`` writes into the residual stream (the skeleton scales it to init_std / sqrt(2 L))."""
 
     def __init__(self, config: RetNetConfig) -> None:
         super().__init__()

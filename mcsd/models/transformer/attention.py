@@ -96,8 +96,8 @@ _cached_inverse_frequency = functools.lru_cache(maxsize=None)(_inverse_frequency
 
 class CausalSelfAttention(TokenMixer):
     """Multi-head causal self-attention with RoPE and a KV cache. Initialisation: Normal(0,
-    init_std) projections; ``out_proj`` writes into the residual stream (the skeleton draws
-    it at init_std / sqrt(2 L))."""
+    init_std) projections; ``out_proj`` writes into the residual stream (the skeleton scales
+    it to init_std / sqrt(2 L))."""
 
     state_rewinds = True  # the KV cache holds each position's key and value
 
@@ -215,22 +215,33 @@ class CausalSelfAttention(TokenMixer):
         return torch.cat(outputs, dim=2)
 
 
+FUSED_WIDTH_MULTIPLE = 8
+"""The fused GPU attention kernels (flash, memory-efficient, cuDNN) take 16-bit heads whose width
+is a multiple of 8; any other width falls back to the math kernel and its full ``N x N`` scores."""
+
+
 def causal_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Causal attention of ``query``, ``key``, ``value`` ``[B, H, N, Dh]`` from position 0, with an
     optional additive bias per key ``[B, H, N]``, through SDPA's fused causal kernel. The bias is
     folded into one more feature, ``s q.k + b = s [q, 1].[k, b / s]`` (``s`` the usual
-    ``Dh^-1/2``), and the values get a zero feature to match (the CPU kernel wants one width),
-    so no ``[N, N]`` mask is made: at 16384 tokens the hybrid's mask and its gradient took
-    16 GB."""
+    ``Dh^-1/2``), so no ``[N, N]`` mask is made (at 16384 tokens the hybrid's mask and its
+    gradient took 16 GB); the heads are padded with zero features to the next multiple of
+    :data:`FUSED_WIDTH_MULTIPLE` (the values too: the kernels want one width), which a fused GPU
+    kernel takes (``Dh + 1`` would not)."""
     if key_bias is None:
         return F.scaled_dot_product_attention(query, key, value, is_causal=True)
     width = query.shape[-1]
     scale = width**-0.5
-    query = torch.cat([query, torch.ones_like(query[..., :1])], dim=-1)
-    key = torch.cat([key, (key_bias / scale).to(key.dtype)[..., None]], dim=-1)
-    value = torch.cat([value, torch.zeros_like(value[..., :1])], dim=-1)
+    padding = -(width + 1) % FUSED_WIDTH_MULTIPLE  # zero features after the bias's
+
+    def padded(x: torch.Tensor, *features: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, *features, x.new_zeros(*x.shape[:-1], padding)], dim=-1)
+
+    query = padded(query, torch.ones_like(query[..., :1]))
+    key = padded(key, (key_bias / scale).to(key.dtype)[..., None])
+    value = padded(value, torch.zeros_like(value[..., :1]))
     return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)[..., :width]
 
 
