@@ -215,7 +215,8 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     # MFU against the matmul peak measured right before each point (each its own measurement).
     assert (frame["matmul_peak_flops"] > 1e8).all() and frame["matmul_peak_flops"].nunique() > 1
     # MFU from the model FLOPs; FlopCounterMode's count beside them (equal for the Transformer's parallel form).
-    assert (frame["mfu"] == frame["model_flops"] / frame["step_s"] / frame["matmul_peak_flops"]).all()
+    assert (frame["peak_flops"] == frame["matmul_peak_flops"]).all() and (frame["peak_source"] == "measured matmul peak").all()
+    assert (frame["mfu"] == frame["model_flops"] / frame["step_s"] / frame["peak_flops"]).all()
     attention = frame[(frame["model"] == "transformer") & (frame["form"] == "parallel")]
     assert len(attention) == 2 and (attention["counted_flops"] == attention["model_flops"]).all()
     assert (frame["model_flops"] > 6 * (frame["params"] - 512 * 64) * frame["seq_len"] * 0.9).all()
@@ -383,3 +384,20 @@ def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path
             assert (trial / "results.csv").is_file() and (trial / "fig5_memory_vs_length.png").is_file()
             assert committed.read_text() == "committed\n"
     assert len(pd.read_csv(committed)) == 1 and (committed.parent / "fig8_throughput_vs_batch.png").is_file()
+
+
+def test_mfu_on_a_known_gpu_is_over_its_dense_datasheet_peak() -> None:
+    """A GPU in mcsd/bench/peaks.py: its dense peak for the dtype (named with its source), whatever
+    was measured; an unknown GPU and a CPU: the measured peak, said so."""
+    from mcsd.bench.peaks import known_gpu, mfu_peak
+
+    assert mfu_peak("cuda", "NVIDIA H100 80GB HBM3", "bfloat16", 4e14) == (
+        989.4e12, "H100 SXM dense bfloat16 peak (NVIDIA H100 Tensor Core GPU datasheet (SXM5))")
+    assert mfu_peak("cuda", "NVIDIA H100 PCIe", "bfloat16", 4e14)[0] == 756e12
+    assert mfu_peak("cuda", "NVIDIA H200", "float32", 4e13)[0] == 67e12
+    assert mfu_peak("cuda", "NVIDIA A100-SXM4-80GB", "float16", 1e14)[0] == 312e12
+    assert known_gpu("NVIDIA L40S").name == "L40S" and known_gpu("NVIDIA L4").name == "L4"
+    assert known_gpu("NVIDIA GeForce RTX 4090").flops["bfloat16"] == 165.2e12
+    assert mfu_peak("cuda", "Some Future GPU", "bfloat16", 5e14) == (
+        5e14, "measured matmul peak (Some Future GPU is not in mcsd/bench/peaks.py)")
+    assert mfu_peak("cpu", "cpu", "float32", 2e11) == (2e11, "measured matmul peak")

@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from mcsd.bench import measure
+from mcsd.bench.peaks import mfu_peak
 from mcsd.cli import StopAfterCurrent, apply_threads, git_commit, hydra_app, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
@@ -49,7 +50,7 @@ COLUMNS = {
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
                   "read_bandwidth_bytes_per_s", "limit_ratio", "compiled", "status", "reason"],
     "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "model_flops", "counted_flops", "step_s",
-              "first_step_s", "tokens_per_s", "matmul_peak_flops", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
+              "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
               "compiled", "status", "reason"],
 }
 # How an allocation failure reads, on a CPU and on a GPU (the caching allocator's OutOfMemoryError,
@@ -272,7 +273,8 @@ def bench(cfg: DictConfig) -> Path:
             limit = (measure.matmul_peak_flops(cfg.device, cfg.dtype, cfg.train.peak_matmul_size) if cfg.mode == "train"
                      else measure.read_bandwidth_bytes_per_s(cfg.device))
             result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
-            rows.append(_row(cfg.mode, labels, result, limit))
+            peak = mfu_peak(cfg.device.split(":")[0], device_name(cfg.device), cfg.dtype, limit) if cfg.mode == "train" else None
+            rows.append(_row(cfg.mode, labels, result, limit, peak))
             write_results(output_dir, head, rows)  # after every point: a crash or a kill loses none measured
             if stop.requested:
                 break
@@ -288,12 +290,21 @@ def bench(cfg: DictConfig) -> Path:
     return csv_path
 
 
-def _row(mode: str, labels: dict[str, Any], result: dict[str, Any], limit: float) -> dict[str, Any]:
-    """A point's row: its labels, its measurement, and its use of the machine's ``limit``."""
+def device_name(device: str) -> str:
+    """The GPU's name (``torch.cuda.get_device_name``), or ``cpu``."""
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
+
+
+def _row(mode: str, labels: dict[str, Any], result: dict[str, Any], limit: float,
+         peak: tuple[float, str] | None) -> dict[str, Any]:
+    """A point's row: its labels, its measurement, and its use of the machine's ``limit`` (the
+    measured matmul peak or read bandwidth); in training, MFU over ``peak`` (FLOP/s, source:
+    :func:`mcsd.bench.peaks.mfu_peak`)."""
     row = {**labels, **result}
     if mode == "train" and result["status"] == "ok":
         row["matmul_peak_flops"] = limit
-        row["mfu"] = result["model_flops"] / result["step_s"] / limit  # model FLOPs (CausalLM.training_flops)
+        row["peak_flops"], row["peak_source"] = peak
+        row["mfu"] = result["model_flops"] / result["step_s"] / row["peak_flops"]  # CausalLM.training_flops
     if mode == "inference" and result["status"] == "ok":  # a decoding step over the time to read what it must once
         row["read_bandwidth_bytes_per_s"] = limit
         row["limit_ratio"] = result["decode_s_per_token"] / (result["step_read_bytes"] / limit)

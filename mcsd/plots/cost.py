@@ -145,7 +145,7 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     for ax, (y, scale, ylabel) in zip(axes, [("tokens_per_s", 1.0, "training tokens/s"),
                                               ("peak_mem_bytes", 2.0**-20, "peak memory (MiB)"),
-                                              ("mfu", 100.0, "MFU (% of measured matmul peak)")]):
+                                              ("mfu", 100.0, "MFU (% of peak_flops: a GPU's dense peak, or measured)")]):
         for index, ((model, form), curve) in enumerate(frame.groupby(["model", "form"], sort=False)):
             curve = curve.sort_values("seq_len")
             ok = curve[curve["status"] == "ok"]
