@@ -2,8 +2,10 @@
 
 One rule for every op and form: a sum over positions costs 2 FLOPs (a multiply and an add)
 per term and per output feature, counted as the form computes it. Parallel forms compute
-their full ``N x N`` products (masked entries included, as ``scaled_dot_product_attention``
-and PaLM's appendix B count attention); chunk forms their ``L x L`` products inside each
+their full ``N x N`` products (masked entries included), except attention's, one causal call
+of ``scaled_dot_product_attention`` whose fused kernels skip the masked half: its
+``N (N + 1) / 2`` terms (PaLM's appendix B counts the full ``N x N``, and so does
+``FlopCounterMode``: an MFU over 1 was that difference); chunk forms their ``L x L`` products inside each
 chunk (the last one ``r x r`` for ``N = q L + r``) plus the carried state's writes and reads;
 recurrent forms their state updates and reads. Exponentials, masks, normalisations and the
 carry of states from chunk to chunk (one update per chunk, not per token) are elementwise
@@ -35,13 +37,13 @@ def check_form(form: str) -> None:
 def attention_flops(length: int, key_width: int, value_width: int, form: str, chunk_size: int) -> int:
     """Softmax attention over a KV cache (one row; widths summed over heads): the scores
     (``key_width`` per term) and their sum of values (``value_width``). Parallel: every query
-    against every key (``4 N^2 d`` for equal widths, PaLM's 12 L d N per token once with its
-    backward); chunk: each block of queries against the keys up to its end; recurrent: each
-    token against the keys up to itself."""
+    against the keys up to itself, causal (``2 N (N + 1) d`` for equal widths: half of PaLM's
+    12 L d N per token once with its backward); chunk: each block of queries against the keys up
+    to its end; recurrent: each token against the keys up to itself."""
     check_form(form)
     width = key_width + value_width
     if form == "parallel":
-        return 2 * length * length * width
+        return length * (length + 1) * width
     block = 1 if form == "recurrent" else chunk_size
     full, rest = divmod(length, block)
     # Block b (of `block` queries) reads the (b + 1) * block keys up to its end.
