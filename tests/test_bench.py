@@ -203,6 +203,9 @@ def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:
     assert len(figures) == 10
 
 
+TINY_SIZE = yaml.safe_load((Path(__file__).parents[1] / "conf" / "size" / "tiny.yaml").read_text())["model"]
+
+
 def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "train.seq_lens=[32,64]", "train.repeats=1",
                          "train.peak_matmul_size=256",
@@ -214,11 +217,13 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     assert (frame["tokens_per_s"] == frame["seq_len"] / frame["step_s"]).all()
     # MFU against the matmul peak measured right before each point (each its own measurement).
     assert (frame["matmul_peak_flops"] > 1e8).all() and frame["matmul_peak_flops"].nunique() > 1
-    # MFU from the model FLOPs; FlopCounterMode's count beside them (equal for the Transformer's parallel form).
+    # MFU from the model FLOPs; FlopCounterMode's count beside them (for the Transformer's parallel form: the
+    # causal attention's model FLOPs and the masked half, 6 L d N (N - 1) a row, that the counter counts too).
     assert (frame["peak_flops"] == frame["matmul_peak_flops"]).all() and (frame["peak_source"] == "measured matmul peak").all()
     assert (frame["mfu"] == frame["model_flops"] / frame["step_s"] / frame["peak_flops"]).all()
     attention = frame[(frame["model"] == "transformer") & (frame["form"] == "parallel")]
-    assert len(attention) == 2 and (attention["counted_flops"] == attention["model_flops"]).all()
+    masked = 6 * TINY_SIZE["num_layers"] * TINY_SIZE["hidden_size"] * attention["seq_len"] * (attention["seq_len"] - 1)
+    assert len(attention) == 2 and (attention["counted_flops"] == attention["model_flops"] + masked).all()
     assert (frame["model_flops"] > 6 * (frame["params"] - 512 * 64) * frame["seq_len"] * 0.9).all()
     (figure_png, figure_pdf) = plot_train(csv_path)
     assert figure_png.stat().st_size > 5000 and figure_pdf.is_file()
@@ -384,6 +389,31 @@ def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path
             assert (trial / "results.csv").is_file() and (trial / "fig5_memory_vs_length.png").is_file()
             assert committed.read_text() == "committed\n"
     assert len(pd.read_csv(committed)) == 1 and (committed.parent / "fig8_throughput_vs_batch.png").is_file()
+
+
+def test_tokens_per_step_adds_a_realistic_checkpointed_step_beside_each_point(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train.tokens_per_step``: beside each ``batch_size`` point, one of ``tokens_per_step // seq_len``
+    sequences, run with activation checkpointing (each layer's forward through ``checkpoint``)."""
+    from mcsd.models import common
+
+    checkpointed = []
+
+    def counting_checkpoint(*args: object, **kwargs: object) -> object:
+        checkpointed.append(1)
+        return real_checkpoint(*args, **kwargs)
+
+    real_checkpoint = common.checkpoint
+    monkeypatch.setattr(common, "checkpoint", counting_checkpoint)
+    csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "models=[mcsd]", "train.forms=[training]",
+                         "train.seq_lens=[16,32]", "train.tokens_per_step=64", "train.repeats=1", "train.warmup=0",
+                         "train.peak_matmul_size=64", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(zip(frame["batch"], frame["seq_len"], frame["activation_checkpointing"])) == [
+        (1, 16, False), (4, 16, True), (1, 32, False), (2, 32, True)]
+    assert (frame["status"] == "ok").all() and (frame["tokens_per_s"] == frame["batch"] * frame["seq_len"]
+                                                / frame["step_s"]).all()
+    assert len(checkpointed) == 2 * TINY_SIZE["num_layers"]  # the 2 checkpointed points: 1 step each, every layer
 
 
 def test_mfu_on_a_known_gpu_is_over_its_dense_datasheet_peak() -> None:

@@ -229,14 +229,17 @@ def counted_training_flops(model: mcsd.CausalLM, batch_size: int, seq_len: int, 
 
 def train_point(
     model_cfg: dict[str, Any] | str, form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
-    dtype: str, seed: int, compile: bool = False,
+    dtype: str, seed: int, compile: bool = False, activation_checkpointing: bool = False,
 ) -> dict[str, Any]:
     """Tokens/s and peak memory of forward + backward + AdamW step in one form; with ``compile``
     through the compiled loss that training uses (:meth:`CausalLM.loss_function`; compiled by the
     warm-up, which then runs at least once: ``first_step_s`` is its first step, compiling
-    included)."""
+    included); with ``activation_checkpointing`` each layer keeps only its input for the backward
+    (the model FLOPs do not count the recomputation)."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     model = build(model_cfg, device_, torch.float32, seed).train()
+    for layer in model.layers:
+        layer.activation_checkpointing = activation_checkpointing
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len + 1), generator=generator).to(device_)

@@ -49,7 +49,7 @@ COLUMNS = {
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
                   "read_bandwidth_bytes_per_s", "limit_ratio", "compiled", "status", "reason"],
-    "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "model_flops", "counted_flops", "step_s",
+    "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
               "compiled", "status", "reason"],
 }
@@ -194,12 +194,27 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         variants = [(name, form) for name in models for form in train_forms(cfg, sources[name][0])]
         for (name, form), seq_len in itertools.product(variants, grid_cfg.seq_lens):
             arch, variant, source = sources[name]
-            labels = {"model": name, "arch": arch, "variant": variant, "form": form, "size": _size_label(cfg, name, arch),
-                      "batch": grid_cfg.batch_size, "seq_len": seq_len}
-            arguments = {"model_cfg": source, "form": form, "batch_size": grid_cfg.batch_size, "seq_len": seq_len,
-                         "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, "compile": cfg.compile, **common}
-            points.append((labels, arguments))
+            for batch, checkpointing in train_batches(grid_cfg, seq_len):
+                labels = {"model": name, "arch": arch, "variant": variant, "form": form,
+                          "size": _size_label(cfg, name, arch), "batch": batch, "seq_len": seq_len,
+                          "activation_checkpointing": checkpointing}
+                arguments = {"model_cfg": source, "form": form, "batch_size": batch, "seq_len": seq_len,
+                             "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, "compile": cfg.compile,
+                             "activation_checkpointing": checkpointing, **common}
+                points.append((labels, arguments))
     return points
+
+
+def train_batches(grid_cfg: DictConfig, seq_len: int) -> list[tuple[int, bool]]:
+    """(batch size, activation checkpointing) of the training points at ``seq_len``: ``batch_size``
+    sequences; with ``tokens_per_step``, also ``tokens_per_step // seq_len`` of them (at least one),
+    checkpointed with ``large_batch_checkpointing``: a realistic step (16 x 2048, 4 x 8192, ...)."""
+    batches = [(grid_cfg.batch_size, False)]
+    if grid_cfg.tokens_per_step:
+        large = max(1, grid_cfg.tokens_per_step // seq_len)
+        if large != grid_cfg.batch_size:
+            batches.append((large, bool(grid_cfg.large_batch_checkpointing)))
+    return batches
 
 
 def _check(cfg: DictConfig) -> None:
