@@ -414,6 +414,8 @@ def test_tokens_per_step_adds_a_realistic_checkpointed_step_beside_each_point(tm
     assert (frame["status"] == "ok").all() and (frame["tokens_per_s"] == frame["batch"] * frame["seq_len"]
                                                 / frame["step_s"]).all()
     assert len(checkpointed) == 2 * TINY_SIZE["num_layers"]  # the 2 checkpointed points: 1 step each, every layer
+    figure_png, _ = plot_train(csv_path)  # a line per kind of step
+    assert figure_png.stat().st_size > 5000
 
 
 def test_mfu_on_a_known_gpu_is_over_its_dense_datasheet_peak() -> None:

@@ -146,13 +146,16 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
     for ax, (y, scale, ylabel) in zip(axes, [("tokens_per_s", 1.0, "training tokens/s"),
                                               ("peak_mem_bytes", 2.0**-20, "peak memory (MiB)"),
                                               ("mfu", 100.0, "MFU (% of peak_flops: a GPU's dense peak, or measured)")]):
-        for index, ((model, form), curve) in enumerate(frame.groupby(["model", "form"], sort=False)):
+        # A line per model form and kind of step: batch_size sequences, or tokens_per_step's (a larger batch).
+        smallest = frame.groupby(["model", "form"], sort=False)["batch"].transform("min")
+        steps = frame.assign(step=(frame["batch"] > smallest).map({False: "", True: " (tokens_per_step)"}))
+        for index, ((model, form, step), curve) in enumerate(steps.groupby(["model", "form", "step"], sort=False)):
             curve = curve.sort_values("seq_len")
             ok = curve[curve["status"] == "ok"]
             arch = _arch(frame, model)
-            variant = f"{model}/{form}"
+            variant = f"{model}/{form}{step}"
             ax.plot(ok["seq_len"], ok[y] * scale, color=_color(arch), linestyle=LINESTYLES[index % len(LINESTYLES)],
-                    marker=MARKERS[index % len(MARKERS)], label=f"{model_label(arch, model)} {form}")
+                    marker=MARKERS[index % len(MARKERS)], label=f"{model_label(arch, model)} {form}{step}")
             oom = curve[curve["status"] == "oom"]
             if len(oom):
                 ax.plot(oom["seq_len"], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",
