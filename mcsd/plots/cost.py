@@ -145,7 +145,7 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     for ax, (y, scale, ylabel) in zip(axes, [("tokens_per_s", 1.0, "training tokens/s"),
                                               ("peak_mem_bytes", 2.0**-20, "peak memory (MiB)"),
-                                              ("mfu", 100.0, "MFU (% of peak_flops: a GPU's dense peak, or measured)")]):
+                                              ("mfu", 100.0, "MFU (% of peak_flops)")]):
         # A line per model form and kind of step: batch_size sequences, or tokens_per_step's (a larger batch).
         smallest = frame.groupby(["model", "form"], sort=False)["batch"].transform("min")
         steps = frame.assign(step=(frame["batch"] > smallest).map({False: "", True: " (tokens_per_step)"}))
