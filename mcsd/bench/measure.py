@@ -94,9 +94,7 @@ def build(model_cfg: dict[str, Any] | str, device: torch.device, dtype: torch.dt
     """A model node built with seeded random weights, or a saved model (a path) loaded."""
     if isinstance(model_cfg, str):
         return mcsd.load(model_cfg, device=device, dtype=dtype)
-    torch.manual_seed(seed)
-    if device.type == "cuda":
-        torch.cuda.manual_seed(seed)
+    torch.manual_seed(seed)  # every device's generator: the model is drawn on its own device
     return mcsd.build_model(model_cfg, device=device, dtype=dtype)
 
 

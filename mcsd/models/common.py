@@ -558,6 +558,7 @@ def _compiled_method(cache: weakref.WeakKeyDictionary, model: CausalLM, name: st
         method = getattr(type(model), name)
         own = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__,
                                  method.__defaults__, method.__closure__)
+        own.__kwdefaults__ = method.__kwdefaults__
         compiled = torch.compile(own, **options)
         model_ref = weakref.ref(model)
 
