@@ -433,3 +433,22 @@ def test_mfu_on_a_known_gpu_is_over_its_dense_datasheet_peak() -> None:
     assert mfu_peak("cuda", "Some Future GPU", "bfloat16", 5e14) == (
         5e14, "measured matmul peak (Some Future GPU is not in mcsd/bench/peaks.py)")
     assert mfu_peak("cpu", "cpu", "float32", 2e11) == (2e11, "measured matmul peak")
+
+
+def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> None:
+    """``bench=paper_quick``: 1.6B in bf16 on a GPU; MCSD and the Transformer decoding at batch 1,
+    16 and 64 and 1,024 and 8,192 new tokens, compiled; training forms at 2048-16384 tokens, at
+    batch 1 and a 32768-token step each (activation-checkpointed)."""
+    from mcsd.bench.run import grid
+
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=["bench=paper_quick"])
+        inference = grid(cfg)
+        cfg.mode = "train"
+        train = grid(cfg)
+    assert (cfg.model_size, cfg.dtype, cfg.device, cfg.compile) == ("1.6b", "bfloat16", "cuda", True)
+    assert [(labels["model"], labels["batch"], labels["gen_len"]) for labels, _ in inference] == [
+        (model, batch, length) for model in ("mcsd", "transformer") for batch in (1, 16, 64) for length in (1024, 8192)]
+    assert [(labels["batch"], labels["seq_len"], labels["activation_checkpointing"]) for labels, _ in train] == [
+        step for _ in range(2) for step in ((1, 2048, False), (16, 2048, True), (1, 8192, False), (4, 8192, True),
+                                            (1, 16384, False), (2, 16384, True))]
