@@ -444,11 +444,11 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         cfg = compose("bench", overrides=["bench=paper_quick"])
         inference = grid(cfg)
-        cfg.mode = "train"
+        cfg.mode, cfg.models = "train", None  # mode=train models=null: every architecture
         train = grid(cfg)
     assert (cfg.model_size, cfg.dtype, cfg.device, cfg.compile) == ("1.6b", "bfloat16", "cuda", True)
     assert [(labels["model"], labels["batch"], labels["gen_len"]) for labels, _ in inference] == [
         (model, batch, length) for model in ("mcsd", "transformer") for batch in (1, 16, 64) for length in (1024, 8192)]
     assert [(labels["batch"], labels["seq_len"], labels["activation_checkpointing"]) for labels, _ in train] == [
-        step for _ in range(2) for step in ((1, 2048, False), (16, 2048, True), (1, 8192, False), (4, 8192, True),
+        step for _ in registry.architectures() for step in ((1, 2048, False), (16, 2048, True), (1, 8192, False), (4, 8192, True),
                                             (1, 16384, False), (2, 16384, True))]
