@@ -16,14 +16,14 @@ from mcsd.errors import MCSDError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def model_dtype(setting: str, device: str | torch.device, name: str = "dtype") -> torch.dtype:
+def model_dtype(setting: str, device: str | torch.device) -> torch.dtype:
     """The dtype a ``dtype`` setting names: ``auto`` is bf16 on a GPU that supports it, fp32
     elsewhere (a CPU, an older GPU); otherwise one of :data:`DTYPES`. A wrong value is one line
-    naming the setting ``name`` and the choices."""
+    naming the setting and the choices."""
     if setting == "auto":
         device = torch.device(device)
         supported = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         return torch.bfloat16 if supported else torch.float32
     if setting not in DTYPES:
-        raise MCSDError(f"{name}={setting!r} is not a dtype: use auto, {', '.join(DTYPES)}")
+        raise MCSDError(f"dtype={setting!r} is not a dtype: use auto, {', '.join(DTYPES)}")
     return DTYPES[setting]
