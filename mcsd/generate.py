@@ -30,7 +30,7 @@ def generate(cfg: DictConfig) -> str:
     sys.stdout.write(cfg.prompt)
     stream = model.stream(torch.tensor([prompt_ids], device=cfg.device), cfg.max_new_tokens,
                           temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=eos,
-                          generator=generator, compile=cfg.compile)
+                          generator=generator, compile=cfg.compile, cuda_graphs=cfg.cuda_graphs)
     for token in stream:
         if eos is not None and int(token) == eos:
             break

@@ -106,6 +106,32 @@ def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path) 
     assert (frame["decode_s_per_token"] < 0.05).all()
 
 
+@pytest.mark.parametrize("arch", ["mcsd", "transformer"])
+def test_decoding_replayed_from_recordings_is_timed_after_every_recording(
+        arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cuda_graphs=true`` (its recordings here replayed by calls, as the CPU runs the static step:
+    :mod:`mcsd.models.static_decoding`): the warm-up decodes the whole length, recording every
+    KV-cache bucket (a prompt of 3 and 8 new tokens: buckets 4, 8 and the prefill's 11), so the
+    timed sequences, each read into the step's own buffers, record none."""
+    from mcsd.models.common import CausalLM, Decoding
+    from mcsd.models.static_decoding import StaticStep
+
+    steps = []
+
+    def decoding(model: CausalLM, compile: bool = False, cuda_graphs: bool = False) -> Decoding:
+        assert cuda_graphs
+        steps.append(StaticStep(model, compile=compile, record="call", min_capacity=4))
+        return Decoding(steps[-1].prefill, steps[-1])
+
+    monkeypatch.setattr(CausalLM, "decoding", decoding)
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        node = OmegaConf.to_container(compose("build", overrides=[f"model={arch}", "size=tiny"]).model, resolve=True)
+    result = measure.inference_point(node, batch_size=2, prompt_len=3, gen_len=8, repeats=2, warmup=0, device="cpu",
+                                     dtype="float32", seed=0, cuda_graphs=True)
+    assert (result["cuda_graphs"], result["graphs_recorded_timed"]) == (True, 0)
+    assert (steps[0].recorded, steps[0].replayed) == ((3 if arch == "transformer" else 1), 3 * 8)
+
+
 def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Failures injected into the second and third points: a GPU library's allocation failure is
@@ -254,6 +280,7 @@ def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) 
     ("overrides", "message"),
     [(["mode=serve"], "mode='serve' is unknown"),
      (["device=cuda"], "device=cuda but no GPU is visible: use device=cpu"),
+     (["cuda_graphs=true"], "cuda_graphs=true replays CUDA graphs, which device=cpu has not: set cuda_graphs=false"),
      (["dtype=int8"], "dtype='int8' is unknown"),
      (["models=[mcsd,retnet9]"], "models: 'retnet9' is neither a registered architecture \\(mcsd, transformer"),
      (["mode=train", "train.forms=[sparse]"], "train.forms: mcsd has no form 'sparse'")],
@@ -437,7 +464,7 @@ def test_mfu_on_a_known_gpu_is_over_its_dense_datasheet_peak() -> None:
 
 def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> None:
     """``bench=paper_quick``: 1.6B in bf16 on a GPU; MCSD and the Transformer decoding at batch 1,
-    16 and 64 and 1,024 and 8,192 new tokens, compiled; training forms at 2048-16384 tokens, at
+    16 and 64 and 1,024 and 8,192 new tokens, compiled and replayed as CUDA graphs; training forms at 2048-16384 tokens, at
     batch 1 and a 32768-token step each (activation-checkpointed)."""
     from mcsd.bench.run import grid
 
@@ -446,7 +473,8 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
         inference = grid(cfg)
         cfg.mode, cfg.models = "train", None  # mode=train models=null: every architecture
         train = grid(cfg)
-    assert (cfg.model_size, cfg.dtype, cfg.device, cfg.compile) == ("1.6b", "bfloat16", "cuda", True)
+    assert (cfg.model_size, cfg.dtype, cfg.device, cfg.compile, cfg.cuda_graphs) == ("1.6b", "bfloat16", "cuda", True, True)
+    assert {(arguments["compile"], arguments["cuda_graphs"]) for _, arguments in inference} == {(True, True)}
     assert [(labels["model"], labels["batch"], labels["gen_len"]) for labels, _ in inference] == [
         (model, batch, length) for model in ("mcsd", "transformer") for batch in (1, 16, 64) for length in (1024, 8192)]
     assert [(labels["batch"], labels["seq_len"], labels["activation_checkpointing"]) for labels, _ in train] == [

@@ -25,6 +25,7 @@ from conftest import SIXTEEN_BIT_TOLERANCE, assert_recurrent_states_stay_fp32, d
 from conftest import ONE_LAYER_OF_EACH_KIND, tiny_model, variant_cases
 from harness import FAST, compose_train, read_metrics, run_bench, run_cli, series
 from mcsd.models import registry
+from mcsd.models.static_decoding import WARMUP_STEPS
 from mcsd.train import train
 
 pytestmark = [pytest.mark.gpu,
@@ -36,8 +37,8 @@ CUDA = torch.device("cuda")
 @torch.no_grad()
 def test_every_form_and_decoding_on_cuda_in_bf16_matches_the_cpu_in_fp32(case: str) -> None:
     """The model on the GPU in bf16 (cast, not autocast): every form, the eager and the compiled
-    step (CUDA graphs' mode) along a fixed token path, within the bf16 tolerance of the same weights
-    on the CPU in fp32; recurrent states fp32."""
+    step along a fixed token path, within the bf16 tolerance of the same weights on the CPU in
+    fp32; recurrent states fp32."""
     model = tiny_model(case, hidden_size=64, num_channels=4, mlp_hidden_size=96)
     input_ids = torch.randint(0, 101, (2, 80))
     reference = model(input_ids, form="parallel")
@@ -52,10 +53,37 @@ def test_every_form_and_decoding_on_cuda_in_bf16_matches_the_cpu_in_fp32(case: s
         assert_recurrent_states_stay_fp32(gpu, state)
 
 
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("name", registry.architectures())
+@torch.no_grad()
+def test_cuda_graph_decoding_records_once_and_replays_64_positions(name: str, compile: bool) -> None:
+    """``model.decoding(cuda_graphs=True)`` in bf16: 64 steps after an 8-token prompt (one KV-cache
+    bucket) record one CUDA graph and replay it 64 times, the Python step running only for the
+    warm-up and the capture; the logits follow the eager step's along the same token path."""
+    model = tiny_model(name, hidden_size=64, num_channels=4, mlp_hidden_size=96).to(CUDA, torch.bfloat16)
+    input_ids = torch.randint(0, 101, (2, 72), device=CUDA)
+    expected = decode_with_state(model, input_ids, split=8)[0]
+    prefill, step = model.decoding(compile=compile, cuda_graphs=True)
+    calls = []
+    run = step.run
+    step.run = lambda *arguments: calls.append(1) or run(*arguments)
+    logits, state = prefill(input_ids[:, :8], max_new_tokens=64)
+    outputs = [logits]
+    for position in range(8, 72):
+        logits, state = step(input_ids[:, position].clone(), state)
+        outputs.append(logits)
+    assert (step.recorded, step.replayed, len(calls)) == (1, 64, WARMUP_STEPS + 1)
+    assert [type(recording.replay.__self__) for buffers in step.buffers.values()
+            for recording in buffers.recordings.values()] == [torch.cuda.CUDAGraph]
+    assert relative_rms_error(torch.stack(outputs, dim=1).float(), expected.float()) < 1e-2
+    assert_recurrent_states_stay_fp32(model, state)
+
+
 def test_a_paper_shaped_grid_keeps_every_point(tmp_path: Path) -> None:
     """``bench=paper`` at ``size=small`` (bf16, in this process): MCSD and the Transformer, an
     allocation far past the GPU's memory (a batch of a million prompts) recorded as ``oom`` and
-    the next point measured; eager and compiled, each compiled point compiled."""
+    the next point measured; eager and compiled, each compiled point compiled; decoding replayed as
+    CUDA graphs (``bench=paper``'s), every graph recorded in the warm-up."""
     for compile in ("false", "true"):
         csv_path = run_bench(tmp_path / compile, "bench=paper", "model_size=small", "models=[mcsd,transformer]",
                              "inference.batch_sizes=[1000000,1,16]", "inference.gen_lengths=[128]",
@@ -64,6 +92,7 @@ def test_a_paper_shaped_grid_keeps_every_point(tmp_path: Path) -> None:
         assert list(frame["status"]) == ["oom", "ok", "ok"] * 2, frame[["model", "batch", "status", "reason"]]
         measured = frame[frame["status"] == "ok"]
         assert (measured["compiled"] == (compile == "true")).all() and frame["reason"][0].startswith("OutOfMemoryError")
+        assert frame["cuda_graphs"].all() and (measured["graphs_recorded_timed"] == 0).all()
         assert (measured["weights_bytes"] == 2 * measured["params"]).all()  # built in bf16
         assert json.loads((tmp_path / compile / "results.json").read_text())["header"]["complete"] is True
     train_csv = run_bench(tmp_path / "train", "bench=paper", "mode=train", "model_size=small", "models=[mcsd,transformer]",

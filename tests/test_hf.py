@@ -77,7 +77,7 @@ def test_exported_model_equals_the_project_model(case: str, exported: dict[str, 
     generated = hf_model.generate(prompt_ids(tokenizer), max_new_tokens=32, do_sample=False)
     cfg = OmegaConf.create({"ckpt": str(saved), "prompt": "the king of a far", "max_new_tokens": 32, "temperature": 0,
                             "top_k": None, "top_p": None, "seed": 0, "device": "cpu", "dtype": "auto", "stop_at_eos": True,
-                            "compile": False})
+                            "compile": False, "cuda_graphs": False})
     new = generated[0, prompt_ids(tokenizer).shape[1]:].tolist()
     eos = tokenizer.token_to_id("<|endoftext|>")
     assert mcsd_generate(cfg) == "the king of a far" + tokenizer.decode(new[: new.index(eos)] if eos in new else new)
@@ -317,7 +317,7 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
     with torch.no_grad():
         assert torch.equal(model(ids, use_cache=False).logits, mcsd.load(trained_run)(ids))
     generation = {"prompt": "The", "max_new_tokens": 12, "temperature": 0, "top_k": None, "top_p": None, "seed": 0,
-                  "device": "cpu", "dtype": "auto", "stop_at_eos": True, "compile": False}
+                  "device": "cpu", "dtype": "auto", "stop_at_eos": True, "compile": False, "cuda_graphs": False}
     assert (mcsd_generate(OmegaConf.create({"ckpt": str(out), **generation}))
             == mcsd_generate(OmegaConf.create({"ckpt": str(trained_run), **generation})))
     eval_run = tmp_path / "eval"

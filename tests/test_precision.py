@@ -88,7 +88,7 @@ def test_mcsd_generate_decodes_in_the_dtype_it_is_given(tmp_path: Path, dtype: s
     saved = mcsd.save(mcsd.build_model(tiny_config("mcsd", vocab_size=300)), tmp_path / "model", tokenizer)
     cfg = OmegaConf.create({"ckpt": str(saved), "prompt": "the king", "max_new_tokens": 10, "temperature": 0,
                             "top_k": None, "top_p": None, "seed": 0, "device": "cpu", "dtype": dtype,
-                            "stop_at_eos": False, "compile": False})
+                            "stop_at_eos": False, "compile": False, "cuda_graphs": False})
     model = mcsd.load(saved, dtype=getattr(torch, dtype))
     assert model.embed.weight.dtype == getattr(torch, dtype)
     ids = torch.tensor([tokenizer.encode("the king").ids])

@@ -117,16 +117,19 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 def inference_point(
     model_cfg: dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
-    device: str, dtype: str, seed: int, compile: bool = False,
+    device: str, dtype: str, seed: int, compile: bool = False, cuda_graphs: bool = False,
 ) -> dict[str, Any]:
     """Median prefill time, decode time per token, latency, throughput, peak memory, the
     bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens, and the bytes
     a decoding step must read at least (the weights it uses, the states of its batch); with
     ``compile`` through the compiled step (compiled by the warm-up, which then runs at least
-    once)."""
+    once); with ``cuda_graphs`` through the step replayed as CUDA graphs
+    (:meth:`CausalLM.decoding`), recorded by a warm-up over the whole length (every KV-cache
+    bucket), which then runs at least once: ``graphs_recorded_timed`` counts the recordings
+    made while timed (0 when every step replayed)."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     model = build(model_cfg, device_, dtype_, seed).eval()
-    step = model.step_function(compile)
+    prefill, step = model.decoding(compile, cuda_graphs)
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=generator).to(device_)
 
@@ -135,7 +138,7 @@ def inference_point(
         """Prefill and decode seconds; bytes of a sequence's state at the end, and of what an
         average step reads of it (a KV cache's positions so far: the step at position p reads
         p + 1 of them, prompt_len + (length + 1) / 2 on average)."""
-        prefill_s, (logits, state) = timed(lambda: model.prefill(prompt, max_new_tokens=length), device_)
+        prefill_s, (logits, state) = timed(lambda: prefill(prompt, max_new_tokens=length), device_)
 
         def decode() -> Any:
             next_logits, next_state = logits, state
@@ -149,8 +152,9 @@ def inference_point(
 
     graphs = compiled_graphs()
     with no_eager_fallback(compile):
-        for _ in range(max(warmup, 1 if compile else 0)):
-            run(min(gen_len, 16))
+        for _ in range(max(warmup, 1 if compile or cuda_graphs else 0)):
+            run(gen_len if cuda_graphs else min(gen_len, 16))
+        recorded = getattr(step, "recorded", 0)
         if device_.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device_)
         runs = [run(gen_len) for _ in range(repeats)]
@@ -176,6 +180,8 @@ def inference_point(
         "step_state_bytes_per_sequence": runs[-1][3],
         "step_read_bytes": step_weight_bytes + batch_size * runs[-1][3],
         "compiled": compile and compiled_graphs() > graphs,  # its own graphs, no eager fallback
+        "cuda_graphs": cuda_graphs,
+        "graphs_recorded_timed": getattr(step, "recorded", 0) - recorded,
     }
 
 

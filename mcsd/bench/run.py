@@ -48,7 +48,7 @@ COLUMNS = {
     "inference": ["model", "arch", "variant", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
-                  "read_bandwidth_bytes_per_s", "limit_ratio", "compiled", "status", "reason"],
+                  "read_bandwidth_bytes_per_s", "limit_ratio", "compiled", "graphs_recorded_timed", "status", "reason"],
     "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
               "compiled", "status", "reason"],
@@ -187,7 +187,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
                       "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
             arguments = {"model_cfg": source, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
                          "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup,
-                         "compile": cfg.compile, **common}
+                         "compile": cfg.compile, "cuda_graphs": cfg.cuda_graphs, **common}
             points.append((labels, arguments))
     else:
         grid_cfg = cfg.train
@@ -224,6 +224,8 @@ def _check(cfg: DictConfig) -> None:
         raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use one of {', '.join(measure.DTYPES)}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise MCSDError(f"device={cfg.device} but no GPU is visible: use device=cpu (e.g. bench=cpu_quick)")
+    if cfg.cuda_graphs and not cfg.device.startswith("cuda"):
+        raise MCSDError(f"cuda_graphs=true replays CUDA graphs, which device={cfg.device} has not: set cuda_graphs=false")
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
     for entry in models_of(cfg):
@@ -237,7 +239,7 @@ def header(cfg: DictConfig) -> dict[str, Any]:
     device = torch.cuda.get_device_name(torch.device(cfg.device)) if cfg.device.startswith("cuda") else (
         f"{platform.processor() or platform.machine()} CPU, {cfg.threads or torch.get_num_threads()} threads")
     return {"mode": cfg.mode, "device": device, "dtype": cfg.dtype, "torch": torch.__version__,
-            "git_commit": git_commit(), "bench": cfg.name, "compile": cfg.compile}
+            "git_commit": git_commit(), "bench": cfg.name, "compile": cfg.compile, "cuda_graphs": cfg.cuda_graphs}
 
 
 def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[Path, Path]:
@@ -249,7 +251,7 @@ def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, A
     json_path.write_text(json.dumps({"header": head, "points": rows}, indent=2) + "\n")
     columns = COLUMNS[head["mode"]]
     frame = pd.DataFrame(rows).reindex(columns=columns)
-    for key in ("device", "dtype", "torch", "git_commit", "compile", "complete", "points_planned"):
+    for key in ("device", "dtype", "torch", "git_commit", "compile", "cuda_graphs", "complete", "points_planned"):
         frame[key] = head[key]
     frame.to_csv(csv_path, index=False)
     return json_path, csv_path

@@ -4,39 +4,17 @@ recurrent states and KV caches per layer, hybrids included)."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from typing import Any
-
 import torch
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from mcsd.errors import MCSDError
 from mcsd.models import DecodingState
+from mcsd.models.common import map_tensors, tensors_of
 
 CACHE_KEY = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 """The name ``transformers`` gives the decoding cache in model outputs and in what ``generate``
 passes to ``forward``: ``past_key_values`` up to 5.23, ``cache`` from 5.24."""
-
-
-def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``value`` (a layer state: tensors in tuples, named tuples, lists and dataclasses) with
-    ``function`` applied to each tensor."""
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return function(value)
-    if isinstance(value, list):
-        return [map_tensors(item, function) for item in value]
-    if isinstance(value, tuple):
-        items = [map_tensors(item, function) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{field.name: map_tensors(getattr(value, field.name), function)
-                                            for field in dataclasses.fields(value) if field.init})
-    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: map_tensors knows tensors, tuples, "
-                    "lists and dataclasses")
 
 
 class DecodingCache(Cache):
@@ -127,6 +105,4 @@ class DecodingCache(Cache):
         self.rows = len(rows)
 
     def _tensors(self) -> list[torch.Tensor]:
-        found: list[torch.Tensor] = []
-        map_tensors(self.state.layers, lambda tensor: found.append(tensor) or tensor)
-        return found
+        return tensors_of(self.state.layers)

@@ -16,7 +16,7 @@ import math
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,14 @@ class InitStep(NamedTuple):
     initialise: Callable[[nn.Module], list[nn.Parameter]]
 
 
+class Decoding(NamedTuple):
+    """What decoding runs (:meth:`CausalLM.decoding`): ``prefill(input_ids, max_new_tokens=0)
+    -> (logits, state)`` and ``step(token_ids, state) -> (logits, state)``."""
+
+    prefill: Callable[..., tuple[torch.Tensor, DecodingState]]
+    step: Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]
+
+
 class LayerState(NamedTuple):
     """One layer's decoding state: its mixer's, and its MLP's (``None`` for a plain MLP)."""
 
@@ -60,6 +68,58 @@ class DecodingState:
 
     position: int
     layers: list[LayerState | None]
+
+
+@runtime_checkable
+class CapacityState(Protocol):
+    """A part of a layer's state that keeps an entry per position up to a ``capacity`` along its
+    third axis (a KV cache): what :class:`mcsd.models.static_decoding.StaticStep` allocates at a
+    fixed size and views a prefix of."""
+
+    @property
+    def capacity(self) -> int: ...
+
+    def with_capacity(self, capacity: int) -> CapacityState:
+        """A new zero-filled state of the same rows, heads and dtype with room for ``capacity`` positions."""
+        ...
+
+    def prefix(self, capacity: int) -> CapacityState:
+        """A view of the first ``capacity`` positions (writes to it land in this state)."""
+        ...
+
+    def copy_positions_(self, other: CapacityState, count: int) -> None:
+        """Copy ``other``'s first ``count`` positions into this state's."""
+        ...
+
+    def zero_positions_from_(self, start: int) -> None:
+        """Zero every position from ``start`` on."""
+        ...
+
+
+def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` (a layer state: tensors in tuples, named tuples, lists and dataclasses) with
+    ``function`` applied to each tensor."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return function(value)
+    if isinstance(value, list):
+        return [map_tensors(item, function) for item in value]
+    if isinstance(value, tuple):
+        items = [map_tensors(item, function) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{field.name: map_tensors(getattr(value, field.name), function)
+                                            for field in dataclasses.fields(value) if field.init})
+    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: map_tensors knows tensors, tuples, "
+                    "lists and dataclasses")
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """Every tensor of ``value`` (a layer state), in :func:`map_tensors`' order."""
+    found: list[torch.Tensor] = []
+    map_tensors(value, lambda tensor: found.append(tensor) or tensor)
+    return found
 
 
 class GroupedLinear(nn.Module):
@@ -168,10 +228,12 @@ class TokenMixer(nn.Module):
     def reset_parameters(self) -> None:
         raise NotImplementedError(f"{type(self).__qualname__} must initialise its parameters")
 
-    def step(self, x: torch.Tensor, state: Any, position: int) -> tuple[torch.Tensor, Any]:
+    def step(self, x: torch.Tensor, state: Any, position: int | torch.Tensor) -> tuple[torch.Tensor, Any]:
         """One token per row, ``x`` ``[B, D]`` -> ``([B, D], new state)``: decoding's hot path.
         By default the recurrent form on a sequence of one; a mixer overrides it with a leaner
-        step that computes the same numbers."""
+        step that computes the same numbers, and that also takes ``position`` as a 0-d tensor on
+        the device with ``state`` given (the step at fixed addresses that CUDA graphs replay,
+        :meth:`CausalLM.static_step`: no Python branch on the position, a KV cache written at it)."""
         y, state = self(x[:, None], state, position, "recurrent")
         return y[:, 0], state
 
@@ -255,7 +317,9 @@ class Layer(nn.Module):
             out = self.mlp(self.mlp_norm(h))
         return h + out, LayerState(mixer_state, mlp_state)
 
-    def step(self, x: torch.Tensor, layer_state: LayerState | None, position: int) -> tuple[torch.Tensor, LayerState]:
+    def step(
+        self, x: torch.Tensor, layer_state: LayerState | None, position: int | torch.Tensor
+    ) -> tuple[torch.Tensor, LayerState]:
         """:meth:`forward` for one token per row, ``x`` ``[B, D]``, through the mixers' steps."""
         mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)
         mixed, mixer_state = self.mixer.step(self.mixer_norm(x), mixer_state, position)
@@ -433,7 +497,7 @@ class CausalLM(nn.Module):
         with the loss and its backward (``nn.Module.compile`` would compile the logits alone)."""
         if not compile:
             return self.loss
-        return _compiled_method(_COMPILED_LOSSES, self, "loss")
+        return compiled_method(_COMPILED_LOSSES, self, "loss")
 
     def hidden_states(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:
         """The final-normed hidden states ``[B, N, D]`` that the LM head reads (a loss on a few
@@ -463,28 +527,56 @@ class CausalLM(nn.Module):
         """Decode one token per batch row: ``token_ids`` ``[B]`` -> logits ``[B, vocab]``, through
         each layer's :meth:`Layer.step` (the recurrent form's numbers, without its sequence axis)."""
         hidden, state = self.step_hidden(token_ids, state)
+        return self._head(hidden), state
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head of a decoding step's final-normed hidden states ``[B, D]``."""
         if torch.compiler.is_compiling() and hidden.shape[0] == 1 and hidden.device.type == "cpu":
             # The LM head of a batch-1 step compiled for a CPU as a multiply-and-sum that inductor
             # fuses into one reduction kernel, as decompose_mm_pass does for the smaller products
             # (its limit of 2048 rows leaves a vocabulary's head to a BLAS call, 1.5-2x slower).
-            return (hidden[:, None, :] * self.lm_head.weight).sum(-1), state
-        return self.lm_head(hidden), state
+            return (hidden[:, None, :] * self.lm_head.weight).sum(-1)
+        return self.lm_head(hidden)
 
     def step_hidden(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:
         """:meth:`step` up to the final-normed hidden state ``[B, D]`` that the LM head reads."""
-        x = self.streams.split(self.embed(token_ids.reshape(-1, 1)))[:, 0]
-        layers = []
-        for layer, layer_state in zip(self.layers, state.layers):
-            x, layer_state = layer.step(x, layer_state, state.position)
-            layers.append(layer_state)
-        hidden = self.streams.merge(self.final_norm(x)[:, None])[:, 0]
+        hidden, layers = self._step_layers(token_ids, state.layers, state.position)
         return hidden, DecodingState(position=state.position + 1, layers=layers)
 
-    def step_function(self, compile: bool = False) -> Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]:
+    def _step_layers(
+        self, token_ids: torch.Tensor, layers: list[LayerState | None], position: int | torch.Tensor
+    ) -> tuple[torch.Tensor, list[LayerState]]:
+        x = self.streams.split(self.embed(token_ids.reshape(-1, 1)))[:, 0]
+        advanced = []
+        for layer, layer_state in zip(self.layers, layers):
+            x, layer_state = layer.step(x, layer_state, position)
+            advanced.append(layer_state)
+        return self.streams.merge(self.final_norm(x)[:, None])[:, 0], advanced
+
+    def static_step(self, token_ids: torch.Tensor, layers: list[LayerState], position: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` at fixed addresses, what a CUDA graph replays (:class:`mcsd.models.static_decoding.StaticStep`):
+        ``position`` is a 0-d tensor on the model's device, not a Python int, and every layer's new
+        state is written into the tensors of ``layers`` (each KV cache with room for the token);
+        returns the logits ``[B, vocab]``. Each mixer's step takes a tensor ``position``: a KV
+        cache writes at it and attends over its whole capacity, masked past it."""
+        hidden, advanced = self._step_layers(token_ids, layers, position)
+        state_tensors = [tensor for layer_state in layers for tensor in tensors_of(layer_state)]
+        new_tensors = [tensor for layer_state in advanced for tensor in tensors_of(layer_state)]
+        if len(state_tensors) != len(new_tensors):
+            raise ValueError("a layer's step made a state of another structure than it was given: a static "
+                             "step needs every layer's state from the start (prefill the prompt first)")
+        for old, new in zip(state_tensors, new_tensors):
+            if new is not old:  # a mixer that made a new state (the in-place ones return their own)
+                old.copy_(new)
+        return self._head(hidden)
+
+    def step_function(
+        self, compile: bool = False
+    ) -> Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]:
         """:meth:`step`, or with ``compile`` its ``torch.compile``d twin (one graph for every
         position, batch size and cache length, built on its first calls and kept for this
-        model; CUDA graphs too on a GPU). The compiled step computes the same function: its
-        logits differ from the eager step's by float rounding (about 1e-7 here).
+        model). The compiled step computes the same function: its logits differ from the eager
+        step's by float rounding (about 1e-7 here).
 
         On a CPU a batch of one row compiles to a graph of its own, in which inductor's
         ``decompose_mm_pass`` turns each matrix-vector product (weights of at most 2048 x 2048)
@@ -496,8 +588,24 @@ class CausalLM(nn.Module):
         if not compile:
             return self.step
         if self.embed.weight.device.type == "cuda":
-            return _compiled_method(_COMPILED_STEPS, self, "step", dynamic=True, mode="reduce-overhead")
-        return _compiled_method(_COMPILED_STEPS, self, "step", dynamic=True, options=CPU_STEP_COMPILE_OPTIONS)
+            return compiled_method(_COMPILED_STEPS, self, "step", dynamic=True)
+        return compiled_method(_COMPILED_STEPS, self, "step", dynamic=True, options=CPU_STEP_COMPILE_OPTIONS)
+
+    def decoding(self, compile: bool = False, cuda_graphs: bool = False) -> Decoding:
+        """The prefill and the step that decoding runs: :meth:`prefill` and :meth:`step_function`,
+        or with ``cuda_graphs`` a :class:`~mcsd.models.static_decoding.StaticStep` (the step at
+        fixed addresses, recorded as a CUDA graph once per batch size and KV-cache capacity and
+        replayed; compiled first with ``compile``) and its prefill, which reads a prompt into
+        the step's own KV caches. ``cuda_graphs`` needs the model on a CUDA device."""
+        if not cuda_graphs:
+            return Decoding(self.prefill, self.step_function(compile))
+        from mcsd.models.static_decoding import StaticStep  # it builds on this module
+
+        if self.embed.weight.device.type != "cuda":
+            raise ConfigError(f"cuda_graphs=true needs a model on a CUDA device (this one is on "
+                              f"{self.embed.weight.device}): set cuda_graphs=false, or device=cuda")
+        step = StaticStep(self, compile=compile, record="cuda")
+        return Decoding(step.prefill, step)
 
     @torch.inference_mode()
     def stream(
@@ -510,15 +618,17 @@ class CausalLM(nn.Module):
         eos_token_id: int | None = None,
         generator: torch.Generator | None = None,
         compile: bool = False,
+        cuda_graphs: bool = False,
     ) -> Iterator[torch.Tensor]:
         """Yield each new token ``[B]`` as it is decoded (prefill once, then one step each).
 
         ``temperature=0`` is greedy; otherwise sampled with optional ``top_k``/``top_p``.
         Rows that produced ``eos_token_id`` keep yielding it; decoding stops once all have.
-        ``compile`` decodes with the compiled step (:meth:`step_function`).
+        ``compile`` decodes with the compiled step, ``cuda_graphs`` with the step replayed as
+        CUDA graphs (:meth:`decoding`).
         """
-        step = self.step_function(compile)
-        logits, state = self.prefill(input_ids, max_new_tokens=max_new_tokens)
+        prefill, step = self.decoding(compile, cuda_graphs)
+        logits, state = prefill(input_ids, max_new_tokens=max_new_tokens)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         for index in range(max_new_tokens):
             token = sample_next_token(logits, temperature, top_k, top_p, generator)
@@ -546,7 +656,7 @@ _COMPILED_STEPS: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKey
 _COMPILED_LOSSES: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
 
 
-def _compiled_method(cache: weakref.WeakKeyDictionary, model: CausalLM, name: str, **options: Any) -> Callable:
+def compiled_method(cache: weakref.WeakKeyDictionary, model: CausalLM, name: str, **options: Any) -> Callable:
     """``model.<name>`` through ``torch.compile``, kept in ``cache`` for as long as the model lives:
     the compiled function holds the model weakly (a bound method would keep it, and its entry,
     alive for ever).

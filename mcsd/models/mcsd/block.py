@@ -189,19 +189,24 @@ class Section(torch.nn.Module):
         # state stays fp32).
         return filtered.transpose(1, 2).to(channels_first.dtype), final
 
-    def mix_step(self, value: torch.Tensor, state: torch.Tensor, position: int) -> torch.Tensor:
+    def mix_step(self, value: torch.Tensor, state: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
         """One token ``value`` ``[B, C, Dc]`` at absolute ``position``: its mixed history, with
         ``state`` ``[B, C, Dc]`` fp32 advanced in place: Eq. 16 (slope: ``S <- S + (V_n - S) / Z``,
         ``Z = sum_{k=0}^{n} exp(-k beta)``) or Eq. 19 (decay: ``S <- alpha (S + E_n)``). The
-        per-position constants come from tables built once (:func:`position_constants`)."""
-        output = value if position == 0 else state.to(value.dtype)
-        if output is state:  # the state is about to change in place
-            output = state.clone()
+        per-position constants come from tables built once (:func:`position_constants`). A
+        ``position`` tensor (the step at fixed addresses) picks token 0's row without a branch."""
+        if isinstance(position, torch.Tensor):
+            output = torch.where(position == 0, value, state.to(value.dtype))  # a new tensor
+        else:
+            output = value if position == 0 else state.to(value.dtype)
+            if output is state:  # the state is about to change in place
+                output = state.clone()
         if self.kind == "slope":
             weight = position_constants("slope_update", self.num_channels, value.device, position)[:, None]
             state.add_((value.float() - state).mul_(weight))
             return output
-        if self.average_decay and position > 0:
+        if self.average_decay and (isinstance(position, torch.Tensor) or position > 0):
+            # The row sum is 1 at position 0 (history_weight_sum), where a tensor position divides too.
             divisor = position_constants("history_sum", self.num_channels, value.device, position)[:, None]
             output = (output / divisor).to(value.dtype)
         state.add_(value.to(state.dtype)).mul_(decay_factors(self.num_channels, value.device)[:, None])
@@ -221,7 +226,9 @@ def _decay_factors(num_channels: int, device: torch.device) -> torch.Tensor:
     return torch.exp(section_log_decay("decay", num_channels, device))
 
 
-def position_constants(quantity: str, num_channels: int, device: torch.device, position: int) -> torch.Tensor:
+def position_constants(
+    quantity: str, num_channels: int, device: torch.device, position: int | torch.Tensor
+) -> torch.Tensor:
     """A per-position constant of decoding, ``[C]`` at ``position`` n:
 
     - ``slope_update``: the slope state's update weight, ``1 / sum_{k=0}^{n} exp(-k beta)``;
@@ -230,8 +237,11 @@ def position_constants(quantity: str, num_channels: int, device: torch.device, p
 
     Eager calls read a column of a cached table (``[C, L]``, ``L`` a power of two of at least
     1024, so decoding builds a handful in all); a compiled step computes it in its graph, with
-    ``position`` symbolic (one graph for every position).
+    ``position`` symbolic (one graph for every position), as does a step given ``position`` as a
+    0-d tensor on the device (the step at fixed addresses).
     """
+    if isinstance(position, torch.Tensor):
+        return _position_values(quantity, num_channels, position.reshape(1))[:, 0]
     if torch.compiler.is_compiling():
         return _position_values(quantity, num_channels, torch.full((1,), position, device=device))[:, 0]
     return _position_table(quantity, num_channels, device, max(1024, 1 << position.bit_length()))[:, position]
@@ -244,7 +254,7 @@ def _position_table(quantity: str, num_channels: int, device: torch.device, leng
 
 def _position_values(quantity: str, num_channels: int, positions: torch.Tensor) -> torch.Tensor:
     kind = "slope" if quantity == "slope_update" else "decay"
-    log_decay = _log_decay_tensor(kind, num_channels, positions.device)
+    log_decay = section_log_decay(kind, num_channels, positions.device)  # no host copy in a CUDA graph's capture
     if quantity == "slope_update":
         return 1.0 / geometric_sum(log_decay, positions + 1)
     return history_weight_sum(log_decay, positions)
@@ -336,7 +346,7 @@ class MCSDBlock(TokenMixer):
                 for part, section in zip(channels, self.sections)]
 
     def step(
-        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int
+        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int | torch.Tensor
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form without its sequence axis,
         the section states advanced in place."""

@@ -72,7 +72,9 @@ class MultiScaleRetention(TokenMixer):
     def sequence_flops(self, length: int, form: str) -> int:
         return self.num_heads * decayed_attention_flops(length, self.key_width, self.value_width, form, self.chunk_size)
 
-    def step(self, x: torch.Tensor, state: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
         batch, _ = x.shape
         query, key = rotary_step(self.qk_proj(x).view(batch, 2, self.num_heads, self.key_width),

@@ -87,7 +87,7 @@ class TimeMix(PerspectiveMixes, TokenMixer):
                                chunk_size=self.chunk_size)
         return self.output(torch.sigmoid(r) * mixed), (x[:, -1].to(state_dtype(x)), wkv_state)
 
-    def step(self, x: torch.Tensor, state, position: int):
+    def step(self, x: torch.Tensor, state, position: int | torch.Tensor):
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
         last, wkv_state = state if state is not None else (None, None)
         shifted = torch.zeros_like(x) if last is None else last.to(x.dtype)
@@ -137,7 +137,7 @@ class ChannelMix(PerspectiveMixes, TokenMixer):
         r = torch.sigmoid(self.receptance(mix(shifted, x, self.mix_r)))
         return r * self.value(k), x[:, -1].to(state_dtype(x))
 
-    def step(self, x: torch.Tensor, state, position: int):
+    def step(self, x: torch.Tensor, state, position: int | torch.Tensor):
         """One token per row, ``x`` ``[B, D]``."""
         shifted = torch.zeros_like(x) if state is None else state.to(x.dtype)
         k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()

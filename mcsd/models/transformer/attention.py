@@ -41,6 +41,31 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys.shape[2]
 
+    def with_capacity(self, capacity: int) -> KVCache:
+        """A zero-filled cache of the same rows, heads and dtype with room for ``capacity`` positions."""
+        return KVCache(*(None if old is None else old.new_zeros(*old.shape[:2], capacity, *old.shape[3:])
+                         for old in self._fields()))
+
+    def prefix(self, capacity: int) -> KVCache:
+        """A view of the first ``capacity`` positions: writes to it land in this cache."""
+        return KVCache(*(None if old is None else old[:, :, :capacity] for old in self._fields()))
+
+    def copy_positions_(self, other: KVCache, count: int) -> None:
+        """Copy ``other``'s first ``count`` positions into this cache's."""
+        for mine, theirs in zip(self._fields(), other._fields()):
+            if mine is not None:
+                mine[:, :, :count] = theirs[:, :, :count]
+
+    def zero_positions_from_(self, start: int) -> None:
+        """Zero every position from ``start`` on (an entry never written may hold a NaN, which a
+        masked attention over the whole capacity would still multiply by 0)."""
+        for mine in self._fields():
+            if mine is not None:
+                mine[:, :, start:] = 0
+
+    def _fields(self) -> list[torch.Tensor | None]:
+        return [getattr(self, field.name) for field in dataclasses.fields(self)]
+
     def reserve(self, end: int, filled: int) -> None:
         """Make room for positions up to ``end``: grow geometrically, keeping the ``filled``
         positions written so far."""
@@ -66,8 +91,9 @@ def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
     return _rotate(x, angles.cos(), angles.sin())
 
 
-def rotary_step(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
-    """:func:`rotary` of one position, ``x`` ``[..., Dh]``: the same numbers, no position tensor."""
+def rotary_step(x: torch.Tensor, position: int | torch.Tensor, base: float) -> torch.Tensor:
+    """:func:`rotary` of one position, ``x`` ``[..., Dh]``: the same numbers, no positions tensor
+    (``position`` an int, or a 0-d tensor on the device in the step at fixed addresses)."""
     dtype = torch.promote_types(x.dtype, torch.float32)
     angles = inverse_frequency(x.shape[-1], base, x.device, dtype) * position
     return _rotate(x, angles.cos(), angles.sin())
@@ -152,13 +178,22 @@ class CausalSelfAttention(TokenMixer):
             attended = self._attend_cached(query, key, value, bias, cache, position, block)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, hidden)), cache
 
-    def step(self, x: torch.Tensor, cache: KVCache | None, position: int) -> tuple[torch.Tensor, KVCache]:
+    def step(
+        self, x: torch.Tensor, cache: KVCache | None, position: int | torch.Tensor
+    ) -> tuple[torch.Tensor, KVCache]:
         """One token per row, ``x`` ``[B, D]``: its key and value (and key bias) written into the
-        cache in place, its query attending to every cached position (none is in its future)."""
+        cache in place, its query attending to every cached position (none is in its future).
+        With ``position`` a 0-d tensor (the step at fixed addresses), the cache keeps its size:
+        the token is written at ``position`` and the query attends over the whole capacity,
+        the positions after it masked out (:meth:`_attend_static`)."""
         batch, hidden = x.shape
         qkv = self.qkv_proj(x).view(batch, 3, self.num_heads, self.head_width)
         query, key = rotary_step(qkv[:, :2], position, self.rope_base).unbind(1)  # [B, H, Dh] each
         value = qkv[:, 2]
+        bias = self.key_bias(value[:, :, None])
+        if isinstance(position, torch.Tensor):
+            attended = self._attend_static(query, key, value, bias, cache, position)
+            return self.out_proj(attended.reshape(batch, hidden)), cache
         if cache is None:
             cache = self.init_state(batch, position + 1, x.device, key.dtype)
         end = position + 1
@@ -166,7 +201,6 @@ class CausalSelfAttention(TokenMixer):
         # Slices, not integer indices: a compiled step keeps ``position`` symbolic through them.
         cache.keys[:, :, position:end] = key[:, :, None].to(cache.keys.dtype)
         cache.values[:, :, position:end] = value[:, :, None].to(cache.values.dtype)
-        bias = self.key_bias(value[:, :, None])
         mask = None
         if bias is not None:
             cache.key_bias[:, :, position:end] = bias.to(cache.key_bias.dtype)
@@ -174,6 +208,28 @@ class CausalSelfAttention(TokenMixer):
         attended = F.scaled_dot_product_attention(query[:, :, None], cache.keys[:, :, :end].to(query.dtype),
                                                   cache.values[:, :, :end].to(query.dtype), attn_mask=mask)
         return self.out_proj(attended.reshape(batch, hidden)), cache
+
+    @staticmethod
+    def _attend_static(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, cache: KVCache,
+        position: torch.Tensor,
+    ) -> torch.Tensor:
+        """One query per row ``[B, H, Dh]`` at the 0-d tensor ``position``: its key and value (and
+        key bias) written into ``cache`` at ``position``, attending over the cache's whole capacity
+        with the positions after it masked (an entry never written must hold finite numbers:
+        :class:`~mcsd.models.static_decoding.StaticStep` allocates zeros). No shape or Python
+        branch depends on the position: what a CUDA graph replays at every position."""
+        index = position.reshape(1)
+        cache.keys.index_copy_(2, index, key[:, :, None].to(cache.keys.dtype))
+        cache.values.index_copy_(2, index, value[:, :, None].to(cache.values.dtype))
+        visible = (torch.arange(cache.capacity, device=query.device) <= position)[None]  # [1, capacity]
+        if bias is None:
+            mask = visible
+        else:
+            cache.key_bias.index_copy_(2, index, bias.to(cache.key_bias.dtype))
+            mask = cache.key_bias[:, :, None, :].to(query.dtype).masked_fill(~visible, float("-inf"))
+        return F.scaled_dot_product_attention(query[:, :, None], cache.keys.to(query.dtype),
+                                              cache.values.to(query.dtype), attn_mask=mask)
 
     def _attend_cached(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,

@@ -89,7 +89,9 @@ class StateSpaceDuality(TokenMixer):
         queries, the head's ``P`` features as values; the skip term is elementwise."""
         return self.num_heads * decayed_attention_flops(length, self.state_size, self.head_width, form, self.chunk_size)
 
-    def step(self, x: torch.Tensor, state: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
         batch, _ = x.shape
         gate, inner, keys, queries, dt = self.in_proj(x).split(self.split_widths, dim=-1)
