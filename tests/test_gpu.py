@@ -36,9 +36,10 @@ CUDA = torch.device("cuda")
 @pytest.mark.parametrize("case", variant_cases())
 @torch.no_grad()
 def test_every_form_and_decoding_on_cuda_in_bf16_matches_the_cpu_in_fp32(case: str) -> None:
-    """The model on the GPU in bf16 (cast, not autocast): every form, the eager and the compiled
-    step along a fixed token path, within the bf16 tolerance of the same weights on the CPU in
-    fp32; recurrent states fp32."""
+    """The model on the GPU in bf16 (cast, not autocast): every form, the eager step (and the
+    compiled one, for each architecture's default variant: a compile per variant would take the
+    GPU check's time) along a fixed token path, within the bf16 tolerance of the same weights on
+    the CPU in fp32; recurrent states fp32."""
     model = tiny_model(case, hidden_size=64, num_channels=4, mlp_hidden_size=96)
     input_ids = torch.randint(0, 101, (2, 80))
     reference = model(input_ids, form="parallel")
@@ -47,7 +48,8 @@ def test_every_form_and_decoding_on_cuda_in_bf16_matches_the_cpu_in_fp32(case: s
     for form in registry.get(case.split("/")[0]).forms:
         logits = gpu(input_ids.to(CUDA), form=form)
         assert logits.dtype == torch.bfloat16 and relative_rms_error(logits.cpu(), reference) < tolerance, form
-    for compile in (False, True):
+    name, _, variant = case.partition("/")
+    for compile in (False, True) if variant == next(iter(registry.get(name).variants)) else (False,):
         decoded, state = decode_with_state(gpu, input_ids.to(CUDA), split=33, compile=compile)
         assert relative_rms_error(decoded.cpu(), reference[:, 32:]) < tolerance, compile
         assert_recurrent_states_stay_fp32(gpu, state)

@@ -4,6 +4,8 @@ installed as the package mcsd.conf by a regular and by an editable install."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import site
 import subprocess
@@ -98,3 +100,72 @@ def test_the_editable_install_reads_conf_itself(tmp_path: Path, monkeypatch: pyt
         assert cfg.seen is True and cfg.model._target_ == "mcsd.models.retnet.RetNetConfig"
     finally:
         added.unlink()
+
+
+# What the simulated GPU image lacks (besides the project): the dependencies that share Hydra's
+# hydra_plugins/ namespace folder, and hydra-core's sdist-only antlr4 runtime.
+MISSING_ON_THE_IMAGE = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "hydra-joblib-launcher",
+                        "hydra-submitit-launcher")
+
+
+def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> None:
+    """experiments/gpu_check: fill_wheels.py fills a folder for this Python, leaving out what an
+    "image" has (every package of this environment but the project and Hydra's); in a fresh virtual
+    environment holding only that image, run.sh installs the folder offline (two --target folders
+    on PYTHONPATH, their bin/ on PATH) and runs every step: the installed project (not the
+    checkout's) reports the device, the GPU tests are collected and skipped without a GPU, and
+    the benchmarks refuse in one line that device=cuda has no GPU."""
+    from importlib.metadata import distributions
+
+    from packaging.utils import canonicalize_name
+
+    probe = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest",
+                            str(tmp_path / "probe"), "omegaconf==2.3.0"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"needs the package index (pip download failed: {probe.stderr.strip()[-300:]})")
+    missing = {canonicalize_name(name) for name in (*MISSING_ON_THE_IMAGE, "mcsd")}
+    have = tmp_path / "have.txt"
+    have.write_text("\n".join(sorted({canonicalize_name(d.metadata["Name"]) for d in distributions()} - missing)) + "\n")
+    wheels = tmp_path / "wheels"
+    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    filled = subprocess.run([sys.executable, str(ROOT / "experiments/gpu_check/fill_wheels.py"), str(wheels),
+                             "--python-version", python_version, "--have", str(have)],
+                            capture_output=True, text=True, timeout=600)
+    assert filled.returncode == 0, filled.stderr[-3000:]
+    fetched = {canonicalize_name(wheel.name.split("-")[0]) for wheel in wheels.glob("*.whl")}
+    assert fetched == missing, fetched
+
+    # The image: a fresh environment that sees this one's packages less the missing ones.
+    image_packages = tmp_path / "image_packages"
+    image_packages.mkdir()
+    prefixes = ("hydra", "omegaconf", "antlr4", "mcsd", "__editable__")
+    for entry in Path(site.getsitepackages()[0]).iterdir():
+        if not entry.name.startswith(prefixes) and "mcsd" not in entry.name:
+            (image_packages / entry.name).symlink_to(entry)
+    image = tmp_path / "image"
+    subprocess.run([sys.executable, "-m", "venv", str(image)], check=True)
+    python = image / "bin" / "python"
+    (packages,) = subprocess.run([str(python), "-c", "import site; print(*site.getsitepackages())"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+    (Path(packages) / "image.pth").write_text(f"{image_packages}\n")
+    lacks = subprocess.run([str(python), "-c", "import omegaconf"], capture_output=True, text=True)
+    assert lacks.returncode != 0 and "No module named 'omegaconf'" in lacks.stderr
+
+    results, install_site = tmp_path / "results", tmp_path / "site"
+    environment = {**os.environ, "PATH": f"{image / 'bin'}:{os.environ['PATH']}", "WHEELS": str(wheels),
+                   "SITE": str(install_site), "PYTHONPATH": "", "VIRTUAL_ENV": str(image)}
+    run = subprocess.run(["bash", str(ROOT / "experiments/gpu_check/run.sh"), str(results)], env=environment,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]  # the benchmarks' refusal (exit 2)
+    device = (results / "device.txt").read_text()
+    assert "device: no CUDA device" in device
+    assert f"mcsd from {install_site}/project/mcsd/__init__.py" in device
+    assert (install_site / "project" / "bin" / "mcsd-bench").is_file()
+    assert {path.name for path in (install_site / "dependencies" / "hydra_plugins").iterdir()} >= {
+        "hydra_joblib_launcher", "hydra_submitit_launcher"}
+    tests = (results / "pytest_gpu.txt").read_text()
+    assert re.search(r"\b\d+ skipped\b", tests) and not re.search(r"\b(failed|error)", tests), tests[-2000:]
+    for mode in ("inference", "train"):
+        log = (results / mode / "log.txt").read_text()
+        assert "device=cuda but no GPU is visible: use device=cpu" in log and "Traceback" not in log, log[-2000:]
+        assert not (results / mode / "results.csv").exists()

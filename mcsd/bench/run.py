@@ -207,9 +207,10 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
 
 def train_batches(grid_cfg: DictConfig, seq_len: int) -> list[tuple[int, bool]]:
     """(batch size, activation checkpointing) of the training points at ``seq_len``: ``batch_size``
-    sequences; with ``tokens_per_step``, also ``tokens_per_step // seq_len`` of them (at least one),
-    checkpointed with ``large_batch_checkpointing``: a realistic step (16 x 2048, 4 x 8192, ...)."""
-    batches = [(grid_cfg.batch_size, False)]
+    sequences (none when null); with ``tokens_per_step``, also ``tokens_per_step // seq_len`` of them
+    (at least one), checkpointed with ``large_batch_checkpointing``: a realistic step (16 x 2048,
+    4 x 8192, ...)."""
+    batches = [] if grid_cfg.batch_size is None else [(grid_cfg.batch_size, False)]
     if grid_cfg.tokens_per_step:
         large = max(1, grid_cfg.tokens_per_step // seq_len)
         if large != grid_cfg.batch_size:
@@ -220,6 +221,8 @@ def train_batches(grid_cfg: DictConfig, seq_len: int) -> list[tuple[int, bool]]:
 def _check(cfg: DictConfig) -> None:
     if cfg.mode not in MODES:
         raise MCSDError(f"mode={cfg.mode!r} is unknown: use inference or train")
+    if cfg.mode == "train" and cfg.train.batch_size is None and not cfg.train.tokens_per_step:
+        raise MCSDError("train.batch_size=null and train.tokens_per_step=null leave no training point: set either")
     if cfg.dtype not in measure.DTYPES:
         raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use one of {', '.join(measure.DTYPES)}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():

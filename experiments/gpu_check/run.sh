@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One command for a GPU machine that has CUDA and torch but not the project's other dependencies,
+# offline (issue 55 item 4). On a machine with a package index, first fill the wheel folder:
+#   python experiments/gpu_check/fill_wheels.py .whl        # Python 3.12, Linux x86_64 (see --help)
+# then, in the checkout's root on the GPU machine:
+#   bash experiments/gpu_check/run.sh [RESULTS=experiments/gpu_check/results]
+# It installs the project from .whl (WHEELS=...) into /tmp/mcsd_site (SITE=...), runs the GPU tests
+# (pytest -m gpu), the short paper grid (bench=paper_quick: 1.6B in bf16, decoding through CUDA
+# graphs, training at 32768 tokens a step) and draws the figures, every result in RESULTS:
+#   device.txt, pytest_gpu.txt, inference/ and train/ (results.csv/.json, log.txt, figures).
+# Each step has its own time limit (seconds, from the environment), 450 s in all by default, so the
+# whole run ends within 8 minutes; the benchmarks write their results after every point, so a step
+# cut short keeps what it measured. The exit status is the first failing step's.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+results=${1:-experiments/gpu_check/results}
+mkdir -p "$results"
+status=0
+step() {  # step NAME SECONDS LOG COMMAND...: run with a time limit, its output also into LOG
+    local name=$1 seconds=$2 log=$3
+    shift 3
+    mkdir -p "$(dirname "$log")"
+    echo "[$(date +%T)] $name (limit ${seconds}s): $*"
+    timeout --kill-after=10 "$seconds" "$@" 2>&1 | tee "$log"
+    local code=${PIPESTATUS[0]}
+    echo "[$(date +%T)] $name: exit $code$([ $code -eq 124 ] && echo ' (time limit reached)')"
+    [ $status -eq 0 ] && status=$code
+    return 0
+}
+
+# python3 -P everywhere: the installed project, not the checkout's mcsd/ (which has no mcsd.conf: conf/
+# is installed as that package).
+source experiments/gpu_check/install.sh "${WHEELS:-.whl}" "${SITE:-/tmp/mcsd_site}" || exit 1
+python3 -P - > "$results/device.txt" <<'PYTHON'
+import platform, torch, mcsd
+print(f"device: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device'}")
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {platform.python_version()}, mcsd from {mcsd.__file__}")
+PYTHON
+cat "$results/device.txt"
+
+step "pytest -m gpu" "${PYTEST_S:-150}" "$results/pytest_gpu.txt" \
+    python3 -P -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -v -o addopts="" --durations=10
+step "decoding (bench=paper_quick)" "${INFERENCE_S:-170}" "$results/inference/log.txt" \
+    mcsd-bench bench=paper_quick wandb.enabled=false output_dir="$results/inference"
+# Training runs eagerly: a compile per point (a 1.6B model's forward and backward) would take the run's time.
+step "training (bench=paper_quick mode=train)" "${TRAIN_S:-110}" "$results/train/log.txt" \
+    mcsd-bench bench=paper_quick mode=train models=null compile=false wandb.enabled=false output_dir="$results/train"
+for mode in inference train; do
+    if [ -f "$results/$mode/results.csv" ]; then
+        step "figures ($mode)" 20 "$results/$mode/plot_log.txt" mcsd-plot "$mode" "$results/$mode/results.csv"
+    fi
+done
+exit $status
