@@ -169,3 +169,11 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
         log = (results / mode / "log.txt").read_text()
         assert "device=cuda but no GPU is visible: use device=cpu" in log and "Traceback" not in log, log[-2000:]
         assert not (results / mode / "results.csv").exists()
+    # The project's Hydra plugins (one target) and the launchers' (the other) are found together.
+    composed = subprocess.run(
+        ["bash", "-c", f"source {ROOT / 'experiments/gpu_check/install.sh'} {wheels} {install_site} && cd {tmp_path} && "
+         "mcsd-train --cfg hydra hydra/sweeper=arms hydra/launcher=local_parallel model=retnet size=tiny"],
+        env=environment, capture_output=True, text=True, timeout=300)
+    assert composed.returncode == 0, composed.stderr[-3000:]
+    assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in composed.stdout
+    assert "_target_: hydra_plugins.mcsd_arms_sweeper.ArmsSweeper" in composed.stdout
