@@ -6,9 +6,12 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+import importlib.resources
 import inspect
+import itertools
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import hydra
+import yaml
 from hydra.core.plugins import Plugins
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -64,6 +68,48 @@ OmegaConf.register_new_resolver("mcsd.gpus_per_node",
                                 lambda accelerator, devices: 0 if accelerator == "cpu" else devices, replace=True)
 
 
+def command_help(config_name: str) -> str:
+    """``--help`` of a command (``hydra.help.template``): what its primary config's leading comment
+    says, the groups a user chooses from with their options and default, and the main settings
+    with their defaults and comments (instead of Hydra's default, which lists internal groups)."""
+    conf = importlib.resources.files("mcsd.conf")
+    text = (conf / f"{config_name}.yaml").read_text()
+    lines = text.splitlines()
+    header = [line[2:] for line in itertools.takewhile(lambda line: line.startswith("#"), lines)]
+    defaults = (yaml.safe_load(text) or {}).get("defaults", [])
+    groups = []
+    for entry in defaults:
+        if not isinstance(entry, dict):
+            continue
+        (group, default), = entry.items()
+        group = group.removeprefix("override ")
+        if group in ("paths", "hydra") or group.startswith("hydra/"):
+            continue
+        folder = conf / group
+        options = sorted(path.name.removesuffix(".yaml") for path in folder.iterdir()
+                         if path.name.endswith(".yaml") and not path.name.startswith("_")) if folder.is_dir() else []
+        if options:
+            groups.append(f"  {group}={'|'.join(options)}  (default: {'none' if default is None else default})")
+    settings = []
+    for line in lines:
+        match = re.match(r"^([a-z_]+): ?([^#]*?)\s*(?:#\s*(.*))?$", line)
+        if match and match.group(1) not in ("defaults", "hydra", "task_name") and match.group(2) not in ("", "|"):
+            name, value, comment = match.groups()
+            settings.append(f"  {name}={value}" + (f"  ({comment})" if comment else ""))
+    parts = ["\n".join(header)]
+    if groups:
+        parts.append("Groups (group=option):\n" + "\n".join(groups))
+    if settings:
+        parts.append("Settings (key=value, a nested one as key.sub=value; --cfg job prints them all):\n"
+                     + "\n".join(settings))
+    parts.append("Sweeps: -m with comma-separated values (-m model=mcsd,transformer seed=0,1); the README has the rest.")
+    return "\n\n".join(parts).replace("$", "$$")  # Hydra fills the template with string.Template
+
+
+# ${mcsd.help:CONFIG_NAME}: --help of the command whose primary config is CONFIG_NAME.
+OmegaConf.register_new_resolver("mcsd.help", command_help, replace=True)
+
+
 def _register_plugins() -> None:
     """``hydra/sweeper=arms`` and ``hydra/launcher=slurm``'s launcher. Hydra's scan of
     ``hydra_plugins`` finds them in a regular install but not in an editable one (the editable
@@ -79,8 +125,10 @@ _register_plugins()
 
 
 def fail(app: str, message: str) -> NoReturn:
-    """End the app with one line on stderr and exit status 2."""
-    print(f"{app}: error: {message}", file=sys.stderr, flush=True)
+    """End the app with one line on stderr (a line for each problem, when ``message`` lists
+    several) and exit status 2."""
+    for line in message.splitlines() or [message]:
+        print(f"{app}: error: {line}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 
@@ -197,6 +245,7 @@ def check_settings_exist(node: Any, path: str = "") -> None:
 def parallel_jobs() -> int:
     """How many jobs of this Hydra sweep run side by side here (the joblib launcher's n_jobs), else 1."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     if not HydraConfig.initialized():
         return 1
@@ -272,9 +321,33 @@ def _group_options(config_name: str, argv: list[str]) -> Iterator[tuple[str, str
             yield key, value, [option for option in options if not option.startswith("_")]
 
 
+def check_overrides_parse(app: str, argv: list[str]) -> None:
+    """Refuse, in one line with the fix, a ``key=value`` that Hydra's override grammar cannot read
+    (Hydra would end in a ``LexerNoViableAltException``): a ``~`` (a home folder) or another
+    character the grammar keeps for itself outside quotes."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for argument in argv:
+        if argument.startswith("-") or "=" not in argument:
+            continue
+        try:
+            parser.parse_override(argument)
+        except Exception as error:  # noqa: BLE001  Hydra raises its own parse exceptions (and ANTLR's)
+            key, _, value = argument.partition("=")
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            items = value[1:-1].split(",") if value.startswith("[") and value.endswith("]") else None
+            quoted = ("[" + ",".join(f'"{item.strip()}"' for item in items) + "]") if items is not None else f'"{value}"'
+            fix = f"quote it: '{key}={quoted}'"
+            if "~" in value:
+                fix = f"Hydra reads ~ only inside quotes: write '{key}={quoted}', or the full path ({Path.home()}/...)"
+            fail(app, f"{argument} cannot be read as a setting ({reason}): {fix}")
+
+
 def check_command_line(app: str, config_name: str, argv: list[str]) -> None:
-    """Refuse, in one line and before Hydra makes a run folder, a group option that does not
-    exist and a launcher that cannot start here."""
+    """Refuse, in one line and before Hydra makes a run folder, a setting Hydra cannot read, a
+    group option that does not exist and a launcher that cannot start here."""
+    check_overrides_parse(app, argv)
     for group, value, options in _group_options(config_name, argv):
         for choice in value.split(","):
             if choice not in options and choice != "null":
@@ -328,6 +401,7 @@ def _remove_empty_run_dir() -> None:
     """A run that failed before writing anything leaves no folder (Hydra's own ``.hydra/`` and
     log file do not count)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     if not HydraConfig.initialized():
         return
@@ -336,6 +410,11 @@ def _remove_empty_run_dir() -> None:
                and ".hydra" not in path.relative_to(run_dir).parts and path.suffix != ".log"]
     if run_dir.is_dir() and not written:
         shutil.rmtree(run_dir)
+        # A sweep whose jobs all failed so leaves no folder either (Hydra's multirun.yaml does not count).
+        sweep_dir = run_dir.parent
+        if (HydraConfig.get().mode == RunMode.MULTIRUN and sweep_dir.is_dir()
+                and {entry.name for entry in sweep_dir.iterdir()} <= {"multirun.yaml"}):
+            shutil.rmtree(sweep_dir)
 
 
 def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Result]], Callable[[], Result]]:

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer
 import mcsd
 from mcsd.cli import git_commit, hydra_app
 from mcsd.errors import MCSDError
+from mcsd.files import give_default_permissions
 from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import CausalLM, registry
 from mcsd.saved_model import CHECKPOINT_DIR, LAST_CHECKPOINT, MODEL_DIR, SavedModel, read_checkpoint
@@ -189,6 +190,7 @@ def export(cfg: DictConfig) -> Path:
     staging.mkdir(parents=True)
     try:
         write_export(model, tokenizer, staging, model_card(model, saved, describe_training(saved)))
+        give_default_permissions(staging)  # the weights are written 0600
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -16,8 +16,32 @@ from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.precision import model_dtype
 
 
+def check_sampling(cfg: DictConfig) -> None:
+    """The sampling settings, refused in one line before the model is loaded."""
+    def number(key: str) -> Any:
+        value = cfg[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise mcsd.ConfigError(f"{key}={value} must be a number")
+        return value
+
+    temperature, top_p = number("temperature"), number("top_p")
+    if temperature is None or temperature < 0:
+        raise mcsd.ConfigError(f"temperature={temperature} must be 0 (greedy) or more (e.g. 0.8)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise mcsd.ConfigError(f"top_p={top_p} must be a probability in (0, 1] (e.g. 0.9), or null")
+    for key in ("top_k", "max_new_tokens"):
+        value = cfg[key]
+        if (value is not None or key == "max_new_tokens") and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise mcsd.ConfigError(f"{key}={value} must be a positive whole number" + (", or null" if key == "top_k" else ""))
+    for key in ("stop_at_eos", "compile", "cuda_graphs"):
+        if not isinstance(cfg[key], bool):
+            raise mcsd.ConfigError(f"{key}={cfg[key]} must be true or false")
+
+
 def generate(cfg: DictConfig) -> str:
     """Decode ``cfg.max_new_tokens`` tokens after ``cfg.prompt``, printing each piece; return the text."""
+    check_sampling(cfg)
     model = mcsd.load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
     tokenizer = mcsd.load_tokenizer(cfg.ckpt)
     prompt_ids = tokenizer.encode(cfg.prompt).ids

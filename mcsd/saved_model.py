@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 from tokenizers import Tokenizer
 
@@ -33,6 +34,7 @@ from mcsd.api import build_model
 from mcsd.distributed import (SHARDED_METADATA, check_sharded_checkpoint, copy_into, is_sharded,
                               is_sharded_checkpoint, read_sharded)
 from mcsd.errors import MCSDError
+from mcsd.files import give_default_permissions
 from mcsd.models import CausalLM, LMConfig, make_config
 
 WEIGHTS_FILE = "model.safetensors"
@@ -122,6 +124,7 @@ def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = N
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_model(model, str(directory / WEIGHTS_FILE))
+    give_default_permissions(directory / WEIGHTS_FILE)  # safetensors writes it 0600
     (directory / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))
@@ -179,13 +182,24 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
     return whole_model(read_config(saved), weights).eval()
 
 
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file; one that is not whole (truncated) or not one at all
+    is named in one line."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise MCSDError(f"{path} is not a readable safetensors file (truncated, or not one: {reason}): save or "
+                        "export the model again, or use another") from None
+
+
 def read_weights(saved: SavedModel) -> dict[str, torch.Tensor]:
     """The model weights of a saved model, by parameter name."""
     if saved.kind == "folder":
-        return load_file(str(saved.path / WEIGHTS_FILE))
+        return read_safetensors(saved.path / WEIGHTS_FILE)
     if saved.kind == "exported":  # the Hugging Face model's weights, under model., less tied copies
         weights = {key.removeprefix(STATE_DICT_PREFIX): value
-                   for key, value in load_file(str(saved.path / WEIGHTS_FILE)).items()}
+                   for key, value in read_safetensors(saved.path / WEIGHTS_FILE).items()}
         if read_config(saved).tie_embeddings:
             weights.setdefault("lm_head.weight", weights["embed.weight"])
         return weights

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mcsd.cli import hydra_app, parallel_jobs, require_wandb_login
 from mcsd.errors import MCSDError
@@ -36,60 +37,94 @@ from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, pl
 from mcsd.training.module import LanguageModelModule
 from mcsd.training.resume import (STOP_SIGNALS, WANDB_RUN_KEY, RememberRun, StopOnSignal, requeue_slurm_job,
                                   resume_config)
+from mcsd.training.sweep import RESULT_FILE
 
 log = logging.getLogger("mcsd.train")
 CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
 
 
 def _check(cfg: DictConfig) -> None:
-    """Refuse settings that cannot work before anything is built or written."""
+    """Refuse settings that cannot work before anything is built or written: every one found,
+    a line each (not one mistake per try)."""
+    problems = list(_problems(cfg))
+    if problems:
+        raise MCSDError("\n".join(problems))
+
+
+def _problems(cfg: DictConfig) -> Iterator[str]:
     if cfg.get("trainable") is not None and cfg.get("init_from") is None and cfg.get("ckpt_path") is None:
-        raise MCSDError(f"trainable={list(cfg.trainable)} trains part of a model that starts from scratch: "
-                        "set init_from=RUN_DIR (the trained model to fine-tune) or trainable=null")
+        yield (f"trainable={list(cfg.trainable)} trains part of a model that starts from scratch: "
+               "set init_from=RUN_DIR (the trained model to fine-tune) or trainable=null")
     for key in ("seq_len", "batch_size"):
         value = cfg.data.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise MCSDError(f"data.{key}={value} must be a positive whole number")
+            yield f"data.{key}={value} must be a positive whole number"
+    if not isinstance(cfg.get("compile"), bool):
+        yield f"compile={cfg.get('compile')} must be true or false"
+    checkpoint = cfg.get("ckpt_path")
+    if checkpoint and (str(checkpoint).endswith(".safetensors") or (Path(checkpoint).expanduser() / "model.safetensors").is_file()):
+        yield (f"ckpt_path={checkpoint} is a model's weights, not a run's checkpoint: resume a run with resume=RUN_DIR "
+               f"(or ckpt_path=RUN_DIR/checkpoints/last.ckpt), or start a new run from these weights with "
+               f"init_from={checkpoint}")
+    accelerator = str(cfg.trainer.get("accelerator"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        yield (f"trainer.accelerator={accelerator} needs a CUDA GPU, and none is visible here: train on the CPU "
+               "(trainer=default, or trainer=cpu), or run on a machine with one")
     max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
     if cfg.data.get("token_budget") is None:
         by_epochs = max_steps == -1 and isinstance(max_epochs, int) and max_epochs >= 1
         if not by_epochs and (not isinstance(max_steps, int) or max_steps < 1):
-            raise MCSDError(f"trainer.max_steps={max_steps} must be a positive number of steps "
-                            "(or set data.token_budget=TOKENS, or trainer.max_steps=-1 with trainer.max_epochs=N)")
-    _check_optimization(cfg.get("optimizer"), cfg.get("scheduler"),
-                        max_steps if cfg.data.get("token_budget") is None else None)
+            yield (f"trainer.max_steps={max_steps} must be a positive number of steps "
+                   "(or set data.token_budget=TOKENS, or trainer.max_steps=-1 with trainer.max_epochs=N)")
+    yield from _optimization_problems(cfg.get("optimizer"), cfg.get("scheduler"),
+                                      max_steps if cfg.data.get("token_budget") is None else None)
 
 
-def _check_optimization(optimizer: DictConfig | None, scheduler: DictConfig | None, steps: int | None) -> None:
+def _optimization_problems(optimizer: DictConfig | None, scheduler: DictConfig | None,
+                           steps: int | None) -> Iterator[str]:
     """The optimizer's and the schedule's settings, as torch would refuse them mid-start (the
     learning rate, betas, eps, weight decay) or as would silently bend the schedule (a warm-up
     as long as the run)."""
-    def number(node: DictConfig, key: str) -> float | None:
+    def number(node: DictConfig, key: str) -> tuple[float | None, str | None]:
         value = node.get(key)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            raise MCSDError(f"{node._key()}.{key}={value} must be a number")
-        return value
+            return None, f"{node._key()}.{key}={value} must be a number"
+        return value, None
 
     if optimizer is not None:
-        lr, eps, decay = number(optimizer, "lr"), number(optimizer, "eps"), number(optimizer, "weight_decay")
+        checked = {key: number(optimizer, key) for key in ("lr", "eps", "weight_decay")}
+        yield from (problem for _, problem in checked.values() if problem)
+        lr, eps, decay = (checked[key][0] for key in ("lr", "eps", "weight_decay"))
         if lr is not None and lr < 0:
-            raise MCSDError(f"optimizer.lr={lr} must be 0 or more (the paper's 8e-4 is the default)")
+            yield f"optimizer.lr={lr} must be 0 or more (the paper's 8e-4 is the default)"
         if eps is not None and eps < 0:
-            raise MCSDError(f"optimizer.eps={eps} must be 0 or more")
+            yield f"optimizer.eps={eps} must be 0 or more"
         if decay is not None and decay < 0:
-            raise MCSDError(f"optimizer.weight_decay={decay} must be 0 or more")
+            yield f"optimizer.weight_decay={decay} must be 0 or more"
         betas = optimizer.get("betas")
         if betas is not None and (len(betas) != 2 or not all(isinstance(beta, (int, float)) and 0 <= beta < 1
                                                              for beta in betas)):
-            raise MCSDError(f"optimizer.betas={list(betas)} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
-    if scheduler is not None:
-        warmup = scheduler.get("warmup_steps")
-        if warmup is not None and (not isinstance(warmup, int) or warmup < 0):
-            raise MCSDError(f"scheduler.warmup_steps={warmup} must be a whole number of steps, 0 or more")
-        if warmup is not None and isinstance(steps, int) and steps >= 1 and warmup > steps:
-            raise MCSDError(f"scheduler.warmup_steps={warmup} is longer than the run (trainer.max_steps={steps}): "
-                            f"give at most {steps} (a tenth of the run, {max(steps // 10, 1)}, is usual), or more "
-                            "trainer.max_steps")
+            yield f"optimizer.betas={list(betas)} must be two numbers in [0, 1), e.g. [0.9, 0.95]"
+    warmup = scheduler.get("warmup_steps") if scheduler is not None else None
+    if warmup is None or warmup == "auto":
+        return
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        yield f"scheduler.warmup_steps={warmup} must be auto (a tenth of the run) or a whole number of steps, 0 or more"
+    elif isinstance(steps, int) and steps >= 1 and warmup > steps:
+        yield (f"scheduler.warmup_steps={warmup} is longer than the run (trainer.max_steps={steps}): give at most "
+               f"{steps} (or auto: a tenth of the run, {max(steps // 10, 1)}), or more trainer.max_steps")
+
+
+def _hold_out_only_what_is_run(cfg: DictConfig) -> None:
+    """A corpus that names its own validation files and no test files, in a run that tests
+    nothing (``test_after_training=false``), keeps every training document: no test documents
+    are held out of them."""
+    paths = OmegaConf.select(cfg, "data.paths", default=None)
+    if (not cfg.test_after_training and isinstance(paths, DictConfig) and "val" in paths and "test" not in paths
+            and "test_fraction" in cfg.data):
+        with open_dict(cfg):
+            cfg.data.test_fraction, cfg.data.test_documents = 0.0, None
+        log.info("data.paths names val files and test_after_training=false: no test documents held out of training")
 
 
 def _memory_plan(cfg: DictConfig) -> MemoryPlan:
@@ -152,6 +187,7 @@ def train(cfg: DictConfig) -> float:
     log.info(plan.line())
     check_fits(plan, "this run")
     L.seed_everything(cfg.seed, workers=True)
+    _hold_out_only_what_is_run(cfg)
     datamodule = instantiate(cfg.data)
     datamodule.build()  # fails fast (one line) on bad data, before any logger starts
     loggers = _loggers(cfg)
@@ -196,9 +232,17 @@ def train(cfg: DictConfig) -> float:
     _record_peak(plan, trainer)
     val_loss = float(trainer.callback_metrics.get("val/loss", float("nan")))
     val_ppl = float(trainer.callback_metrics.get("val/ppl", float("nan")))
+    test = None
     if cfg.test_after_training:
         trainer.test(module, datamodule=datamodule, verbose=False)
-    report = _report(trainer, loggers, callbacks, val_loss, val_ppl, int(module.tokens_seen), train_loss)
+        test = (float(trainer.callback_metrics.get("test/loss", float("nan"))),
+                float(trainer.callback_metrics.get("test/ppl", float("nan"))))
+    report = _report(trainer, loggers, callbacks, val_loss, val_ppl, int(module.tokens_seen), train_loss, test,
+                     datamodule.describe())
+    if trainer.is_global_zero:  # what a sweep's summary reads (mcsd.training.sweep)
+        result = {"val_loss": val_loss, "val_ppl": val_ppl, "test_loss": test[0] if test else None,
+                  "test_ppl": test[1] if test else None, "tokens": int(module.tokens_seen), "steps": trainer.global_step}
+        (Path(HydraConfig.get().runtime.output_dir) / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     wandb.finish()  # before the report, so that the report is what the run prints last
     if trainer.is_global_zero:
         print(report, flush=True)
@@ -227,9 +271,21 @@ def _stop(trainer: L.Trainer, interrupt: StopOnSignal) -> None:
 
 
 def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callback], val_loss: float,
-            val_ppl: float, tokens: int, train_loss: torch.Tensor | None = None) -> str:
-    """The closing lines: the result and where every artefact is."""
-    lines = [f"final validation perplexity: {val_ppl:.2f} (loss {val_loss:.4f}) after {tokens:,} tokens"]
+            val_ppl: float, tokens: int, train_loss: torch.Tensor | None = None,
+            test: tuple[float, float] | None = None, data: dict[str, Any] | None = None) -> str:
+    """The closing lines: the result on each held-out split (which documents it is) and where every artefact is."""
+    data = data or {}
+
+    def split(name: str) -> str:
+        documents, held_out = data.get(f"data/{name}_documents"), data.get(f"data/{name}_held_out")
+        if documents is None:
+            return f"{name} split"
+        return f"{name} split ({documents:,} documents {'held out of training' if held_out else 'of its own'})"
+
+    lines = [f"final validation perplexity: {val_ppl:.2f} (loss {val_loss:.4f}) after {tokens:,} tokens, on the "
+             f"{split('val')}"]
+    if test is not None:
+        lines.append(f"final test perplexity: {test[1]:.2f} (loss {test[0]:.4f}), on the {split('test')}")
     if trainer.overfit_batches and train_loss is not None:
         lines.append(f"final training loss: {float(train_loss):.4f} on the "
                      f"{trainer.overfit_batches} batches this run overfits (it should fall to about 0); the "

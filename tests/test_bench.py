@@ -23,6 +23,7 @@ import mcsd
 from conftest import tiny_config
 from harness import run_bench, run_here
 from mcsd.bench import measure
+from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores, spread
 from mcsd.bench.run import model_source, run_point
 from mcsd.errors import MCSDError
 from mcsd.models import registry
@@ -284,7 +285,8 @@ def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) 
      (["dtype=int8"], "dtype='int8' is unknown"),
      (["models=[mcsd,retnet9]"], "models: 'retnet9' is neither a registered architecture \\(mcsd, transformer"),
      (["mode=train", "train.forms=[sparse]"], "train.forms: mcsd has no form 'sparse'"),
-     (["mode=train", "train.batch_size=null"], "train.batch_size=null and train.tokens_per_step=null leave no training")],
+     (["mode=train", "train.batch_size=null"], "train.batch_size=null and train.tokens_per_step=null leave no training"),
+     (["busy_machine=sometimes"], "busy_machine='sometimes' is unknown: use refuse, wait, measure")],
 )
 def test_bad_bench_settings_fail_in_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
     with pytest.raises(MCSDError, match=message):
@@ -480,3 +482,69 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
         (model, batch, length) for model in ("mcsd", "transformer") for batch in (1, 16, 64) for length in (1024, 8192)]
     assert [(labels["batch"], labels["seq_len"], labels["activation_checkpointing"]) for labels, _ in train] == [
         step for _ in registry.architectures() for step in ((16, 2048, True), (4, 8192, True), (2, 16384, True))]
+
+
+def test_spread_is_the_range_over_the_median() -> None:
+    assert spread([1.0, 1.1, 1.3]) == pytest.approx(0.3 / 1.1)
+    assert spread([2.0]) == 0.0 and spread([1.0, 3.0]) == 1.0
+
+
+@pytest.fixture
+def busy_core():
+    """Another process keeping one core busy (a loop in Python), for as long as the test runs."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    time.sleep(0.5)
+    yield spinner
+    spinner.kill()
+    spinner.wait()
+
+
+def test_other_work_is_measured_in_cores(busy_core: subprocess.Popen) -> None:
+    """A process spinning on one core is other work of about one core (the suite's other worker
+    may add to it); this process's own work is not counted."""
+    assert sample_other_cores(1.0) >= 0.8
+    start = read_clock()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # this process busy too: its own time is left out
+        pass
+    assert 0.8 <= other_cores(start, read_clock()) < 1.9
+
+
+def test_a_busy_machine_is_refused_in_one_line_before_anything_is_written(
+        tmp_path: Path, busy_core: subprocess.Popen) -> None:
+    with pytest.raises(MCSDError, match=r"other work keeps \d+\.\d of this machine's \d+ cores busy \(more than "
+                                        r"busy_cores=0.5\).*busy_machine=wait waits for it\), or busy_machine=measure"):
+        run_bench(tmp_path / "refused", *TINY_INFERENCE, "models=[mcsd]", "busy_machine=refuse")
+    assert not (tmp_path / "refused").exists()
+
+
+def test_busy_machine_measure_marks_the_points_that_shared_the_cores(
+        tmp_path: Path, busy_core: subprocess.Popen, caplog: pytest.LogCaptureFixture) -> None:
+    """``busy_machine=measure``: every point records the cores other work took while it ran
+    (``other_cores``: at least the spinning one) and is ``shared``; one warning says how many; the
+    repeats' spread is in its columns (min <= median <= max; ``unsteady`` past SPREAD_LIMIT), and
+    ``threads`` is the point's torch threads."""
+    csv_path = run_bench(tmp_path, *TINY_INFERENCE, "models=[mcsd]", "inference.batch_sizes=[1]", "busy_machine=measure",
+                         "threads=1", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert (frame["other_cores"] >= 0.8).all() and frame["shared"].all() and (frame["threads"] == 1).all()
+    assert (frame["decode_s_per_token_min"] <= frame["decode_s_per_token"]).all()
+    assert (frame["decode_s_per_token"] <= frame["decode_s_per_token_max"]).all()
+    spreads = (frame["decode_s_per_token_max"] - frame["decode_s_per_token_min"]) / frame["decode_s_per_token"]
+    assert list(frame["unsteady"]) == list(spreads > SPREAD_LIMIT)
+    assert json.loads((tmp_path / "results.json").read_text())["header"]["other_cores_before"] >= 0.8
+    assert any("2 of 2 points ran while other work kept more than 0.5 cores busy" in record.getMessage()
+               for record in caplog.records)
+
+
+def test_busy_machine_wait_waits_for_the_other_work_to_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    readings = iter([1.5, 1.2, 0.1])
+    monkeypatch.setattr("mcsd.bench.run.sample_other_cores", lambda: next(readings))
+    monkeypatch.setattr("mcsd.bench.run.time.sleep", lambda seconds: None)
+    csv_path = run_bench(tmp_path, *TINY_INFERENCE, "models=[mcsd]", "inference.batch_sizes=[1]",
+                         "inference.gen_lengths=[4]", "busy_machine=wait", "isolate=false")
+    assert len(pd.read_csv(csv_path)) == 1
+    waiting = [line for line in capsys.readouterr().out.splitlines() if line.startswith("mcsd-bench: waiting")]
+    assert [line.split(": ")[2].split(" cores")[0] for line in waiting] == ["1.5", "1.2"]
+    assert json.loads((tmp_path / "results.json").read_text())["header"]["other_cores_before"] == 0.1

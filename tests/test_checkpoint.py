@@ -1,13 +1,16 @@
-"""Saved models: tied weights survive, and a path that holds no model is named (round trips of
-every architecture: tests/test_conformance.py; checkpoints of a run: tests/test_train.py)."""
+"""Saved models: tied weights survive, a path that holds no model is named, and every file is
+readable by others (round trips of every architecture: tests/test_conformance.py; checkpoints of
+a run: tests/test_train.py)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 import mcsd
+from conftest import tiny_config
 from mcsd.models.mcsd import MCSDConfig
 
 
@@ -35,3 +38,15 @@ def test_configs_saved_before_the_registry_still_load(tmp_path: Path) -> None:
     legacy = {"_target_": "mcsd.models.config.TransformerConfig", "vocab_size": 10, "hidden_size": 8,
               "num_channels": 2, "num_layers": 1, "mlp_hidden_size": 8}
     assert type(mcsd.build_model(legacy).config).__module__ == "mcsd.models.transformer.config"
+
+
+def test_a_saved_model_is_readable_by_others(tmp_path: Path) -> None:
+    """Every file of a model folder gets the mode a file made with ``open()`` gets (0644 under the
+    usual umask): safetensors writes its weights 0600, which others cannot read."""
+    previous = os.umask(0o022)
+    try:
+        folder = mcsd.save(mcsd.build_model(tiny_config("mcsd")), tmp_path / "model")
+        assert {path.name: oct(path.stat().st_mode & 0o777) for path in folder.iterdir()} == {
+            "config.json": "0o644", "model.safetensors": "0o644"}
+    finally:
+        os.umask(previous)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from hydra.errors import InstantiationException
+from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 
+import mcsd
 from harness import FAST, read_metrics, run_cli, run_here, series, train_refusal
 from mcsd.cli import run_or_exit
 from mcsd.errors import MCSDError
@@ -36,6 +41,13 @@ def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
         assert (job / "model" / "config.json").read_text().count(model.replace("mcsd", "MCSD").replace(
             "transformer", "Transformer")) == 1
     assert len(wandb_ids) == 2
+    # The sweep ends with one summary: its folder, each job's own override and result, the plot command.
+    results = [json.loads((job / "result.json").read_text()) for job in jobs]
+    assert result.stdout.strip().splitlines()[-4:] == [
+        f"sweep: {sweeps[0]} (2 jobs)",
+        f"  job 0: model=mcsd: val ppl {results[0]['val_ppl']:.2f}",
+        f"  job 1: model=transformer: val ppl {results[1]['val_ppl']:.2f}",
+        f"plot: mcsd-plot ablation {sweeps[0]} (or mcsd-plot scaling {sweeps[0]} for a sweep of sizes)"]
 
 
 def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
@@ -147,11 +159,16 @@ def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
     (cwd / "empty.txt").write_text("  \n")
     (cwd / "small.txt").write_text("a few words, far fewer than one block of 512 tokens.\n" * 5)
     (cwd / "latin1.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("latin-1") * 50)
+    (cwd / "utf16.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("utf-16") * 50)
     (cwd / "garbage.ckpt").write_bytes(bytes(range(256)) * 20)
     (cwd / "afile").write_text("a file where a folder is asked for\n")
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
     checkpoint = (earlier / "checkpoints" / "last.ckpt").read_bytes()
     (cwd / "truncated.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
+    broken = cwd / "broken_model"  # a model folder whose weights were cut short
+    shutil.copytree(earlier / "model", broken)
+    weights = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2])
     return cwd
 
 
@@ -173,6 +190,8 @@ BAD_INPUTS = [
      "trainer.max_step is not a setting of lightning.pytorch.trainer.Trainer: did you mean trainer.max_steps?"),
     ("mcsd-train", ["data=text_files", "data.paths=[logs]"], {}, None,
      "data.paths: logs is a folder: list its files, e.g. data.paths=[logs/a.txt]"),
+    ("mcsd-train", ["data=text_files", "data.paths=logs"], {}, None,  # a string as well as a list
+     "data.paths: logs is a folder: list its files, e.g. data.paths=[logs/a.txt]"),
     ("mcsd-train", ["size=huge"], {}, None,
      "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
     ("mcsd-train", ["data=text_files"], {}, None,
@@ -189,6 +208,17 @@ BAD_INPUTS = [
     ("mcsd-train", ["optimizer.weight_decay=-0.1"], {}, None, "optimizer.weight_decay=-0.1 must be 0 or more"),
     ("mcsd-train", ["scheduler.warmup_steps=50"], {}, None,
      "scheduler.warmup_steps=50 is longer than the run (trainer.max_steps=6)"),
+    ("mcsd-train", ["model=transformer", "model.hidden_size=100"], {}, None,
+     "model.hidden_size=100 gives heads of 25 features (hidden_size / num_channels=4), and RoPE rotates pairs of them: "
+     "choose a hidden_size with an even head width, e.g. model.hidden_size=104"),
+    ("mcsd-train", ["compile=maybe"], {}, None, "compile=maybe must be true or false"),
+    *([("mcsd-train", ["trainer=gpu"], {}, None, "trainer.accelerator=gpu needs a CUDA GPU, and none is visible here")]
+      if not torch.cuda.is_available() else []),
+    ("mcsd-train", ["scheduler.warmup_steps=soon"], {}, None,
+     "scheduler.warmup_steps=soon must be auto (a tenth of the run) or a whole number of steps"),
+    ("mcsd-train", ["data=text_files", "data.paths=[~/mytext.txt]"], {}, None,
+     "data.paths=[~/mytext.txt] cannot be read as a setting (token recognition error at: '~'): Hydra reads ~ only "
+     "inside quotes: write 'data.paths=[\"~/mytext.txt\"]'"),
     ("mcsd-train", ["paths.log_dir=afile/logs"], {}, None, "paths.log_dir=afile/logs is not writable: "),
     ("mcsd-train", ["data.seq_len=0"], {}, None, "data.seq_len=0 must be a positive whole number"),
     ("mcsd-train", ["data.val_fraction=0"], {}, None, "data.val_fraction=0 and data.test_fraction=0.05 must be"),
@@ -200,7 +230,20 @@ BAD_INPUTS = [
     ("mcsd-train", ["ckpt_path=garbage.ckpt"], {}, None,
      "garbage.ckpt is not a readable checkpoint (truncated or corrupt): use another"),
     ("mcsd-train", ["data.num_proc=0"], {}, None, "data.num_proc=0 must be a positive number of processes"),
-    ("mcsd-train", ["resume=nowhere"], {}, None, "resume=nowhere holds no checkpoints/*.ckpt: give an mcsd-train run"),
+    ("mcsd-train", ["resume=nowhere"], {}, None, "resume=nowhere does not exist (looked for "),
+    ("mcsd-train", ["data=text_files", "data.paths=[utf16.txt]"], {}, None,
+     "utf16.txt is not UTF-8 text (byte 0: b'\\xff'): it is UTF-16 (it starts with that byte-order mark): convert it, "
+     "e.g. iconv -f utf-16 -t utf-8"),
+    ("mcsd-train", ["init_from=broken_model"], {}, None,
+     "broken_model/model.safetensors is not a readable safetensors file (truncated, or not one"),
+    ("mcsd-train", ["ckpt_path=EARLIER/model/model.safetensors"], {}, None,
+     "model/model.safetensors is a model's weights, not a run's checkpoint: resume a run with resume=RUN_DIR"),
+    ("mcsd-generate", ["ckpt=broken_model"], {}, None,
+     "broken_model/model.safetensors is not a readable safetensors file (truncated, or not one"),
+    ("mcsd-generate", ["ckpt=EARLIER", "temperature=-1"], {}, None, "temperature=-1 must be 0 (greedy) or more"),
+    ("mcsd-generate", ["ckpt=EARLIER", "top_p=1.5"], {}, None, "top_p=1.5 must be a probability in (0, 1]"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "limit=ten"], {}, None,
+     "limit=ten must be a number of documents per task (e.g. limit=100)"),
     ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,
      f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
     ("mcsd-bench", ["mode=serve"], {}, None, "mode='serve' is unknown"),
@@ -299,3 +342,55 @@ def test_a_run_prints_no_third_party_warnings(tmp_path: Path) -> None:
              if "warn" in line.lower() or "deprecated" in line or "Tip:" in line or "anonymous" in line
              or "was configured so 100%" in line or "weights_only" in line]
     assert noise == []
+
+
+def test_one_text_file_trains_in_one_command(tmp_path: Path) -> None:
+    """``mcsd-train data=text_files data.paths=FILE trainer.max_steps=20``, nothing else: the file is
+    cut into its paragraphs (validation and test documents held out of them), the warm-up is a
+    tenth of the run (2 steps: the first step's learning rate is half the base's), and the run ends
+    with its validation and test perplexities, each naming its split, as the CSV logged them."""
+    words = ["the", "king", "of", "a", "far", "land", "rode", "out", "at", "dawn", "and", "sang"]
+    paragraphs = [" ".join(words[(index * 7 + offset) % len(words)] for offset in range(60)) for index in range(80)]
+    (tmp_path / "mytext.txt").write_text("\n\n".join(paragraphs) + "\n")
+    result = run_cli("mcsd-train", "data=text_files", "data.paths=mytext.txt", "size=tiny", "trainer.max_steps=20",
+                     "data.seq_len=32", "data.batch_size=4", "logger=csv", "callbacks.progress_bar.refresh_rate=0",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    rows = read_metrics(run)
+    assert float(next(row["lr-AdamW"] for row in rows if row.get("lr-AdamW"))) == pytest.approx(4e-4)
+    val_ppl = float([row["val/ppl"] for row in rows if row.get("val/ppl")][-1])
+    test_ppl = float(next(row["test/ppl"] for row in rows if row.get("test/ppl")))
+    lines = result.stdout.splitlines()
+    assert any(line.startswith(f"final validation perplexity: {val_ppl:.2f} ") and line.endswith(
+        "on the val split (4 documents held out of training)") for line in lines), result.stdout[-2000:]
+    assert any(line.startswith(f"final test perplexity: {test_ppl:.2f} ") and line.endswith(
+        "on the test split (4 documents held out of training)") for line in lines), result.stdout[-2000:]
+    # Lightning's summary counts FLOPs only of an example input: here the model's own, of one batch's forward.
+    flops = mcsd.load(run).forward_flops(4, 32)
+    assert flops > 0 and f"Total FLOPs: {get_human_readable_count(flops)}" in result.stdout
+
+
+def test_every_setting_that_cannot_work_is_named_in_one_pass(tmp_path: Path) -> None:
+    """Three mistakes at once: a line each, in one try (not one refusal per try), exit status 2."""
+    result = run_here("mcsd-train", *FAST, "optimizer.lr=-1", "scheduler.warmup_steps=50", "compile=maybe", cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error: ")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert [line.split(": error: ")[1].split(" ")[0] for line in errors] == [
+        "compile=maybe", "optimizer.lr=-1", "scheduler.warmup_steps=50"], result.stderr[-2000:]
+    assert not (tmp_path / "logs" / "train" / "runs").exists() or not any((tmp_path / "logs" / "train" / "runs").iterdir())
+
+
+def test_help_lists_the_groups_a_user_chooses_from_and_the_main_settings(tmp_path: Path) -> None:
+    """``--help``: the command's own usage, each group with its options (the registry's models among
+    them) and default, the main settings with their defaults and comments; no internal group
+    (``_common``) and none of Hydra's own."""
+    result = run_cli("mcsd-train", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("mcsd-train: ")
+    assert f"  model={'|'.join(sorted(registry.architectures()))}  (default: mcsd)" in lines
+    assert "  ablation=decay_only|double_decay|double_slope|full|slope_only  (default: none)" in lines
+    assert any(line.startswith("  test_after_training=true  (evaluate the test split") for line in lines)
+    assert "_common" not in result.stdout and "hydra/" not in result.stdout and "Hydra" not in result.stdout
+    assert list(tmp_path.iterdir()) == []  # --help writes nothing

@@ -19,6 +19,7 @@ from torch.utils.data import DistributedSampler
 
 from harness import run_here
 from mcsd.data import DataError, LanguageModelDataModule
+from mcsd.data.corpus import MIN_PARAGRAPHS, PIECE_CHARACTERS, resolve_sample_by
 from mcsd.data.datamodule import EpochShuffleSampler, _sample, corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN, train_tokenizer
 from mcsd.errors import MCSDError
@@ -329,7 +330,7 @@ def test_each_pass_is_distributed_samplers_order(replicas: int, drop_last: bool)
         ({"num_proc": 0}, "data.num_proc=0 must be a positive number of processes"),
         ({"val_documents": 0}, "data.val_documents=0 must be a positive number of documents"),
         ({"paths": {"dev": ["a.txt"]}}, "data.paths names splits .'dev'.: use train (required), val and test"),
-        ({"sample_by": "word"}, "data.sample_by='word' is unknown: use one of document, paragraph, line"),
+        ({"sample_by": "word"}, "data.sample_by='word' is unknown: use one of auto, document, paragraph, line, piece"),
     ],
 )
 def test_bad_data_settings_name_the_field(tmp_path: Path, options: dict, message: str) -> None:
@@ -345,6 +346,7 @@ def test_too_few_documents_and_empty_splits_are_named(tmp_path: Path) -> None:
     (tmp_path / "blank.txt").write_text(" \n\n")
     with pytest.raises(DataError, match="data=text_files val: the corpus has no text"):
         module(tmp_path, paths={"train": [str(tmp_path / "one.txt")], "val": [str(tmp_path / "blank.txt")]},
+               sample_by="document",
                test_fraction=0.0).build()
 
 
@@ -402,3 +404,32 @@ def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
         download.fetch("embedded", kept)
     assert download.CORPORA["tinyshakespeare"].sha256 == (
         "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")  # Karpathy's input.txt, 1,115,394 bytes
+
+
+def documents_of(paths, sample_by: str = "auto", tmp_path: Path | None = None) -> list[str]:
+    sources = corpus_sources({"source": "text_files", "paths": paths, "sample_by": sample_by}, tmp_path / "hf")
+    return [text for batch in sources["train"].documents() for text in batch]
+
+
+def test_a_lone_text_file_is_cut_into_its_paragraphs_or_into_pieces(tmp_path: Path) -> None:
+    """``sample_by=auto`` (the default): one ``.txt`` (given as a string, not a list) is its
+    paragraphs; one without blank lines is pieces of about PIECE_CHARACTERS characters, each ending
+    at a line's end, that put together are the file; several files are a document each."""
+    paragraphs = [make_text(index, words=30).strip() for index in range(MIN_PARAGRAPHS + 5)]
+    (tmp_path / "paragraphs.txt").write_text("\n\n".join(paragraphs) + "\n")
+    assert [text.strip() for text in documents_of(str(tmp_path / "paragraphs.txt"), tmp_path=tmp_path)] == paragraphs
+    lines = "".join(make_text(index, words=12) for index in range(400))  # ~30,000 characters, no blank line
+    (tmp_path / "lines.txt").write_text(lines)
+    pieces = documents_of(str(tmp_path / "lines.txt"), tmp_path=tmp_path)
+    assert "".join(pieces) == lines and len(pieces) >= len(lines) // (2 * PIECE_CHARACTERS)
+    assert all(piece.endswith("\n") and len(piece) <= 1.5 * PIECE_CHARACTERS for piece in pieces)
+    files = [tmp_path / "paragraphs.txt", tmp_path / "lines.txt"]
+    assert resolve_sample_by("auto", files) == "document" and resolve_sample_by("line", files[:1]) == "line"
+    assert len(documents_of([str(path) for path in files], tmp_path=tmp_path)) == 2
+
+
+def test_a_home_folder_path_is_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "mytext.txt").write_text("\n\n".join(make_text(index, words=20) for index in range(30)))
+    built = module(tmp_path, paths="~/mytext.txt").build()
+    assert sum(split.documents for split in built.values()) == 30

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_module
 from harness import compose_train, read_metrics, run_here, series
 from mcsd.models import registry
 from mcsd.train import train
-from mcsd.training.schedule import warmup_cosine
+from mcsd.training.schedule import auto_warmup_steps, warmup_cosine
 
 
 def compose_with_hydra(*overrides: str):
@@ -33,6 +33,16 @@ def test_warmup_then_cosine_to_the_floor() -> None:
     assert rates[9] == pytest.approx(1.0) and rates[10] == pytest.approx(1.0)
     assert rates[60] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert rates[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_auto_warmup_is_a_tenth_of_the_run_within_bounds() -> None:
+    """``warmup_steps=auto`` (the default): 30 steps of the 300-step main job, as before; any run
+    length works (1 step at least, 2000 at most)."""
+    assert [auto_warmup_steps(steps) for steps in (1, 5, 20, 300, 19_999, 10**6)] == [1, 1, 2, 30, 1999, 2000]
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    warmup_cosine(optimizer, total_steps=20)  # auto: 2 steps
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5)
+    assert compose_with_hydra().scheduler.warmup_steps == "auto"
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 import mcsd
+from mcsd.files import default_file_mode
 from conftest import SIXTEEN_BIT_TOLERANCE, relative_rms_error, tiny_config, variant_cases
 from harness import FAST, run_cli, run_here
 from mcsd.bench.run import model_source
@@ -307,6 +308,9 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
     assert sorted(path.name for path in out.iterdir()) == [
         "README.md", "config.json", "generation_config.json", "model.safetensors", "modeling_mcsd.py",
         "tokenizer.json", "tokenizer_config.json"]
+    # Every file readable by others, as one made with open(): the weights too (safetensors writes 0600).
+    assert {path.name: oct(path.stat().st_mode & 0o777) for path in out.iterdir()} == {
+        path.name: oct(default_file_mode()) for path in out.iterdir()}
     card = (out / "README.md").read_text()
     assert "| architecture | MCSD (`mcsd`), variant `full` |" in card
     assert f"| parameters | {sum(p.numel() for p in mcsd.load(trained_run).parameters()):,} |" in card

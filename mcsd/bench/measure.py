@@ -20,6 +20,7 @@ from torch._dynamo.utils import counters
 from torch.utils.flop_counter import FlopCounterMode
 
 import mcsd
+from mcsd.bench.load import SPREAD_LIMIT, spread
 from mcsd.models.transformer.attention import KVCache
 from mcsd.precision import DTYPES
 
@@ -160,6 +161,7 @@ def inference_point(
         runs = [run(gen_len) for _ in range(repeats)]
     prefill_s = statistics.median(r[0] for r in runs)
     decode_s = statistics.median(r[1] for r in runs)
+    decode_per_token = [r[1] / gen_len for r in runs]
     latency_s = statistics.median(r[0] + r[1] for r in runs)
     peak = peak_memory_bytes(device_)
     weights = weights_bytes(model)
@@ -170,6 +172,10 @@ def inference_point(
         "params": sum(p.numel() for p in model.parameters()),
         "prefill_s": prefill_s,
         "decode_s_per_token": decode_s / gen_len,
+        "decode_s_per_token_min": min(decode_per_token),
+        "decode_s_per_token_max": max(decode_per_token),
+        "unsteady": spread(decode_per_token) > SPREAD_LIMIT,
+        "threads": torch.get_num_threads(),
         "latency_s": latency_s,
         "tokens_per_s": batch_size * gen_len / latency_s,
         "peak_mem_bytes": peak,
@@ -263,7 +269,8 @@ def train_point(
         warmups = [timed(step, device_)[0] for _ in range(max(warmup, 1 if compile else 0))]
         if device_.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device_)
-        step_s = statistics.median(timed(step, device_)[0] for _ in range(repeats))
+        steps = [timed(step, device_)[0] for _ in range(repeats)]
+    step_s = statistics.median(steps)
     peak = peak_memory_bytes(device_)
     weights = weights_bytes(model)
     return {
@@ -271,6 +278,10 @@ def train_point(
         "model_flops": model.training_flops(batch_size, seq_len, form),
         "counted_flops": counted_training_flops(model, batch_size, seq_len, form),
         "step_s": step_s,
+        "step_s_min": min(steps),
+        "step_s_max": max(steps),
+        "unsteady": spread(steps) > SPREAD_LIMIT,
+        "threads": torch.get_num_threads(),
         "first_step_s": warmups[0] if warmups else None,  # compiling included, with ``compile``
         "tokens_per_s": batch_size * seq_len / step_s,
         "peak_mem_bytes": peak,

@@ -22,6 +22,7 @@ import logging
 import os
 import platform
 import signal
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
@@ -35,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from mcsd.bench import measure
+from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores
 from mcsd.bench.peaks import mfu_peak
 from mcsd.cli import StopAfterCurrent, apply_threads, git_commit, hydra_app, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
@@ -48,10 +50,11 @@ COLUMNS = {
     "inference": ["model", "arch", "variant", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
-                  "read_bandwidth_bytes_per_s", "limit_ratio", "compiled", "graphs_recorded_timed", "status", "reason"],
+                  "read_bandwidth_bytes_per_s", "limit_ratio", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
+                  "threads", "other_cores", "shared", "compiled", "graphs_recorded_timed", "status", "reason"],
     "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
-              "compiled", "status", "reason"],
+              "step_s_min", "step_s_max", "unsteady", "threads", "other_cores", "shared", "compiled", "status", "reason"],
 }
 # How an allocation failure reads, on a CPU and on a GPU (the caching allocator's OutOfMemoryError,
 # or a library that allocates for itself: cuBLAS, cuDNN, cuFFT, or CUDA's own error).
@@ -221,6 +224,8 @@ def train_batches(grid_cfg: DictConfig, seq_len: int) -> list[tuple[int, bool]]:
 def _check(cfg: DictConfig) -> None:
     if cfg.mode not in MODES:
         raise MCSDError(f"mode={cfg.mode!r} is unknown: use inference or train")
+    if cfg.busy_machine not in BUSY_MACHINE:
+        raise MCSDError(f"busy_machine={cfg.busy_machine!r} is unknown: use {', '.join(BUSY_MACHINE)}")
     if cfg.mode == "train" and cfg.train.batch_size is None and not cfg.train.tokens_per_step:
         raise MCSDError("train.batch_size=null and train.tokens_per_step=null leave no training point: set either")
     if cfg.dtype not in measure.DTYPES:
@@ -235,6 +240,39 @@ def _check(cfg: DictConfig) -> None:
         if entry not in registry.architectures() and not Path(entry).expanduser().exists():
             raise MCSDError(f"models: {entry!r} is neither a registered architecture ({', '.join(registry.architectures())}) "
                             "nor a saved model (a model folder, an mcsd-train run directory or a .ckpt) nor a run's config YAML")
+
+
+BUSY_MACHINE = ("refuse", "wait", "measure")
+BUSY_WAIT_S = 600  # busy_machine=wait waits this long at most, sampling every BUSY_POLL_S
+BUSY_POLL_S = 5
+
+
+def check_machine(cfg: DictConfig) -> float | None:
+    """Before the grid: the cores other work keeps busy (:func:`mcsd.bench.load.sample_other_cores`);
+    above ``busy_cores``, refuse in one line (``busy_machine=refuse``), wait for the work to stop
+    (``wait``, at most :data:`BUSY_WAIT_S`), or go on with a warning (``measure``)."""
+    others = sample_other_cores()
+    if others is None or others <= cfg.busy_cores:
+        return others
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    busy = (f"other work keeps {others:.1f} of this machine's {cores} cores busy (more than busy_cores="
+            f"{cfg.busy_cores}), which would slow every point by an amount nobody knows")
+    if cfg.busy_machine == "measure":
+        log.warning("%s: measuring anyway (busy_machine=measure); each row says what it shared (other_cores)", busy)
+        return others
+    if cfg.busy_machine == "wait":
+        waited = 0.0
+        while others is not None and others > cfg.busy_cores and waited < BUSY_WAIT_S:
+            print(f"mcsd-bench: waiting for the machine: {others:.1f} cores busy with other work "
+                  f"({waited:.0f} of at most {BUSY_WAIT_S} s)", flush=True)
+            time.sleep(BUSY_POLL_S)
+            waited += BUSY_POLL_S + 1
+            others = sample_other_cores()
+        if others is None or others <= cfg.busy_cores:
+            return others
+        busy += f" after waiting {BUSY_WAIT_S} s"
+    raise MCSDError(f"{busy}: let it finish (busy_machine=wait waits for it), or busy_machine=measure to measure "
+                    "anyway (each row records other_cores)")
 
 
 def header(cfg: DictConfig) -> dict[str, Any]:
@@ -280,9 +318,10 @@ def bench(cfg: DictConfig) -> Path:
     if cfg.threads:  # the peak and the bandwidth on the points' own thread count
         torch.set_num_threads(cfg.threads)
     points = grid(cfg)
+    others_before = check_machine(cfg)
     rows = []
     output_dir = Path(cfg.output_dir)
-    head = {**header(cfg), "complete": False, "points_planned": len(points)}
+    head = {**header(cfg), "complete": False, "points_planned": len(points), "other_cores_before": others_before}
     bar = tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point")
     # Ctrl-C: stop after the point under way (again: at once); the points measured are kept.
     with StopAfterCurrent(lambda: bar.set_description(f"mcsd-bench {cfg.mode} (Ctrl-C: stopping after this point)")
@@ -292,7 +331,11 @@ def bench(cfg: DictConfig) -> Path:
             # on a shared machine it moves by a third between minutes, so each point has its own.
             limit = (measure.matmul_peak_flops(cfg.device, cfg.dtype, cfg.train.peak_matmul_size) if cfg.mode == "train"
                      else measure.read_bandwidth_bytes_per_s(cfg.device))
+            start = read_clock()
             result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
+            others = other_cores(start, read_clock())  # the point's own process and its children left out
+            if others is not None:
+                result = {**result, "other_cores": others, "shared": others > cfg.busy_cores}
             peak = mfu_peak(cfg.device.split(":")[0], device_name(cfg.device), cfg.dtype, limit) if cfg.mode == "train" else None
             rows.append(_row(cfg.mode, labels, result, limit, peak))
             write_results(output_dir, head, rows)  # after every point: a crash or a kill loses none measured
@@ -306,6 +349,14 @@ def bench(cfg: DictConfig) -> Path:
                     f"{json_path.name} (complete=false; mcsd-plot {cfg.mode} draws them)")
     if cfg.wandb.enabled:
         log_to_wandb(cfg, head, csv_path, output_dir)
+    shared = [row for row in rows if row.get("shared")]
+    unsteady = [row for row in rows if row.get("unsteady")]
+    if shared:
+        log.warning("%d of %d points ran while other work kept more than %s cores busy (column other_cores): their "
+                    "times are the shared machine's, not this one's", len(shared), len(rows), cfg.busy_cores)
+    if unsteady:
+        log.warning("%d of %d points' repeats spread by more than %.0f%% of their median (column unsteady): measure "
+                    "them again", len(unsteady), len(rows), 100 * SPREAD_LIMIT)
     print(f"results: {csv_path} and {json_path}\nplot: mcsd-plot {cfg.mode} {csv_path}", flush=True)
     return csv_path
 
@@ -328,9 +379,11 @@ def _row(mode: str, labels: dict[str, Any], result: dict[str, Any], limit: float
     if mode == "inference" and result["status"] == "ok":  # a decoding step over the time to read what it must once
         row["read_bandwidth_bytes_per_s"] = limit
         row["limit_ratio"] = result["decode_s_per_token"] / (result["step_read_bytes"] / limit)
-    log.info("%s: %s", " ".join(f"{key}={value}" for key, value in labels.items()),
+    notes = "".join([f", shared with {row['other_cores']:.1f} cores of other work" if row.get("shared") else "",
+                     ", unsteady repeats" if row.get("unsteady") else ""])
+    log.info("%s: %s%s", " ".join(f"{key}={value}" for key, value in labels.items()),
              f"{row['tokens_per_s']:.0f} tokens/s, peak {row['peak_mem_bytes'] / 2**20:.0f} MiB"
-             if result["status"] == "ok" else f"{result['status']} ({result['reason']})")
+             if result["status"] == "ok" else f"{result['status']} ({result['reason']})", notes)
     return row
 
 

@@ -25,7 +25,9 @@ from mcsd.errors import MCSDError
 LOADERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 HUB_HINT = "use data=text_files data.paths=[your.txt,...] to train on local files instead"
 SPLITS = ("train", "val", "test")
-SAMPLE_BY = ("document", "paragraph", "line")
+SAMPLE_BY = ("auto", "document", "paragraph", "line", "piece")
+MIN_PARAGRAPHS = 20  # sample_by=auto: a lone .txt with fewer paragraphs is cut into pieces instead
+PIECE_CHARACTERS = 4000  # sample_by=piece: documents of about this many characters, cut at a line's end
 
 
 class DataError(MCSDError):
@@ -91,14 +93,38 @@ def _checked_files(paths: list[str], field: str) -> list[Path]:
     return files
 
 
-def text_files(paths: list[str] | Mapping[str, list[str]], text_field: str, sample_by: str,
+def paragraph_breaks(path: Path, chunk_bytes: int = 1 << 24) -> int:
+    """How many blank lines (``\\n\\n``) part a text file's paragraphs (a pass over its bytes)."""
+    count, tail = 0, b""
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            joined = tail + chunk.replace(b"\r\n", b"\n")
+            count += joined.count(b"\n\n")
+            tail = joined[-1:]  # a break split across two chunks
+    return count
+
+
+def resolve_sample_by(sample_by: str, files: list[Path]) -> str:
+    """``sample_by=auto``: a lone ``.txt`` file is cut into its paragraphs, or, with fewer than
+    :data:`MIN_PARAGRAPHS` of them (no blank lines), into pieces of about
+    :data:`PIECE_CHARACTERS` characters; several files are a document each."""
+    if sample_by != "auto":
+        return sample_by
+    if len(files) != 1 or LOADERS[files[0].suffix.lower()] != "text":
+        return "document"
+    return "paragraph" if paragraph_breaks(files[0]) + 1 >= MIN_PARAGRAPHS else "piece"
+
+
+def text_files(paths: str | list[str] | Mapping[str, list[str]], text_field: str, sample_by: str,
                cache_dir: Path) -> dict[str, DocumentSource]:
-    """Local ``.txt`` (a file is a document, or its paragraphs or lines: ``sample_by``),
-    ``.jsonl``/``.json`` or ``.parquet`` files (a row is a document), streamed. ``paths`` is a
-    list (the training documents) or a mapping from split names to lists (a corpus's own
-    ``val``/``test`` files)."""
+    """Local ``.txt`` (a file is a document, or its paragraphs, lines or pieces: ``sample_by``;
+    ``auto``: :func:`resolve_sample_by`), ``.jsonl``/``.json`` or ``.parquet`` files (a row is a
+    document), streamed. ``paths`` is a file, a list (the training documents) or a mapping from
+    split names to lists (a corpus's own ``val``/``test`` files)."""
     if sample_by not in SAMPLE_BY:
         raise DataError(f"data.sample_by={sample_by!r} is unknown: use one of {', '.join(SAMPLE_BY)}")
+    if isinstance(paths, str):
+        paths = [paths]
     named = dict(paths) if isinstance(paths, Mapping) else {"train": list(paths)}
     unknown = sorted(set(named) - set(SPLITS))
     if unknown or "train" not in named:
@@ -107,11 +133,13 @@ def text_files(paths: list[str] | Mapping[str, list[str]], text_field: str, samp
     sources = {}
     for split, listed in named.items():
         field = "data.paths" if not isinstance(paths, Mapping) else f"data.paths.{split}"
-        files = _checked_files([str(path) for path in listed or []], field)
+        files = _checked_files([listed] if isinstance(listed, str) else [str(path) for path in listed or []], field)
         identity = [(str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
-        sources[split] = DocumentSource("data=text_files" + ("" if split == "train" else f" {split}"),
-                                        "files-" + digest(text_field, sample_by, *identity),
-                                        _file_stream(files, text_field, sample_by, cache_dir))
+        cut = resolve_sample_by(sample_by, files)
+        sources[split] = DocumentSource("data=text_files" + ("" if split == "train" else f" {split}")
+                                        + (f" (sample_by={cut})" if sample_by == "auto" else ""),
+                                        "files-" + digest(text_field, cut, *identity),
+                                        _file_stream(files, text_field, cut, cache_dir))
     return sources
 
 
@@ -124,9 +152,12 @@ def _file_stream(files: list[Path], text_field: str, sample_by: str,
             groups.setdefault(LOADERS[path.suffix.lower()], []).append(str(path))
         parts = []
         for loader, group in groups.items():
-            options = {"sample_by": sample_by} if loader == "text" else {}
             if loader != "parquet":
                 _require_utf8(group)
+            if loader == "text" and sample_by == "piece":
+                parts.append(datasets.IterableDataset.from_generator(_pieces, gen_kwargs={"files": group}))
+                continue
+            options = {"sample_by": sample_by} if loader == "text" else {}
             part = datasets.load_dataset(loader, data_files=group, split="train", streaming=True,
                                          cache_dir=str(cache_dir), **options)
             parts.append(_text_column(part, "text" if loader == "text" else text_field, group[0]))
@@ -134,8 +165,39 @@ def _file_stream(files: list[Path], text_field: str, sample_by: str,
     return open_stream
 
 
+def _pieces(files: list[str]) -> Iterator[dict[str, str]]:
+    """``sample_by=piece``: each file's text in documents of about :data:`PIECE_CHARACTERS`
+    characters, each ending at a line's end where the piece has one."""
+    for file in files:
+        with open(file, encoding="utf-8") as handle:
+            rest = ""
+            while chunk := handle.read(PIECE_CHARACTERS):
+                text = rest + chunk
+                cut = text.rfind("\n", PIECE_CHARACTERS // 2) + 1 or len(text)
+                if len(text) < PIECE_CHARACTERS:
+                    cut = len(text)
+                rest = text[cut:]
+                if text[:cut].strip():
+                    yield {"text": text[:cut]}
+            if rest.strip():
+                yield {"text": rest}
+
+
+def _conversion(file: str) -> str:
+    """The ``iconv`` command that makes ``file`` UTF-8: from UTF-16 or UTF-32 where it starts with
+    their byte-order mark, from Latin-1 otherwise (a guess: the commonest other encoding)."""
+    with open(file, "rb") as handle:
+        start = handle.read(4)
+    for mark, encoding in ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+                           (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+        if start.startswith(mark):
+            return f"it is {encoding.upper()} (it starts with that byte-order mark): convert it, e.g. iconv -f {encoding} -t utf-8"
+    return "convert it, e.g. iconv -f latin1 -t utf-8 (if it is Latin-1)"
+
+
 def _require_utf8(files: list[str], chunk_bytes: int = 1 << 24) -> None:
-    """Name the first file (and byte offset) that is not UTF-8 text, before ``datasets`` reads it."""
+    """Name the first file (and byte offset) that is not UTF-8 text, before ``datasets`` reads it,
+    and how to convert it."""
     for file in files:
         decoder = codecs.getincrementaldecoder("utf-8")()
         offset = 0
@@ -145,14 +207,13 @@ def _require_utf8(files: list[str], chunk_bytes: int = 1 << 24) -> None:
                     decoder.decode(chunk)
                 except UnicodeDecodeError as error:
                     raise DataError(f"data.paths: {file} is not UTF-8 text (byte {offset + error.start}: "
-                                    f"{chunk[error.start:error.start + 1]!r}): convert it, e.g. "
-                                    "iconv -f latin1 -t utf-8") from None
+                                    f"{chunk[error.start:error.start + 1]!r}): {_conversion(file)}") from None
                 offset += len(chunk)
             try:
                 decoder.decode(b"", final=True)
             except UnicodeDecodeError:
                 raise DataError(f"data.paths: {file} is not UTF-8 text (it ends inside a character, byte "
-                                f"{offset - 1}): convert it, e.g. iconv -f latin1 -t utf-8") from None
+                                f"{offset - 1}): {_conversion(file)}") from None
 
 
 def hub_is_reachable(timeout: float = 5.0) -> bool:

@@ -119,9 +119,11 @@ def corpus_sources(data: Mapping[str, Any], hf_cache: Path) -> dict[str, Documen
     text_field = data.get("text_field") or "text"
     if source == "text_files":
         paths = data.get("paths")
-        paths = {split: list(files or []) for split, files in paths.items()} if isinstance(paths, Mapping) else \
-            [str(path) for path in paths or []]
-        return text_files(paths, text_field, data.get("sample_by", "document"), hf_cache)
+        if isinstance(paths, str):  # data.paths=mytext.txt
+            paths = [paths]
+        paths = {split: [files] if isinstance(files, str) else list(files or []) for split, files in paths.items()} \
+            if isinstance(paths, Mapping) else [str(path) for path in paths or []]
+        return text_files(paths, text_field, data.get("sample_by", "auto"), hf_cache)
     if source != "hub":
         raise DataError(f"data.source={source!r} is unknown: use one of {', '.join(SOURCES)}")
     return hub_dataset(data.get("name", "hub"), data.get("hub_path"), data.get("hub_subset"),
@@ -216,7 +218,7 @@ class LanguageModelDataModule(SplitsDataModule):
         source: str = "embedded",
         name: str = "embedded",
         paths: list[str] | Mapping[str, list[str]] | None = None,
-        sample_by: str = "document",
+        sample_by: str = "auto",
         hub_path: str | None = None,
         hub_subset: str | None = None,
         splits: Mapping[str, str | None] | None = None,
@@ -262,7 +264,10 @@ class LanguageModelDataModule(SplitsDataModule):
             raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
         # Plain types only (an OmegaConf container is refused by weights-only checkpoint loading).
         if isinstance(paths, Mapping):
-            paths = {str(split): [str(path) for path in files or []] for split, files in paths.items()}
+            paths = {str(split): [files] if isinstance(files, str) else [str(path) for path in files or []]
+                     for split, files in paths.items()}
+        elif isinstance(paths, str):  # data.paths=mytext.txt: one file
+            paths = [paths]
         elif paths is not None:
             paths = [str(path) for path in paths]
         splits = {str(split): None if name is None else str(name) for split, name in splits.items()} if splits \
@@ -270,6 +275,7 @@ class LanguageModelDataModule(SplitsDataModule):
         self.save_hyperparameters(logger=False)
         self.tokenizer: Tokenizer | None = None
         self.splits: dict[str, PackedBlocks] = {}
+        self.held_out: list[str] = []
 
     # -- building (cached) ------------------------------------------------------------
 
@@ -331,6 +337,7 @@ class LanguageModelDataModule(SplitsDataModule):
                 "into documents (data.sample_by=paragraph or line), or name held-out files "
                 "(data.paths={train:[...],val:[...],test:[...]})")
         chosen = hold_out(train.lengths, h.seed, wanted)
+        self.held_out = [split for split in chosen if split != "train"]
         if len(chosen["train"]) == 0:
             raise DataError(f"data={h.name}: holding out {', '.join(wanted)} leaves no training document: lower "
                             "data.val_fraction / data.test_fraction (or *_documents)")
@@ -348,6 +355,8 @@ class LanguageModelDataModule(SplitsDataModule):
         return {split: splits[split] for split in ("train", "val", "test")}
 
     def describe(self) -> dict[str, Any]:
-        """Sizes for logs: tokens (in blocks) and documents per split."""
+        """Sizes for logs: tokens (in blocks) and documents per split, and whether a split's documents
+        are held out of the training documents (or the corpus's own)."""
         return {**super().describe(),
-                **{f"data/{name}_documents": split.documents for name, split in self.splits.items()}}
+                **{f"data/{name}_documents": split.documents for name, split in self.splits.items()},
+                **{f"data/{name}_held_out": name in self.held_out for name in self.splits if name != "train"}}

@@ -106,6 +106,24 @@ def language_model(saved: SavedModel, cfg: DictConfig) -> Any:
                 batch_size=cfg.batch_size, max_length=cfg.max_length)
 
 
+def check_settings(cfg: DictConfig) -> None:
+    """The numbers lm-eval takes, refused in one line before anything is loaded or written."""
+    def positive_int(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    limit = cfg.limit
+    if limit is not None and not positive_int(limit) and not (
+            isinstance(limit, float) and 0 < limit < 1):
+        raise MCSDError(f"limit={limit} must be a number of documents per task (e.g. limit=100), a fraction of them "
+                        "below 1 (limit=0.1), or null for all")
+    for key in ("batch_size", "max_length"):
+        if not positive_int(cfg[key]):
+            raise MCSDError(f"{key}={cfg[key]} must be a positive whole number")
+    if cfg.num_fewshot is not None and (not isinstance(cfg.num_fewshot, int) or isinstance(cfg.num_fewshot, bool)
+                                        or cfg.num_fewshot < 0):
+        raise MCSDError(f"num_fewshot={cfg.num_fewshot} must be a whole number of examples, 0 or more (or null)")
+
+
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Run lm-eval on ``cfg.ckpt``, one task after another, and write the results; return
     lm-eval's results dict. Ctrl-C stops after the task under way (again: at once) and writes
@@ -114,6 +132,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
+    check_settings(cfg)
     saved = mcsd.locate(cfg.ckpt)
     model_dtype(cfg.dtype, cfg.device)  # a wrong dtype is refused before anything is written
     output_dir = Path(cfg.output_dir)

@@ -79,6 +79,17 @@ class LMConfig:
                 f"{self.num_channels}: choose a hidden_size that is num_channels * channel width"
             )
 
+    def require_even_rope_heads(self) -> None:
+        """RoPE rotates pairs of a head's features: its width (``hidden_size / num_channels``)
+        must be even (an odd one fails deep in the first forward)."""
+        if self.channel_width % 2:
+            even = next(size for size in range(self.hidden_size + 1, 4 * self.hidden_size)
+                        if size % self.num_channels == 0 and (size // self.num_channels) % 2 == 0)
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size} gives heads of {self.channel_width} features (hidden_size / "
+                f"num_channels={self.num_channels}), and RoPE rotates pairs of them: choose a hidden_size with an "
+                f"even head width, e.g. model.hidden_size={even}")
+
     @classmethod
     def settings_in_effect(cls, values: Mapping[str, Any]) -> list[str]:
         """The settings (fields marked ``metadata={"setting": True}``: choices the paper leaves

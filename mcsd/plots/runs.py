@@ -57,6 +57,11 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
     rows["arch"], rows["variant"] = run_identity(config)
     rows["size"] = choices.get("size") or ""
     files = (config.get("data") or {}).get("paths") or []  # local corpora are named by their files
+    if isinstance(files, str):  # data.paths=mytext.txt
+        files = [files]
+    elif isinstance(files, dict):  # {train: [...], val: [...]}
+        files = [file for listed in files.values() for file in ([listed] if isinstance(listed, str) else listed or [])]
+    rows["experiment"] = choices.get("experiment") or ""
     rows["data"] = (choices.get("data") or "") + (": " + ", ".join(Path(f).name for f in files) if files else "")
     rows["seed"] = config.get("seed")
     rows["params"] = config.get("model/params")
@@ -260,7 +265,9 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     data = ", ".join(sorted(set(rows["data"]) - {""}))
-    title = name.replace("_", " ") if name else "Fig. 4: scaling" if kind == "scaling" else "Fig. 9: ablation"
+    # The sweep's own name: given, or its runs' experiment (experiment=fig9_ablation is Fig. 9), else what it plots.
+    experiments = sorted(set(rows["experiment"]) - {""}) if "experiment" in rows else []
+    title = (name or ", ".join(experiments) or f"{kind} sweep").replace("_", " ")
     figure.suptitle(f"{title} "
                     f"(data: {data}; mean and min-max over {seeds} seed{'s' if seeds > 1 else ''})")
     output_dir = Path(output_dir)

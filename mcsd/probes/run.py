@@ -40,6 +40,8 @@ def probe_documents(data: DictConfig, tokenizer: Tokenizer, length: int, count: 
     if "source" not in data:
         raise MCSDError(f"data={data.get('name', '?')} has no text documents: probe on a text corpus "
                         "(data=embedded, data=text_files data.paths=[...], data=wikitext103)")
+    if data.get("sample_by") == "auto":  # long documents: a lone file is one, not its paragraphs
+        data = {**data, "sample_by": "document"}
     sources = corpus_sources(data, Path(cache_dir).expanduser() / "hf")
     documents = sources.get("test", sources["train"]).documents()  # a corpus's own test split where it has one
     eos = tokenizer.token_to_id(EOS_TOKEN) if data.get("separate_documents", True) else None

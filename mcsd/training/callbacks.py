@@ -1,6 +1,6 @@
 """Callbacks of ours: the saved-model format (tokenizer in every checkpoint, the final model
-folder) and a cap on training epochs that leaves the learning-rate schedule alone. What a
-checkpoint remembers for resuming: :mod:`mcsd.training.resume`."""
+folder), a cap on training epochs that leaves the learning-rate schedule alone, and the model
+summary with the model's FLOPs. What a checkpoint remembers for resuming: :mod:`mcsd.training.resume`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichModelSummary
 
 from mcsd import saved_model
 from mcsd.distributed import full_state_dict, is_sharded
@@ -26,6 +27,28 @@ def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
     all of them with ``labels`` (MQAR), all but the last of each row for next-token prediction."""
     ids = batch["input_ids"]
     return ids.numel() if "labels" in batch else ids.shape[0] * (ids.shape[1] - 1)
+
+
+class ModelSummary(RichModelSummary):
+    """Lightning's rich model summary, whose ``Total FLOPs`` (the FLOPs of one forward pass of
+    ``example_input_array``, which the project's module has none of) would read 0: here it is
+    the forward FLOPs of one training batch by the model's own count
+    (:meth:`mcsd.models.CausalLM.forward_flops`), and the per-module FLOPs column (all zeros) is
+    left out."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        data = getattr(trainer.datamodule, "hparams", {})
+        model = getattr(pl_module, "model", None)
+        self.batch_flops = (model.forward_flops(data["batch_size"], data["seq_len"])
+                            if model is not None and "batch_size" in data and "seq_len" in data else 0)
+        super().on_fit_start(trainer, pl_module)
+
+    def summarize(self, summary_data: list[tuple[str, list[str]]], total_parameters: int,  # type: ignore[override]
+                  trainable_parameters: int, model_size: float, total_training_modes: dict[str, int],
+                  total_flops: int, **summarize_kwargs: Any) -> None:
+        columns = [column for column in summary_data if column[0] != "FLOPs"]
+        RichModelSummary.summarize(columns, total_parameters, trainable_parameters, model_size, total_training_modes,
+                                   self.batch_flops or total_flops, **summarize_kwargs)
 
 
 class SaveFinalModel(L.Callback):

@@ -137,6 +137,9 @@ def own_checkpoint(run_dir: Path) -> Path | None:
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
     """``checkpoints/last.ckpt`` of a run, else its highest ``step-*.ckpt``."""
+    if not Path(run_dir).expanduser().exists():
+        raise MCSDError(f"resume={run_dir} does not exist (looked for {Path(run_dir).expanduser().absolute()}): give "
+                        "an mcsd-train run directory, e.g. resume=logs/train/runs/<time>")
     folder = Path(run_dir).expanduser() / CHECKPOINT_DIR
     if (folder / LAST_CHECKPOINT).exists():  # a file, or a sharded checkpoint's folder
         return folder / LAST_CHECKPOINT

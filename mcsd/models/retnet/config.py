@@ -19,6 +19,7 @@ class RetNetConfig(LMConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.require_even_rope_heads()
         if not isinstance(self.value_expansion, int) or self.value_expansion < 1:
             raise ConfigError(f"model.value_expansion={self.value_expansion!r} must be a positive integer "
                               "(the value width per head in key widths; the paper: 2)")

@@ -18,6 +18,10 @@ class TransformerConfig(LMConfig):
 
     rope_base: float = 10000.0
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.require_even_rope_heads()
+
     def make_mixer(self, layer_index: int) -> TokenMixer:
         from mcsd.models.transformer.attention import CausalSelfAttention
 

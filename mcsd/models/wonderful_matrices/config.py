@@ -64,6 +64,8 @@ class WonderfulMatricesConfig(LMConfig):
             raise ConfigError(f"model.mlp={self.mlp!r} is unknown: use one of {', '.join(MLPS)}")
         if self.ssd_norm not in SSD_NORMS:
             raise ConfigError(f"model.ssd_norm={self.ssd_norm!r} is unknown: use one of {', '.join(SSD_NORMS)}")
+        if self.attention_every:
+            self.require_even_rope_heads()
         for name in ("state_size", "cdmoe_retrieval_width"):
             if getattr(self, name) % 2:
                 raise ConfigError(f"model.{name}={getattr(self, name)} must be even (RoPE / product keys "

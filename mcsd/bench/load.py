@@ -1,0 +1,68 @@
+"""How many CPU cores other work takes while a benchmark runs.
+
+A benchmark on a machine that other work shares measures that work as much as its own (on
+a 2-core machine at load 2.5-6, MCSD's batch-1 decoding came out 15-80x slower than alone,
+the reverse of the committed results). So ``mcsd-bench`` reads, from ``/proc/stat``, the CPU time
+that every process of the machine spent over an interval, less its own and its children's
+(``os.times``): what is left is other work, in cores (one fully busy core is 1). Unlike the load
+average it is exact for the interval and does not lag by a minute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+
+SPREAD_LIMIT = 0.2
+"""Repeats of a point whose times spread by more than this fraction of their median
+((max - min) / median) are ``unsteady``: something else moved the times."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuClock:
+    """A reading: the wall clock, the CPU seconds every core spent busy since boot, and this
+    process's own CPU seconds with those of its children that have finished."""
+
+    wall: float
+    busy: float
+    own: float
+
+
+def read_clock() -> CpuClock | None:
+    """The clocks now, or ``None`` where ``/proc/stat`` is not there (not Linux)."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    ticks = [int(value) for value in fields[1:9]]
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    times = os.times()
+    return CpuClock(time.monotonic(), busy, times.user + times.system + times.children_user + times.children_system)
+
+
+def other_cores(start: CpuClock | None, end: CpuClock | None) -> float | None:
+    """The cores that other processes kept busy between two readings, on average (``None``
+    without readings). The clock ticks are coarse (10 ms): over a short interval this is
+    a few hundredths of a core off."""
+    if start is None or end is None or end.wall <= start.wall:
+        return None
+    return max(0.0, ((end.busy - start.busy) - (end.own - start.own)) / (end.wall - start.wall))
+
+
+def sample_other_cores(seconds: float = 1.0) -> float | None:
+    """The cores other work keeps busy now: :func:`other_cores` over ``seconds`` of this process idle."""
+    start = read_clock()
+    time.sleep(seconds)
+    return other_cores(start, read_clock())
+
+
+def spread(times: list[float]) -> float:
+    """``(max - min) / median`` of a point's repeated times (0 for one)."""
+    median = statistics.median(times)
+    return (max(times) - min(times)) / median if median > 0 else 0.0
