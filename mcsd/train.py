@@ -61,11 +61,6 @@ def _problems(cfg: DictConfig) -> Iterator[str]:
             yield f"data.{key}={value} must be a positive whole number"
     if not isinstance(cfg.get("compile"), bool):
         yield f"compile={cfg.get('compile')} must be true or false"
-    checkpoint = cfg.get("ckpt_path")
-    if checkpoint and (str(checkpoint).endswith(".safetensors") or (Path(checkpoint).expanduser() / "model.safetensors").is_file()):
-        yield (f"ckpt_path={checkpoint} is a model's weights, not a run's checkpoint: resume a run with resume=RUN_DIR "
-               f"(or ckpt_path=RUN_DIR/checkpoints/last.ckpt), or start a new run from these weights with "
-               f"init_from={checkpoint}")
     accelerator = str(cfg.trainer.get("accelerator"))
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         yield (f"trainer.accelerator={accelerator} needs a CUDA GPU, and none is visible here: train on the CPU "

@@ -323,7 +323,8 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     assert len(kept) == 2 and (~kept["complete"]).all() and whole["complete"].all()
     timings = ["prefill_s", "decode_s_per_token", "latency_s", "tokens_per_s", "peak_mem_bytes",
                "peak_mem_minus_weights_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "complete",
-               "points_planned", "git_commit"]
+               "points_planned", "git_commit", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
+               "other_cores", "shared"]
     pd.testing.assert_frame_equal(kept.drop(columns=timings), whole.head(2).drop(columns=timings))
     figures = plot_inference(tmp_path / "stopped" / "results.csv")
     assert figures and all(path.stat().st_size > 0 for path in figures)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hydra.utils
 import pytest
 import torch
 import yaml
@@ -244,6 +245,7 @@ BAD_INPUTS = [
     ("mcsd-generate", ["ckpt=EARLIER", "top_p=1.5"], {}, None, "top_p=1.5 must be a probability in (0, 1]"),
     ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "limit=ten"], {}, None,
      "limit=ten must be a number of documents per task (e.g. limit=100)"),
+    ("mcsd-train", ["optimizer.lr=-1,-2", "--multirun"], {}, None, "optimizer.lr=-1 must be 0 or more"),  # no sweep folder
     ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,
      f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
     ("mcsd-bench", ["mode=serve"], {}, None, "mode='serve' is unknown"),
@@ -354,18 +356,18 @@ def test_one_text_file_trains_in_one_command(tmp_path: Path) -> None:
     (tmp_path / "mytext.txt").write_text("\n\n".join(paragraphs) + "\n")
     result = run_cli("mcsd-train", "data=text_files", "data.paths=mytext.txt", "size=tiny", "trainer.max_steps=20",
                      "data.seq_len=32", "data.batch_size=4", "logger=csv", "callbacks.progress_bar.refresh_rate=0",
-                     cwd=tmp_path)
+                     "trainer.log_every_n_steps=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     rows = read_metrics(run)
-    assert float(next(row["lr-AdamW"] for row in rows if row.get("lr-AdamW"))) == pytest.approx(4e-4)
+    assert float(next(row["lr-AdamW/pg1"] for row in rows if row.get("lr-AdamW/pg1"))) == pytest.approx(4e-4)
     val_ppl = float([row["val/ppl"] for row in rows if row.get("val/ppl")][-1])
     test_ppl = float(next(row["test/ppl"] for row in rows if row.get("test/ppl")))
     lines = result.stdout.splitlines()
     assert any(line.startswith(f"final validation perplexity: {val_ppl:.2f} ") and line.endswith(
-        "on the val split (4 documents held out of training)") for line in lines), result.stdout[-2000:]
+        "on the val split (5 documents held out of training)") for line in lines), result.stdout[-2000:]
     assert any(line.startswith(f"final test perplexity: {test_ppl:.2f} ") and line.endswith(
-        "on the test split (4 documents held out of training)") for line in lines), result.stdout[-2000:]
+        "on the test split (5 documents held out of training)") for line in lines), result.stdout[-2000:]
     # Lightning's summary counts FLOPs only of an example input: here the model's own, of one batch's forward.
     flops = mcsd.load(run).forward_flops(4, 32)
     assert flops > 0 and f"Total FLOPs: {get_human_readable_count(flops)}" in result.stdout
@@ -394,3 +396,28 @@ def test_help_lists_the_groups_a_user_chooses_from_and_the_main_settings(tmp_pat
     assert any(line.startswith("  test_after_training=true  (evaluate the test split") for line in lines)
     assert "_common" not in result.stdout and "hydra/" not in result.stdout and "Hydra" not in result.stdout
     assert list(tmp_path.iterdir()) == []  # --help writes nothing
+
+
+def test_a_run_that_tests_nothing_holds_out_no_test_documents_beside_named_val_files(tmp_path: Path) -> None:
+    """``data.paths={train:[...],val:[...]}`` with ``test_after_training=false``: every training
+    document is trained on (no test documents held out); with a test run, the test documents are."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+
+    from mcsd.train import _hold_out_only_what_is_run
+
+    (tmp_path / "a.txt").write_text("\n\n".join(f"paragraph {index} " * 30 for index in range(40)))
+    (tmp_path / "b.txt").write_text("\n\n".join(f"held out {index} " * 30 for index in range(25)))
+    paths = f"data.paths={{train:[{tmp_path / 'a.txt'}],val:[{tmp_path / 'b.txt'}]}}"
+    built = {}
+    for tested in (True, False):
+        with initialize_config_module("mcsd.conf", version_base="1.3"):
+            cfg = compose("train", overrides=["data=text_files", paths, f"test_after_training={tested}", "size=tiny",
+                                              "data.seq_len=32", f"paths.cache_dir={tmp_path / 'cache'}"],
+                          return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        _hold_out_only_what_is_run(cfg)
+        data = hydra.utils.instantiate(cfg.data)
+        splits = data.build()
+        built[tested] = (splits["train"].documents, splits["val"].documents, splits["test"].documents)
+    assert built[False] == (40, 25, 0) and built[True][0] < 40 and built[True][1:] == (25, 40 - built[True][0])

@@ -82,6 +82,9 @@ def test_ablation_figure_has_a_curve_per_variant(ablation_sweep: Path, tmp_path:
     assert [path.name for path in figure.paths] == ["fig9_ablation.png", "fig9_ablation.pdf",
                                                     "fig9_ablation_table.md"]
     assert all(path.stat().st_size > 1000 for path in figure.paths[:2])
+    assert figure.title == "fig9 ablation"  # the runs' experiment names the figure
+    assert plot_sweep("ablation", load_csv_runs(shuffled).assign(experiment=""), tmp_path / "other").title == (
+        "ablation sweep")  # a sweep of no experiment is not called Fig. 9
     assert list(figure.table["curve"]) == ABLATION_LABELS and (figure.table["tokens"] == 384).all()
     table = figure.paths[2].read_text()
     assert table.count("\n") == 2 + 6 and "| MCSD full | 1 | 384 |" in table

@@ -136,8 +136,7 @@ def text_files(paths: str | list[str] | Mapping[str, list[str]], text_field: str
         files = _checked_files([listed] if isinstance(listed, str) else [str(path) for path in listed or []], field)
         identity = [(str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files]
         cut = resolve_sample_by(sample_by, files)
-        sources[split] = DocumentSource("data=text_files" + ("" if split == "train" else f" {split}")
-                                        + (f" (sample_by={cut})" if sample_by == "auto" else ""),
+        sources[split] = DocumentSource("data=text_files" + ("" if split == "train" else f" {split}"),
                                         "files-" + digest(text_field, cut, *identity),
                                         _file_stream(files, text_field, cut, cache_dir))
     return sources

@@ -39,6 +39,7 @@ class SweepFigure:
     labels: list[str]
     table: pd.DataFrame
     by_seed: pd.DataFrame | None = None
+    title: str = ""  # the figure's title: the sweep's name, its runs' experiment, or what it plots
 
 
 def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.DataFrame:
@@ -282,4 +283,4 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
         by_seed = seed_table(kind, rows, reference)
         paths.append(output_dir / f"{name}_by_seed.md")
         paths[-1].write_text(markdown_seed_table(by_seed))
-    return SweepFigure(paths=paths, labels=labels, table=table, by_seed=by_seed)
+    return SweepFigure(paths=paths, labels=labels, table=table, by_seed=by_seed, title=title)

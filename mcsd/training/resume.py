@@ -263,6 +263,10 @@ def resume_config(cfg: DictConfig) -> DictConfig:
         if not ckpt_path.exists():
             raise MCSDError(f"ckpt_path={cfg.ckpt_path} does not exist: point it at a .ckpt under a run's "
                             "checkpoints/ (or resume=RUN_DIR)")
+        if ckpt_path.suffix == ".safetensors" or (ckpt_path / "model.safetensors").is_file():
+            raise MCSDError(f"ckpt_path={cfg.ckpt_path} is a model's weights, not a run's checkpoint: resume a run "
+                            "with resume=RUN_DIR (or ckpt_path=RUN_DIR/checkpoints/last.ckpt), or start a new run "
+                            f"from these weights with init_from={cfg.ckpt_path}")
     else:
         return cfg
     checkpoint = read_checkpoint(ckpt_path)
