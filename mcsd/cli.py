@@ -245,7 +245,6 @@ def check_settings_exist(node: Any, path: str = "") -> None:
 def parallel_jobs() -> int:
     """How many jobs of this Hydra sweep run side by side here (the joblib launcher's n_jobs), else 1."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     if not HydraConfig.initialized():
         return 1

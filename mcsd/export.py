@@ -23,14 +23,14 @@ import yaml
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-import mcsd
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
+from mcsd.checkpoint.resume import OVERRIDES_KEY, WANDB_RUN_KEY
+from mcsd.checkpoint.saved_model import MODEL_DIR, SavedModel, load, load_tokenizer, locate
 from mcsd.cli import git_commit, hydra_app
 from mcsd.errors import MCSDError
 from mcsd.files import give_default_permissions
 from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import CausalLM, registry
-from mcsd.saved_model import CHECKPOINT_DIR, LAST_CHECKPOINT, MODEL_DIR, SavedModel, read_checkpoint
-from mcsd.training.resume import OVERRIDES_KEY, WANDB_RUN_KEY
 
 REMOTE_CODE_FILE = "modeling_mcsd.py"
 AUTO_MAP = {"AutoConfig": "modeling_mcsd.MCSDHFConfig", "AutoModel": "modeling_mcsd.MCSDHFModel",
@@ -178,13 +178,13 @@ def export(cfg: DictConfig) -> Path:
         if get_token() is None:
             raise MCSDError(f"push_to_hub={cfg.push_to_hub} needs a Hugging Face token: run `hf auth login` "
                             "(or set HF_TOKEN), or export without push_to_hub")
-    saved = mcsd.locate(cfg.ckpt)
+    saved = locate(cfg.ckpt)
     out = Path(cfg.out).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not cfg.overwrite:
         raise MCSDError(f"out={out} exists: choose a new folder, or overwrite=true to replace it")
     if saved.kind == "exported" and out.resolve() == saved.path.resolve():
         raise MCSDError(f"out={out} is the folder being exported: choose another folder")
-    model, tokenizer = mcsd.load(saved.path), mcsd.load_tokenizer(saved.path)
+    model, tokenizer = load(saved.path), load_tokenizer(saved.path)
     staging = out.parent / f".{out.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
 
-import mcsd
+from mcsd.checkpoint.saved_model import load, load_tokenizer
 from mcsd.cli import hydra_app
 from mcsd.data.tokenizer import EOS_TOKEN
+from mcsd.models.config import ConfigError
 from mcsd.precision import model_dtype
 
 
@@ -21,32 +23,32 @@ def check_sampling(cfg: DictConfig) -> None:
     def number(key: str) -> Any:
         value = cfg[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise mcsd.ConfigError(f"{key}={value} must be a number")
+            raise ConfigError(f"{key}={value} must be a number")
         return value
 
     temperature, top_p = number("temperature"), number("top_p")
     if temperature is None or temperature < 0:
-        raise mcsd.ConfigError(f"temperature={temperature} must be 0 (greedy) or more (e.g. 0.8)")
+        raise ConfigError(f"temperature={temperature} must be 0 (greedy) or more (e.g. 0.8)")
     if top_p is not None and not 0 < top_p <= 1:
-        raise mcsd.ConfigError(f"top_p={top_p} must be a probability in (0, 1] (e.g. 0.9), or null")
+        raise ConfigError(f"top_p={top_p} must be a probability in (0, 1] (e.g. 0.9), or null")
     for key in ("top_k", "max_new_tokens"):
         value = cfg[key]
         if (value is not None or key == "max_new_tokens") and (
                 not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise mcsd.ConfigError(f"{key}={value} must be a positive whole number" + (", or null" if key == "top_k" else ""))
+            raise ConfigError(f"{key}={value} must be a positive whole number" + (", or null" if key == "top_k" else ""))
     for key in ("stop_at_eos", "compile", "cuda_graphs"):
         if not isinstance(cfg[key], bool):
-            raise mcsd.ConfigError(f"{key}={cfg[key]} must be true or false")
+            raise ConfigError(f"{key}={cfg[key]} must be true or false")
 
 
 def generate(cfg: DictConfig) -> str:
     """Decode ``cfg.max_new_tokens`` tokens after ``cfg.prompt``, printing each piece; return the text."""
     check_sampling(cfg)
-    model = mcsd.load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
-    tokenizer = mcsd.load_tokenizer(cfg.ckpt)
+    model = load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
+    tokenizer = load_tokenizer(cfg.ckpt)
     prompt_ids = tokenizer.encode(cfg.prompt).ids
     if not prompt_ids:
-        raise mcsd.ConfigError("prompt is empty: give some text to continue, e.g. prompt=\"The \"")
+        raise ConfigError("prompt is empty: give some text to continue, e.g. prompt=\"The \"")
     generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
     eos = tokenizer.token_to_id(EOS_TOKEN) if cfg.stop_at_eos else None
     new_ids: list[int] = []

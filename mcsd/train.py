@@ -28,15 +28,23 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
+from mcsd.checkpoint.resume import (
+    STOP_SIGNALS,
+    WANDB_RUN_KEY,
+    RememberRun,
+    StopOnSignal,
+    requeue_slurm_job,
+    resume_config,
+)
 from mcsd.cli import hydra_app, parallel_jobs, require_wandb_login
 from mcsd.errors import MCSDError
-from mcsd.saved_model import read_checkpoint
+from mcsd.models.build import make_config
+from mcsd.models.config import LMConfig
 from mcsd.training.callbacks import SaveFinalModel
 from mcsd.training.fsdp import FSDP2Strategy
 from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, plan_memory
 from mcsd.training.module import LanguageModelModule
-from mcsd.training.resume import (STOP_SIGNALS, WANDB_RUN_KEY, RememberRun, StopOnSignal, requeue_slurm_job,
-                                  resume_config)
 from mcsd.training.sweep import RESULT_FILE
 
 log = logging.getLogger("mcsd.train")
@@ -122,7 +130,7 @@ def _hold_out_only_what_is_run(cfg: DictConfig) -> None:
         log.info("data.paths names val files and test_after_training=false: no test documents held out of training")
 
 
-def _memory_plan(cfg: DictConfig) -> MemoryPlan:
+def _memory_plan(cfg: DictConfig, model_config: LMConfig) -> MemoryPlan:
     """This process's memory plan for the composed run (:mod:`mcsd.training.memory`)."""
     trainer = cfg.trainer
     gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and torch.cuda.is_available())
@@ -134,7 +142,7 @@ def _memory_plan(cfg: DictConfig) -> MemoryPlan:
     else:
         compute = torch.float16 if "16" in str(trainer.precision) else torch.float32
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    return plan_memory(cfg.model, cfg.data.batch_size, cfg.data.seq_len, devices * trainer.get("num_nodes", 1), devices,
+    return plan_memory(model_config, cfg.data.batch_size, cfg.data.seq_len, devices * trainer.get("num_nodes", 1), devices,
                        sharded, compute, f"cuda:{local_rank}" if gpu else "cpu")
 
 
@@ -178,7 +186,8 @@ def _tokens_per_step(cfg: DictConfig, trainer: L.Trainer) -> int:
 def train(cfg: DictConfig) -> float:
     """Build data, model, loggers, callbacks and trainer from ``cfg``; fit; return val/loss."""
     _check(cfg)
-    plan = _memory_plan(cfg)  # before anything is allocated
+    model_config = make_config(cfg.model)  # resolved once (equal-size widths): the plan and the module share it
+    plan = _memory_plan(cfg, model_config)  # before anything is allocated
     log.info(plan.line())
     check_fits(plan, "this run")
     L.seed_everything(cfg.seed, workers=True)
@@ -193,7 +202,7 @@ def train(cfg: DictConfig) -> float:
         callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     # A resumed run restores its own weights; a sharded one builds its model on the meta device.
-    module = LanguageModelModule(model=cfg.model, optimizer=instantiate(cfg.optimizer),
+    module = LanguageModelModule(model=model_config, optimizer=instantiate(cfg.optimizer),
                                  scheduler=instantiate(cfg.scheduler), compile=cfg.compile, trainable=cfg.trainable,
                                  init_from=cfg.init_from if cfg.ckpt_path is None else None,
                                  empty_init=isinstance(trainer.strategy, FSDP2Strategy))

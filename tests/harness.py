@@ -19,9 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from mcsd.bench.run import bench
+from mcsd.checkpoint.resume import resume_config
 from mcsd.cli import require_values, run_or_exit
 from mcsd.train import train
-from mcsd.training.resume import resume_config
 
 # A tiny, fast run: a few steps of the tiny model on short blocks.
 FAST = [

@@ -15,13 +15,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 import yaml
+from conftest import tiny_config
+from harness import run_bench, run_here
+from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import mcsd
-from conftest import tiny_config
-from harness import run_bench, run_here
 from mcsd.bench import measure
 from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores, spread
 from mcsd.bench.run import model_source, run_point
@@ -114,7 +114,8 @@ def test_decoding_replayed_from_recordings_is_timed_after_every_recording(
     :mod:`mcsd.models.static_decoding`): the warm-up decodes the whole length, recording every
     KV-cache bucket (a prompt of 3 and 8 new tokens: buckets 4, 8 and the prefill's 11), so the
     timed sequences, each read into the step's own buffers, record none."""
-    from mcsd.models.common import CausalLM, Decoding
+    from mcsd.models.modeling import CausalLM
+    from mcsd.models.modules.state import Decoding
     from mcsd.models.static_decoding import StaticStep
 
     steps = []

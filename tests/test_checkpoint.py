@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import tiny_config
 
 import mcsd
-from conftest import tiny_config
 from mcsd.models.mcsd import MCSDConfig
 
 
@@ -37,7 +37,7 @@ def test_configs_saved_before_the_registry_still_load(tmp_path: Path) -> None:
     """config.json files written when the config classes lived in mcsd.models.config."""
     legacy = {"_target_": "mcsd.models.config.TransformerConfig", "vocab_size": 10, "hidden_size": 8,
               "num_channels": 2, "num_layers": 1, "mlp_hidden_size": 8}
-    assert type(mcsd.build_model(legacy).config).__module__ == "mcsd.models.transformer.config"
+    assert type(mcsd.build_model(legacy).config).__module__ == "mcsd.models.transformer.configuration_transformer"
 
 
 def test_a_saved_model_is_readable_by_others(tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ def test_plain_dict_configs_work() -> None:
         (("model.num_layers=0",), "model.num_layers=0 must be a positive integer"),
         (("+model.heads=4",), "model.heads is not a mcsd setting: remove it"),
         (("model._target_=torch.nn.Linear",), "model._target_='torch.nn.Linear' is not a model config: use one of "
-                                              "mcsd.models.mcsd.config.MCSDConfig"),
+                                              "mcsd.models.mcsd.configuration_mcsd.MCSDConfig"),
         (("model=transformer", "model.equal_params_to=rwkv9"), "architecture 'rwkv9' is not registered"),
     ],
 )

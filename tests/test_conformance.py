@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import decode_all, relative_rms_error, tiny_config, tiny_model, variant_cases
 
 import mcsd
-from conftest import decode_all, relative_rms_error, tiny_config, tiny_model, variant_cases
 from mcsd.models import registry
 
 TOLERANCE = 1e-5
@@ -281,7 +281,7 @@ def test_every_attention_call_at_the_paper_size_has_a_fused_kernel_width(name: s
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from mcsd.models.transformer.attention import FUSED_WIDTH_MULTIPLE
+    from mcsd.models.modules.attention import FUSED_WIDTH_MULTIPLE
 
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         node = OmegaConf.to_container(compose("build", overrides=[f"model={name}", "size=1.6b"]).model, resolve=True)

@@ -55,12 +55,13 @@ class DelayConfig(LMConfig):
     lags: list[int] = dataclasses.field(default_factory=lambda: [0, 1, 2])
     scale: float = 1.0
 
-    def make_mixer(self, layer_index: int) -> TokenMixer:
-        return Delay(self)
-
 
 class DelayForCausalLM(CausalLM):
     """The skeleton with :class:`Delay` mixers."""
+
+    @classmethod
+    def make_mixer(cls, config: DelayConfig, layer_index: int) -> TokenMixer:
+        return Delay(config)
 
 
 @pytest.fixture(scope="module")

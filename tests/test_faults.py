@@ -22,10 +22,10 @@ import torch
 from harness import FAST, compose_train, read_metrics, run_cli, series
 from mcsd.data import LanguageModelDataModule
 from mcsd.errors import MCSDError
-from mcsd.saved_model import read_checkpoint
+from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.train import train
-from mcsd.training.checkpoint_io import mount_point
-from mcsd.training.resume import latest_checkpoint
+from mcsd.checkpoint.lightning_checkpoint import mount_point
+from mcsd.checkpoint.resume import latest_checkpoint
 
 STEPS = 16
 SLOW = ["size=small", "data.seq_len=128", "data.batch_size=8", f"trainer.max_steps={STEPS}", "logger=csv",
@@ -146,7 +146,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_checkpoint_whole(tmp_path
         return save(obj, handle, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save_until_the_disk_is_full)
-    monkeypatch.setattr("mcsd.training.checkpoint_io.shutil.disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 0))
+    monkeypatch.setattr("mcsd.checkpoint.lightning_checkpoint.shutil.disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 0))
     checkpoints = tmp_path / "run" / "checkpoints"
     expected = (f"no space left on {mount_point(tmp_path)} (writing {checkpoints}/step-000006.ckpt, 0 MiB written): "
                 f"the checkpoint was not saved; {checkpoints}/last.ckpt is the last whole checkpoint; free some space "

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_config
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import mcsd
-from conftest import tiny_config
 from mcsd.bench.measure import counted_training_flops
 from mcsd.models import TokenMixer, registry
-from mcsd.models.transformer.attention import CausalSelfAttention
+from mcsd.models.modules.attention import CausalSelfAttention
 from mcsd.ops.flops import attention_flops, decayed_attention_flops, exp_filter_flops, over_chunks, wkv_flops
 
 

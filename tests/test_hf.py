@@ -28,7 +28,7 @@ from mcsd.export import export, write_export
 from mcsd.generate import generate as mcsd_generate
 from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
 from mcsd.hf.cache import CACHE_KEY
-from mcsd.saved_model import load_weights
+from mcsd.checkpoint.saved_model import load_weights
 
 VOCAB = 300
 TEXT = ("the king of a far land ships gold and silver to every harbour along the coast; "

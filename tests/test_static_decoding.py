@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import (
+    SIXTEEN_BIT_TOLERANCE,
+    assert_recurrent_states_stay_fp32,
+    decode_all,
+    relative_rms_error,
+    tiny_model,
+    tiny_model_to_compile,
+    variant_cases,
+)
 
-from conftest import (SIXTEEN_BIT_TOLERANCE, assert_recurrent_states_stay_fp32, decode_all, relative_rms_error,
-                      tiny_model, tiny_model_to_compile, variant_cases)
 from mcsd.models import CausalLM, ConfigError, DecodingState, registry
-from mcsd.models.common import CapacityState, tensors_of
+from mcsd.models.modules.state import CapacityState, tensors_of
 from mcsd.models.static_decoding import StaticStep, capacity_bucket
 
 PROMPT, LENGTH = 3, 23  # 20 steps, at positions 3..22: KV-cache buckets 4, 8, 16 and 32 with min_capacity=4

@@ -55,15 +55,19 @@ class PreviousToken(TokenMixer):
 
 @dataclasses.dataclass
 class ToyConfig(LMConfig):
-    def make_mixer(self, layer_index: int) -> TokenMixer:
-        return PreviousToken(self)
-
-    def make_mlp(self, layer_index: int) -> TokenMixer:
-        return PreviousToken(self)  # a channel mixer that keeps the last token as its state
+    """The skeleton's fields and nothing more: a config is data."""
 
 
 class ToyForCausalLM(CausalLM):
     """The skeleton with :class:`PreviousToken` mixers."""
+
+    @classmethod
+    def make_mixer(cls, config: ToyConfig, layer_index: int) -> TokenMixer:
+        return PreviousToken(config)
+
+    @classmethod
+    def make_mlp(cls, config: ToyConfig, layer_index: int) -> TokenMixer:
+        return PreviousToken(config)  # a channel mixer that keeps the last token as its state
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from omegaconf import DictConfig
-
-import mcsd
 from conftest import tiny_config, tiny_model
 from harness import run_here
+from omegaconf import DictConfig
+from test_experiments import TINY_SWEEP, sweep_dir
+
+import mcsd
 from mcsd import ConfigError, build_model, count_parameters
 from mcsd.bench.measure import state_bytes
-from mcsd.models.transformer.attention import CausalSelfAttention, KVCache, biased_mask, causal_attention, rotary
+from mcsd.models.modules.attention import CausalSelfAttention, KVCache, biased_mask, causal_attention
+from mcsd.models.modules.rotary import rotary
 from mcsd.models.wonderful_matrices import CrossDomainMoE, DynamicMaskAttention, StateSpaceDuality
 from mcsd.ops.decayed_attention import decayed_attention
-from test_experiments import TINY_SWEEP, sweep_dir
 
 HYBRID = "wonderful_matrices/default+attention_every=2"
 

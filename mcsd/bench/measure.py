@@ -19,11 +19,12 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils.flop_counter import FlopCounterMode
 
-import mcsd
 from mcsd.bench.load import SPREAD_LIMIT, spread
-from mcsd.models.transformer.attention import KVCache
+from mcsd.checkpoint.saved_model import load
+from mcsd.models.build import build_model
+from mcsd.models.modeling import CausalLM
+from mcsd.models.modules.attention import KVCache
 from mcsd.precision import DTYPES
-
 
 
 def synchronize(device: torch.device) -> None:
@@ -91,12 +92,12 @@ def state_bytes(state: Any, kv_positions: float | None = None) -> int | float:
                     "dataclass, tuple, list or dict of tensors")
 
 
-def build(model_cfg: dict[str, Any] | str, device: torch.device, dtype: torch.dtype, seed: int) -> mcsd.CausalLM:
+def build(model_cfg: dict[str, Any] | str, device: torch.device, dtype: torch.dtype, seed: int) -> CausalLM:
     """A model node built with seeded random weights, or a saved model (a path) loaded."""
     if isinstance(model_cfg, str):
-        return mcsd.load(model_cfg, device=device, dtype=dtype)
+        return load(model_cfg, device=device, dtype=dtype)
     torch.manual_seed(seed)  # every device's generator: the model is drawn on its own device
-    return mcsd.build_model(model_cfg, device=device, dtype=dtype)
+    return build_model(model_cfg, device=device, dtype=dtype)
 
 
 def compiled_graphs() -> int:
@@ -215,21 +216,21 @@ def read_bandwidth_bytes_per_s(device: str, megabytes: int = 256, repeats: int =
     return buffer.numel() * buffer.element_size() / seconds
 
 
-def step_parameters(model: mcsd.CausalLM) -> int:
+def step_parameters(model: CausalLM) -> int:
     """Parameters a decoding step reads in full: all but the input embedding (of which it
     reads one row), unless it is tied to the LM head."""
     total = sum(p.numel() for p in model.parameters())
     return total if model.config.tie_embeddings else total - model.embed.weight.numel()
 
 
-def counted_training_flops(model: mcsd.CausalLM, batch_size: int, seq_len: int, form: str) -> int:
+def counted_training_flops(model: CausalLM, batch_size: int, seq_len: int, form: str) -> int:
     """``torch.utils.flop_counter.FlopCounterMode``'s count of one training step (forward and
     backward of the loss) of ``model`` in ``form``: the products the code executes (chunk
     padding and carries included), run on a copy of the model on the meta device,
     so that it costs no time at any length and attention is counted through its math form (the
     counter has no formula for the CPU flash kernel). Elementwise work is not counted."""
     with torch.device("meta"):
-        meta = mcsd.build_model(model.config)
+        meta = build_model(model.config)
     ids = torch.zeros(batch_size, seq_len + 1, dtype=torch.long, device="meta")
     with FlopCounterMode(display=False) as counter:
         loss, _ = meta.loss(ids[:, :-1], ids[:, 1:], form=form)

@@ -38,11 +38,11 @@ from tqdm import tqdm
 from mcsd.bench import measure
 from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores
 from mcsd.bench.peaks import mfu_peak
+from mcsd.checkpoint.saved_model import locate, read_config
 from mcsd.cli import StopAfterCurrent, apply_threads, git_commit, hydra_app, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
-from mcsd.models.config import make_config
-from mcsd.saved_model import locate, read_config
+from mcsd.models.build import make_config
 
 log = logging.getLogger("mcsd.bench")
 MODES = ("inference", "train")

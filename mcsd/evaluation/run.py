@@ -21,17 +21,16 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-import mcsd
+from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate
 from mcsd.cli import StopAfterCurrent, hydra_app, interrupted, require_wandb_login
 from mcsd.data.corpus import hub_is_reachable
-from mcsd.errors import MCSDError
 from mcsd.data.tokenizer import eos_id
+from mcsd.errors import MCSDError
 from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
 from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import registry
 from mcsd.precision import model_dtype
-from mcsd.saved_model import SavedModel
 
 
 def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | None, int | None]:
@@ -100,8 +99,8 @@ def language_model(saved: SavedModel, cfg: DictConfig) -> Any:
     from lm_eval.models.huggingface import HFLM
 
     logging.getLogger("lm_eval.models.huggingface").addFilter(_DropModelInstanceNote())
-    model = mcsd.load(saved.path, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
-    tokenizer = mcsd.load_tokenizer(saved.path)
+    model = load(saved.path, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
+    tokenizer = load_tokenizer(saved.path)
     return HFLM(pretrained=as_hf_model(model, eos_id(tokenizer)), tokenizer=as_hf_tokenizer(tokenizer),
                 batch_size=cfg.batch_size, max_length=cfg.max_length)
 
@@ -133,7 +132,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
     check_settings(cfg)
-    saved = mcsd.locate(cfg.ckpt)
+    saved = locate(cfg.ckpt)
     model_dtype(cfg.dtype, cfg.device)  # a wrong dtype is refused before anything is written
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

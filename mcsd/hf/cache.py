@@ -10,7 +10,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from mcsd.errors import MCSDError
 from mcsd.models import DecodingState
-from mcsd.models.common import map_tensors, tensors_of
+from mcsd.models.modules.state import map_tensors, tensors_of
 
 CACHE_KEY = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 """The name ``transformers`` gives the decoding cache in model outputs and in what ``generate``

@@ -22,12 +22,12 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from mcsd.api import build_model
 from mcsd.errors import MCSDError
 from mcsd.hf.cache import CACHE_KEY, DecodingCache
 from mcsd.hf.configuration import MCSDHFConfig
 from mcsd.models import CausalLM
-from mcsd.models.common import PREFILL_FORM
+from mcsd.models.build import build_model
+from mcsd.models.modeling import PREFILL_FORM
 
 
 def check_right_padded(attention_mask: torch.Tensor | None) -> None:

@@ -1,27 +1,18 @@
-"""Model configurations and their validation.
+"""The fields every model config shares, and their validation: pure data, nothing that builds.
 
 A model is described by the composed Hydra ``model`` node: ``_target_`` names the config
-class of a registered architecture, the other keys its fields. Every mistake is reported
-as one :class:`ConfigError` line naming the field and the fix.
+class of a registered architecture, the other keys its fields (:func:`mcsd.models.build.make_config`
+turns one into a config). Every mistake is reported as one :class:`ConfigError` line naming
+the field and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-from omegaconf import DictConfig, OmegaConf
+from typing import Any
 
 from mcsd.errors import MCSDError
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from mcsd.models.common import TokenMixer
-
-FORMS = ("parallel", "chunk", "recurrent")
-MLP_WIDTH_MULTIPLE = 8  # widths chosen for equal size are multiples of this
 
 
 class ConfigError(MCSDError):
@@ -101,88 +92,9 @@ class LMConfig:
         """Dc (MCSD) or the head dimension (attention)."""
         return self.hidden_size // self.num_channels
 
-    def make_mixer(self, layer_index: int) -> TokenMixer:
-        """The token mixer of layer ``layer_index`` (a hybrid chooses per layer)."""
-        raise NotImplementedError(f"{type(self).__qualname__} must define make_mixer")
-
-    def make_mlp(self, layer_index: int) -> nn.Module:
-        """The MLP of layer ``layer_index``: GeGLU unless the architecture has its own (one
-        with a decoding state of its own is a :class:`TokenMixer`)."""
-        from mcsd.models.common import GatedMLP
-
-        return GatedMLP(self.hidden_size, self.mlp_hidden_size, self.init_std)
-
-    def make_streams(self) -> nn.Module:
-        """The residual streams of the model (one, unless the architecture runs several:
-        RWKV-4's perspectives); see :class:`mcsd.models.common.OneStream`."""
-        from mcsd.models.common import OneStream
-
-        return OneStream()
-
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict with its ``_target_``, as saved beside checkpoints."""
         return {"_target_": class_path(type(self)), **dataclasses.asdict(self)}
 
 
 SKELETON_FIELDS = tuple(field.name for field in dataclasses.fields(LMConfig) if field.name != "equal_params_to")
-
-
-def make_config(model_cfg: Mapping[str, Any] | DictConfig | LMConfig) -> LMConfig:
-    """Turn a composed ``model`` node (DictConfig or dict) into a validated, resolved config."""
-    from mcsd.models import registry
-
-    if isinstance(model_cfg, LMConfig):
-        return _equal_size(model_cfg)
-    if isinstance(model_cfg, DictConfig):
-        values = OmegaConf.to_container(model_cfg, resolve=True)
-    else:
-        values = dict(model_cfg)
-    target = values.pop("_target_", None)
-    architecture = registry.of_target(target)
-    if architecture is None:
-        known = ", ".join(class_path(registry.get(name).config_class) for name in registry.architectures())
-        raise ConfigError(f"model._target_={target!r} is not a model config: use one of {known}")
-    cls = architecture.config_class
-    fields = {field.name for field in dataclasses.fields(cls)}
-    for key in values:
-        if key in fields:
-            continue
-        owners = [name for name in registry.architectures()
-                  if key in {field.name for field in dataclasses.fields(registry.get(name).config_class)}]
-        if owners:
-            raise ConfigError(
-                f"model.{key} is a setting of {' and '.join(owners)}, not of {architecture.name}: "
-                f"drop the override (an ablation=... is MCSD's) or use model={owners[0]}"
-            )
-        raise ConfigError(f"model.{key} is not a {architecture.name} setting: remove it "
-                          f"(known: {', '.join(sorted(fields))})")
-    missing = [field.name for field in dataclasses.fields(cls) if field.name not in values
-               and field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"model.{missing[0]} is missing: set it, e.g. with a size=... config")
-    return _equal_size(cls(**values))
-
-
-def _equal_size(config: LMConfig) -> LMConfig:
-    """Resolve ``equal_params_to``: the MLP width that brings the parameter count closest to
-    the named architecture's at the same skeleton (parameters are affine in the width, so
-    two counts on the meta device give the line). Fields marked ``sized_at`` take that value
-    for the count (a switch that adds its own parameters to a model of the same width)."""
-    if config.equal_params_to is None:
-        return config
-    from mcsd.api import count_parameters
-    from mcsd.models import registry
-
-    reference = registry.get(config.equal_params_to).config_class(
-        **{name: getattr(config, name) for name in SKELETON_FIELDS})
-    target = count_parameters(reference)
-    step = MLP_WIDTH_MULTIPLE
-    sized = {field.name: field.metadata["sized_at"] for field in dataclasses.fields(config) if "sized_at" in field.metadata}
-    low, high = (count_parameters(dataclasses.replace(config, mlp_hidden_size=width, equal_params_to=None, **sized))
-                 for width in (step, 2 * step))
-    if high == low:
-        raise ConfigError(f"model.equal_params_to={config.equal_params_to}: this architecture's size does not "
-                          "depend on model.mlp_hidden_size; set equal_params_to=null")
-    width = step + (target - low) / ((high - low) / step)
-    width = max(step, step * round(width / step))
-    return dataclasses.replace(config, mlp_hidden_size=width, equal_params_to=None)

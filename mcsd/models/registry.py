@@ -14,14 +14,16 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from omegaconf import ListConfig
 
-from mcsd.models.config import FORMS, ConfigError, LMConfig, class_path
+from mcsd.models.config import ConfigError, LMConfig, class_path
+from mcsd.models.modeling import CausalLM
+from mcsd.ops.common import FORMS
 
-if TYPE_CHECKING:
-    from mcsd.models.common import CausalLM
+ROLES = ("subject", "anchor", "related")
+"""The roles an architecture plays in the comparison, in the order they are listed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,9 @@ class Architecture:
       by the conformance tests; the first is the architecture's default.
     - ``setting_cases``: non-default values of its settings (config fields marked
       ``setting``: choices the paper leaves open), each also run by the conformance tests.
+    - ``role``: ``subject`` (MCSD), ``anchor`` (the baseline every result is read against: the
+      Transformer) or ``related`` (the related papers' systems, and any architecture registered
+      later); :func:`architectures` lists them in that order, each role in registration order.
     - ``fp32_constants``: whether the architecture computes constants in fp32 by design (MCSD's
       slope and decay weights), which bounds how closely its forms agree in an fp64 model;
       otherwise every computation follows the input's dtype and its forms agree to fp64
@@ -51,8 +56,11 @@ class Architecture:
     variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: {"default": {}})
     setting_cases: tuple[Mapping[str, Any], ...] = ()
     fp32_constants: bool = False
+    role: str = "related"
 
     def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"architecture {self.name}: role={self.role!r} is unknown: use one of {', '.join(ROLES)}")
         unknown = [form for form in (*self.forms, self.train_form) if form not in FORMS]
         if unknown or self.train_form not in self.forms:
             raise ConfigError(f"architecture {self.name}: forms {self.forms} / train_form {self.train_form!r} "
@@ -133,14 +141,15 @@ def unregister(name: str) -> None:
 
 
 def architectures() -> list[str]:
-    """The registered architectures' names, in registration order."""
-    return list(_ARCHITECTURES)
+    """The registered architectures' names: the subject, the anchor, then the related ones, each
+    role in registration order."""
+    return sorted(_ARCHITECTURES, key=lambda name: ROLES.index(_ARCHITECTURES[name].role))
 
 
 def get(name: str) -> Architecture:
     """The architecture called ``name``; a one-line error lists the known ones."""
     if name not in _ARCHITECTURES:
-        raise ConfigError(f"architecture {name!r} is not registered: use one of {', '.join(_ARCHITECTURES)}")
+        raise ConfigError(f"architecture {name!r} is not registered: use one of {', '.join(architectures())}")
     return _ARCHITECTURES[name]
 
 

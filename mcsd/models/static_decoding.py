@@ -26,11 +26,15 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
-from mcsd.models.common import CapacityState, CausalLM, DecodingState, LayerState, compiled_method
+from mcsd.models.modules.compiled import compiled_method
+from mcsd.models.modules.state import CapacityState, DecodingState, LayerState
+
+if TYPE_CHECKING:
+    from mcsd.models.modeling import CausalLM
 
 DEFAULT_MIN_CAPACITY = 256
 WARMUP_STEPS = 2  # before a recording: lazy initialisation (cuBLAS, compilation) out of the graph

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-FORMS = ("parallel", "chunk", "recurrent")
+from mcsd.ops.common import check_form
 
 
 def over_chunks(length: int, chunk_size: int, per_chunk: Callable[[int], int]) -> int:
@@ -27,11 +27,6 @@ def over_chunks(length: int, chunk_size: int, per_chunk: Callable[[int], int]) -
         raise ValueError(f"chunk_size={chunk_size} must be a positive integer")
     full, rest = divmod(length, chunk_size)
     return full * per_chunk(chunk_size) + (per_chunk(rest) if rest else 0)
-
-
-def check_form(form: str) -> None:
-    if form not in FORMS:
-        raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
 
 
 def attention_flops(length: int, key_width: int, value_width: int, form: str, chunk_size: int) -> int:

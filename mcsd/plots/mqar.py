@@ -20,16 +20,16 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.colors  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from mcsd.api import build_model  # noqa: E402
 from mcsd.bench.measure import state_bytes  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.models.build import build_model  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.runs import curve_label, curve_order, run_identity, run_logs  # noqa: E402
 

@@ -19,11 +19,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
-import mcsd
+from mcsd.checkpoint.saved_model import load, load_tokenizer
 from mcsd.cli import StopAfterCurrent, fail, hydra_app, interrupted, require_wandb_login
+from mcsd.data.corpus import DataError
 from mcsd.data.datamodule import corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN
-from mcsd.data.corpus import DataError
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM
 from mcsd.plots.context import CURVE_FILE, DELTA_FILE, markdown_context_table, plot_context
@@ -84,12 +84,12 @@ def context(cfg: DictConfig) -> ContextProbe:
     windows = sorted(int(window) for window in cfg.windows)
     if not windows or windows[0] < 1:
         raise MCSDError(f"windows={list(cfg.windows)} must be positive token counts, e.g. windows=[64,256,1024]")
-    model = mcsd.load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
+    model = load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
     forms = model.architecture.forms
     if cfg.form is not None and cfg.form not in forms:
         raise MCSDError(f"form={cfg.form} is not a form of this model: use one of {', '.join(forms)} (or null)")
     identity = model_identity(model)
-    documents = probe_documents(cfg.data, mcsd.load_tokenizer(cfg.ckpt), int(cfg.length), int(cfg.num_documents),
+    documents = probe_documents(cfg.data, load_tokenizer(cfg.ckpt), int(cfg.length), int(cfg.num_documents),
                                 cfg.paths.cache_dir).to(cfg.device)
     print(f"probing {identity['label']} on {len(documents)} documents of {documents.shape[1]} tokens", flush=True)
     result = None  # a second Ctrl-C stops at once, in the middle of the probe

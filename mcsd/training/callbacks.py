@@ -1,6 +1,6 @@
 """Callbacks of ours: the saved-model format (tokenizer in every checkpoint, the final model
 folder), a cap on training epochs that leaves the learning-rate schedule alone, and the model
-summary with the model's FLOPs. What a checkpoint remembers for resuming: :mod:`mcsd.training.resume`."""
+summary with the model's FLOPs. What a checkpoint remembers for resuming: :mod:`mcsd.checkpoint.resume`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import RichModelSummary
 
-from mcsd import saved_model
-from mcsd.distributed import full_state_dict, is_sharded
+from mcsd.checkpoint import saved_model
+from mcsd.checkpoint.sharded import full_state_dict, is_sharded
 from mcsd.models.config import ConfigError
-
 
 
 def batch_size(batch: dict[str, torch.Tensor]) -> int:
@@ -52,7 +51,7 @@ class ModelSummary(RichModelSummary):
 
 
 class SaveFinalModel(L.Callback):
-    """The saved-model format (:mod:`mcsd.saved_model`) of a run: the tokenizer goes into
+    """The saved-model format (:mod:`mcsd.checkpoint.saved_model`) of a run: the tokenizer goes into
     every checkpoint, so that a step checkpoint loads, scores and generates by itself; when
     training finishes (reaches its last step) the model folder (weights, config, tokenizer)
     is written to ``dirpath``."""

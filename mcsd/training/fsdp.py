@@ -1,6 +1,6 @@
 """Fully sharded training (FSDP2) for ``trainer=fsdp``, on Lightning's ``ModelParallelStrategy``.
 
-The model is built on the meta device (no memory), every :class:`~mcsd.models.common.Layer` is
+The model is built on the meta device (no memory), every :class:`~mcsd.models.modeling.Layer` is
 sharded with ``torch.distributed.fsdp.fully_shard`` and then the root (embedding, final norm,
 LM head), as torchtitan does; each process then allocates only its shards and fills them with
 exactly the values a single process would draw from the same random state
@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from mcsd.distributed import copy_into
+from mcsd.checkpoint.sharded import copy_into
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM
 
@@ -142,8 +142,11 @@ class FSDP2Strategy(ModelParallelStrategy):
         path = Path(self.broadcast(str(checkpoint_path)))
         if path.is_dir():
             return super().load_checkpoint(path, weights_only=weights_only)
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
         whole = StateDictOptions(full_state_dict=True, strict=self.lightning_module.strict_loading)

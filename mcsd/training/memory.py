@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from typing import Any
 
 import psutil
 import torch
 
-from mcsd.api import build_model
 from mcsd.errors import MCSDError
+from mcsd.models.build import build_model
+from mcsd.models.config import LMConfig
+from mcsd.models.modeling import CausalLM
 
 GIB = 2**30
 ADAM_STATES = 2  # exp_avg, exp_avg_sq, fp32 like the parameters
@@ -43,13 +43,12 @@ def peak_resident_bytes() -> int:
     return resident_bytes()
 
 
-def saved_activation_bytes(model_cfg: Mapping[str, Any], batch: int, length: int) -> int:
-    """Bytes of the tensors a training forward and loss save for the backward in fp32 (parameters
-    excluded, each storage once), measured on the meta device: no memory, any size."""
+def saved_activation_bytes(model: CausalLM, batch: int, length: int) -> int:
+    """Bytes of the tensors a training forward and loss of ``model`` (built on the meta device)
+    save for the backward in fp32 (parameters excluded, each storage once): no memory, any size."""
     saved: dict[int, int] = {}
+    weights = {parameter.untyped_storage()._cdata for parameter in model.parameters()}
     with torch.device("meta"):
-        model = build_model(model_cfg)
-        weights = {parameter.untyped_storage()._cdata for parameter in model.parameters()}
         ids = torch.zeros(batch, length, dtype=torch.long)
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -95,13 +94,14 @@ class MemoryPlan:
                 f"{gib(self.available)} GiB per process")
 
 
-def plan_memory(model_cfg: Mapping[str, Any], batch: int, length: int, processes: int, processes_per_node: int,
+def plan_memory(config: LMConfig, batch: int, length: int, processes: int, processes_per_node: int,
                 sharded: bool, compute_dtype: torch.dtype, device: str) -> MemoryPlan:
-    """The plan of one process of a run training ``model_cfg`` on ``batch`` x ``length`` tokens
-    per process, over ``processes`` processes (``sharded``: FSDP, else whole copies), with
-    fp32 parameters and optimizer state and activations in ``compute_dtype``."""
+    """The plan of one process of a run training the model of ``config`` on ``batch`` x ``length``
+    tokens per process, over ``processes`` processes (``sharded``: FSDP, else whole copies), with
+    fp32 parameters and optimizer state and activations in ``compute_dtype``. The model is built
+    once, on the meta device."""
     with torch.device("meta"):
-        model = build_model(model_cfg)
+        model = build_model(config)
     count = sum(parameter.numel() for parameter in model.parameters())
     largest_layer = max(sum(parameter.numel() for parameter in layer.parameters()) for layer in model.layers)
     root = count - sum(parameter.numel() for parameter in model.layers.parameters())
@@ -114,10 +114,12 @@ def plan_memory(model_cfg: Mapping[str, Any], batch: int, length: int, processes
         gathered = width * (2 * largest_layer + root)
     else:  # DDP copies the gradients into its buckets
         gathered = 4 * count if processes > 1 else 0
-    activations = saved_activation_bytes(model_cfg, batch, length)
-    if model.config.activation_checkpointing:  # the backward recomputes one layer at a time
-        whole = saved_activation_bytes({**model.config.to_dict(), "activation_checkpointing": False}, batch, length)
-        activations += (whole - activations) // model.config.num_layers
+    activations = saved_activation_bytes(model, batch, length)
+    if config.activation_checkpointing:  # the backward recomputes one layer at a time
+        for layer in model.layers:
+            layer.activation_checkpointing = False
+        whole = saved_activation_bytes(model, batch, length)
+        activations += (whole - activations) // config.num_layers
     # Autocast does not reach the meta device: 16-bit compute is taken to halve what is saved
     # (its matmul outputs; the states and carries stay fp32: an estimate).
     activations = activations * width // 4

@@ -10,14 +10,15 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torchmetrics import MeanMetric
 
-import mcsd
-from mcsd.distributed import is_sharded
+from mcsd.checkpoint.saved_model import load_weights
+from mcsd.checkpoint.sharded import is_sharded
 from mcsd.data.mqar import IGNORE_INDEX, prediction_accuracy
-from mcsd.models import ConfigError, registry
-from mcsd.saved_model import load_weights
+from mcsd.models import registry
+from mcsd.models.build import build_model, make_config
+from mcsd.models.config import ConfigError, LMConfig
 from mcsd.training.callbacks import batch_tokens
 from mcsd.training.fsdp import FSDP2Strategy, materialize
 
@@ -66,7 +67,7 @@ class LanguageModelModule(L.LightningModule):
 
     def __init__(
         self,
-        model: DictConfig | dict[str, Any],
+        model: LMConfig | DictConfig | dict[str, Any],
         optimizer: Callable[..., torch.optim.Optimizer],
         scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         compile: bool = False,
@@ -75,15 +76,17 @@ class LanguageModelModule(L.LightningModule):
         empty_init: bool = False,
     ) -> None:
         super().__init__()
-        if isinstance(model, DictConfig):  # plain types only: checkpoints load with weights_only=True
-            model = OmegaConf.to_container(model, resolve=True)
+        # The config resolved once (a run passes it resolved; a checkpoint's is resolved already),
+        # saved as plain types: checkpoints load with weights_only=True.
+        config = model if isinstance(model, LMConfig) else make_config(model)
+        model = config.to_dict()
         trainable = None if trainable is None else [str(pattern) for pattern in trainable]
         self.save_hyperparameters(logger=False, ignore=["optimizer", "scheduler", "init_from", "empty_init"])
         # Sharded training builds the model on the meta device and initialises each process's
         # shards in configure_model, from the random state a whole model would start from here.
         self.init_rng_state = torch.get_rng_state() if empty_init else None
         with torch.device("meta") if empty_init else contextlib.nullcontext():
-            self.model = mcsd.build_model(model)
+            self.model = build_model(config)
         self.init_from = init_from
         if init_from is not None and not empty_init:
             load_weights(self.model, init_from)

@@ -1,28 +1,17 @@
 """MCSD: the multi-channel slope and decay block in the shared skeleton (Section 2)."""
 
-from mcsd.models.common import CausalLM
-from mcsd.models.mcsd.block import (
-    MCSDBlock,
-    Section,
-    decay_matrix,
-    decay_rates,
-    section_log_decay,
-    slope_matrix,
-    slope_rates,
-)
-from mcsd.models.mcsd.config import MCSDConfig
+from mcsd.models.mcsd.block import MCSDBlock, Section, decay_matrix, slope_matrix
+from mcsd.models.mcsd.configuration_mcsd import MCSDConfig
+from mcsd.models.mcsd.modeling_mcsd import MCSDForCausalLM
+from mcsd.models.modules.decays import decay_rates, section_log_decay, slope_rates
 from mcsd.models.registry import Architecture, register
-
-
-class MCSDForCausalLM(CausalLM):
-    """MCSD language model: the shared skeleton with :class:`MCSDBlock` as every layer's mixer."""
-
 
 register(Architecture(
     name="mcsd",
     config_class=MCSDConfig,
     model_class=MCSDForCausalLM,
     label="MCSD",
+    role="subject",
     color="tab:blue",
     train_form="chunk",
     fp32_constants=True,  # the slope and decay weights and normalisers (the spec: fp32 whatever the model's dtype)

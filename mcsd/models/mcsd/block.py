@@ -26,51 +26,16 @@ sum ``sum_j alpha^(n-j) E_j`` (Eq. 19).
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.nn.functional as F
 
-from mcsd.models.common import ChannelRMSNorm, GroupedLinear, TokenMixer
-from mcsd.models.mcsd.config import MCSDConfig
+from mcsd.models.mcsd.configuration_mcsd import MCSDConfig
+from mcsd.models.modules.decays import section_log_decay
+from mcsd.models.modules.layers import ChannelRMSNorm, GroupedLinear
+from mcsd.models.modules.mixer import TokenMixer
 from mcsd.ops.exp_filter import exp_filter, exp_filter_matrix
 from mcsd.ops.flops import exp_filter_flops
-
-
-def slope_rates(num_channels: int) -> list[float]:
-    """Eq. 2: ``beta_i = (2^(-8/C))^(i+1)``, ALiBi's slopes."""
-    return [(2.0 ** (-8.0 / num_channels)) ** (i + 1) for i in range(num_channels)]
-
-
-def decay_rates(num_channels: int) -> list[float]:
-    """Eq. 8: ``alpha_i = 1 - 2^(-5-i)``, RetNet's decays."""
-    return [1.0 - 2.0 ** (-5 - i) for i in range(num_channels)]
-
-
-def log_decay_values(kind: str, num_channels: int) -> list[float]:
-    """Per-channel log-decay of a section, in float64: ``-beta_i`` (slope) or ``log(alpha_i)``
-    (decay; in bf16 ``alpha_i`` itself would round to 1.0 for i >= 4, so only the log is kept)."""
-    if kind == "slope":
-        return [-beta for beta in slope_rates(num_channels)]
-    return [math.log(alpha) for alpha in decay_rates(num_channels)]
-
-
-def section_log_decay(kind: str, num_channels: int, device: torch.device,
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """:func:`log_decay_values` as a tensor ``[C]``, fp32 (or ``dtype``: fp64 for a baseline run
-    in fp64), never cast by ``model.to(dtype)``: cached for eager calls (built once per device
-    and dtype), a constant of a compiled graph."""
-    if torch.compiler.is_compiling():
-        return _log_decay_tensor(kind, num_channels, device, dtype)
-    return _cached_log_decay_tensor(kind, num_channels, device, dtype)
-
-
-def _log_decay_tensor(kind: str, num_channels: int, device: torch.device,
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.tensor(log_decay_values(kind, num_channels), dtype=torch.float64).to(device=device, dtype=dtype)
-
-
-_cached_log_decay_tensor = functools.lru_cache(maxsize=None)(_log_decay_tensor)
 
 
 def geometric_sum(log_decay: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -217,7 +182,7 @@ def decay_factors(num_channels: int, device: torch.device) -> torch.Tensor:
     """The decay section's ``alpha_i`` ``[C]`` fp32, from its log (as the filter computes it);
     cached for eager calls, a constant of a compiled graph."""
     if torch.compiler.is_compiling():
-        return torch.exp(_log_decay_tensor("decay", num_channels, device))
+        return torch.exp(section_log_decay("decay", num_channels, device))
     return _decay_factors(num_channels, device)
 
 

@@ -1,14 +1,9 @@
 """RetNet: MCSD's skeleton with multi-scale retention (decayed linear attention)."""
 
-from mcsd.models.common import CausalLM
 from mcsd.models.registry import Architecture, register
-from mcsd.models.retnet.config import RetNetConfig
+from mcsd.models.retnet.configuration_retnet import RetNetConfig
+from mcsd.models.retnet.modeling_retnet import RetNetForCausalLM
 from mcsd.models.retnet.retention import MultiScaleRetention
-
-
-class RetNetForCausalLM(CausalLM):
-    """RetNet language model: the shared skeleton with :class:`MultiScaleRetention`."""
-
 
 register(Architecture(
     name="retnet",

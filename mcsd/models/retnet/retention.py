@@ -20,12 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcsd.models.common import ChannelRMSNorm, TokenMixer
-from mcsd.models.mcsd.block import section_log_decay
-from mcsd.models.retnet.config import RetNetConfig
-from mcsd.models.transformer.attention import rotary, rotary_step
+from mcsd.models.modules.decays import section_log_decay
+from mcsd.models.modules.layers import ChannelRMSNorm
+from mcsd.models.modules.mixer import TokenMixer
+from mcsd.models.modules.rotary import rotary, rotary_step
+from mcsd.models.retnet.configuration_retnet import RetNetConfig
+from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
-from mcsd.ops.exp_filter.naive import state_dtype
 from mcsd.ops.flops import decayed_attention_flops
 
 

@@ -1,15 +1,10 @@
 """RWKV-4: MCSD's skeleton with RWKV's time mix (the WKV op) and channel mix, and the
 multiple-temporal-perspectives switch (``perspectives``)."""
 
-from mcsd.models.common import CausalLM
 from mcsd.models.registry import Architecture, register
-from mcsd.models.rwkv4.config import RWKV4Config
+from mcsd.models.rwkv4.configuration_rwkv4 import RWKV4Config
+from mcsd.models.rwkv4.modeling_rwkv4 import RWKV4ForCausalLM
 from mcsd.models.rwkv4.time_mix import ChannelMix, TimeMix
-
-
-class RWKV4ForCausalLM(CausalLM):
-    """RWKV-4 language model: the shared skeleton with :class:`TimeMix` and :class:`ChannelMix`."""
-
 
 register(Architecture(
     name="rwkv4",

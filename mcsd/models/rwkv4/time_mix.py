@@ -9,10 +9,10 @@ import math
 import torch
 from torch import nn
 
-from mcsd.models.common import TokenMixer
-from mcsd.models.rwkv4.config import RWKV4Config
+from mcsd.models.modules.mixer import TokenMixer
+from mcsd.models.rwkv4.configuration_rwkv4 import RWKV4Config
 from mcsd.models.rwkv4.perspectives import PerspectiveMixes, mix
-from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.common import state_dtype
 from mcsd.ops.flops import wkv_flops
 from mcsd.ops.wkv import empty_wkv_state, wkv, wkv_step
 

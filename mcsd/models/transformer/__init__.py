@@ -1,20 +1,17 @@
 """The Transformer baseline: MCSD's skeleton with RoPE multi-head causal attention."""
 
-from mcsd.models.common import CausalLM
+from mcsd.models.modules.attention import CausalSelfAttention, KVCache
+from mcsd.models.modules.rotary import rotary
 from mcsd.models.registry import Architecture, register
-from mcsd.models.transformer.attention import CausalSelfAttention, KVCache, rotary
-from mcsd.models.transformer.config import TransformerConfig
-
-
-class TransformerForCausalLM(CausalLM):
-    """Transformer language model: the shared skeleton with :class:`CausalSelfAttention`."""
-
+from mcsd.models.transformer.configuration_transformer import TransformerConfig
+from mcsd.models.transformer.modeling_transformer import TransformerForCausalLM
 
 register(Architecture(
     name="transformer",
     config_class=TransformerConfig,
     model_class=TransformerForCausalLM,
     label="Transformer",
+    role="anchor",
     color="tab:orange",
     train_form="parallel",  # one causal SDPA call: the flash kernels on a GPU
 ))

@@ -1,18 +1,12 @@
 """The Wonderful Matrices hybrid: SSD mixers (on the decayed linear-attention op) with an
 attention layer every ``attention_every`` layers, the dynamic mask and the CDMoE switch."""
 
-from mcsd.models.common import CausalLM
 from mcsd.models.registry import Architecture, register
 from mcsd.models.wonderful_matrices.attention import DynamicMaskAttention
 from mcsd.models.wonderful_matrices.cdmoe import CrossDomainMoE
-from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
+from mcsd.models.wonderful_matrices.configuration_wonderful_matrices import WonderfulMatricesConfig
+from mcsd.models.wonderful_matrices.modeling_wonderful_matrices import WonderfulMatricesForCausalLM
 from mcsd.models.wonderful_matrices.ssd import StateSpaceDuality
-
-
-class WonderfulMatricesForCausalLM(CausalLM):
-    """The hybrid language model: the shared skeleton with :class:`StateSpaceDuality` mixers and
-    attention layers (:class:`DynamicMaskAttention` unless ``dynamic_mask=false``)."""
-
 
 register(Architecture(
     name="wonderful_matrices",

@@ -1,5 +1,5 @@
-"""The hybrid's attention layer: the Transformer's RoPE attention and KV cache, plus the
-dynamic mask.
+"""The hybrid's attention layer: the shared RoPE attention and KV cache
+(:mod:`mcsd.models.modules.attention`, the Transformer's mixer), plus the dynamic mask.
 
 The dynamic mask as the authors' later code has it (Doge): per head h and key j an additive
 bias on the attention scores, ``exp(A_h * softplus(dt_proj(v_j))_h)``, with ``v_j`` the key's
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcsd.models.transformer.attention import CausalSelfAttention, KVCache
-from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
+from mcsd.models.modules.attention import CausalSelfAttention, KVCache
+from mcsd.models.wonderful_matrices.configuration_wonderful_matrices import WonderfulMatricesConfig
 
 
 class DynamicMaskAttention(CausalSelfAttention):

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
+from mcsd.models.wonderful_matrices.configuration_wonderful_matrices import WonderfulMatricesConfig
 
 
 class CrossDomainMoE(nn.Module):

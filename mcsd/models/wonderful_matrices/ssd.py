@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcsd.models.common import ChannelRMSNorm, TokenMixer
-from mcsd.models.transformer.attention import rotary, rotary_step
-from mcsd.models.wonderful_matrices.config import WonderfulMatricesConfig
+from mcsd.models.modules.layers import ChannelRMSNorm
+from mcsd.models.modules.mixer import TokenMixer
+from mcsd.models.modules.rotary import rotary, rotary_step
+from mcsd.models.wonderful_matrices.configuration_wonderful_matrices import WonderfulMatricesConfig
+from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
-from mcsd.ops.exp_filter.naive import state_dtype
 from mcsd.ops.flops import decayed_attention_flops
 
 

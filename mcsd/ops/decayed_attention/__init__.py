@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from mcsd.ops.common import FORMS, check_form
 from mcsd.ops.decayed_attention.chunk import chunk_decayed_attention
 from mcsd.ops.decayed_attention.naive import parallel_decayed_attention, per_token_log_decay, segment_log_decays
 from mcsd.ops.decayed_attention.recurrent import decayed_attention_step, recurrent_decayed_attention
-
-FORMS = ("parallel", "chunk", "recurrent")
 
 
 def decayed_attention(
@@ -25,13 +24,12 @@ def decayed_attention(
     initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form; returns ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``."""
+    check_form(form)
     if form == "chunk":
         return chunk_decayed_attention(q, k, v, log_decay, initial_state, chunk_size)
     if form == "parallel":
         return parallel_decayed_attention(q, k, v, log_decay, initial_state)
-    if form == "recurrent":
-        return recurrent_decayed_attention(q, k, v, log_decay, initial_state)
-    raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+    return recurrent_decayed_attention(q, k, v, log_decay, initial_state)
 
 
 __all__ = [

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention.naive import per_token_log_decay, segment_log_decays
-from mcsd.ops.exp_filter.naive import state_dtype
 
 
 def chunk_decayed_attention(

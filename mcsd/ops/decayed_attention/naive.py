@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.common import state_dtype
 
 
 def per_token_log_decay(log_decay: torch.Tensor, batch: int, length: int) -> torch.Tensor:

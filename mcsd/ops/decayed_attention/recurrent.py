@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention.naive import per_token_log_decay
-from mcsd.ops.exp_filter.naive import state_dtype
 
 
 def decayed_attention_step(

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from mcsd.ops.common import FORMS, check_form
 from mcsd.ops.exp_filter.chunk import chunk_exp_filter
 from mcsd.ops.exp_filter.naive import decay_powers, exp_filter_matrix, parallel_exp_filter
 from mcsd.ops.exp_filter.recurrent import exp_filter_step, recurrent_exp_filter
-
-FORMS = ("parallel", "chunk", "recurrent")
 
 
 def exp_filter(
@@ -25,13 +24,12 @@ def exp_filter(
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form; returns ``(output [B, C, N, D], final_state [B, C, D] fp32)``."""
+    check_form(form)
     if form == "chunk":
         return chunk_exp_filter(x, log_decay, initial_state, chunk_size)
     if form == "parallel":
         return parallel_exp_filter(x, log_decay, initial_state)
-    if form == "recurrent":
-        return recurrent_exp_filter(x, log_decay, initial_state)
-    raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+    return recurrent_exp_filter(x, log_decay, initial_state)
 
 
 __all__ = [

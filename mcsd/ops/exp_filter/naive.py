@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from mcsd.ops.common import state_dtype
+
 
 def exp_filter_matrix(log_decay: torch.Tensor, length: int, extra_rows: int = 0) -> torch.Tensor:
     """``M[c, n, j] = a_c^(n-j)`` for ``j < n``, else 0; shape ``[C, length + extra_rows, length]``.
@@ -34,11 +36,6 @@ def masked_powers(log_decay: torch.Tensor, distance: torch.Tensor, keep: torch.T
     exponents masked to -inf before ``exp`` (in place, one tensor of that shape)."""
     exponent = log_decay.float().view(-1, *([1] * distance.dim())) * distance.float()
     return exponent.masked_fill_(~keep, float("-inf")).exp_()
-
-
-def state_dtype(x: torch.Tensor) -> torch.dtype:
-    """States and carries are kept in fp32 (fp64 when the input is fp64, for gradcheck)."""
-    return torch.promote_types(x.dtype, torch.float32)
 
 
 def decay_powers(log_decay: torch.Tensor, length: int) -> torch.Tensor:

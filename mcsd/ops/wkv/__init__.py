@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from mcsd.ops.common import FORMS, check_form
 from mcsd.ops.wkv.chunk import chunk_wkv
 from mcsd.ops.wkv.naive import EMPTY_LOG_SCALE, empty_wkv_state, parallel_wkv
 from mcsd.ops.wkv.recurrent import recurrent_wkv, wkv_step
-
-FORMS = ("parallel", "chunk", "recurrent")
 
 
 def wkv(
@@ -22,13 +21,12 @@ def wkv(
     initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form; returns ``(wkv [B, N, D], final_state [B, 3, D] fp32)``."""
+    check_form(form)
     if form == "chunk":
         return chunk_wkv(w, u, k, v, initial_state, chunk_size)
     if form == "parallel":
         return parallel_wkv(w, u, k, v, initial_state)
-    if form == "recurrent":
-        return recurrent_wkv(w, u, k, v, initial_state)
-    raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+    return recurrent_wkv(w, u, k, v, initial_state)
 
 
 __all__ = [

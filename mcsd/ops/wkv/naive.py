@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.common import state_dtype
 
 EMPTY_LOG_SCALE = -1e38  # p of an empty state: e^{p - anything} is exactly 0, and p stays finite
 

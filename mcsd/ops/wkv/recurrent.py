@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from mcsd.ops.exp_filter.naive import state_dtype
+from mcsd.ops.common import state_dtype
 from mcsd.ops.wkv.naive import empty_wkv_state
 
 

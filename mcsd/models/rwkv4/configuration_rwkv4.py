@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from torch import nn
-
-from mcsd.models.common import TokenMixer
 from mcsd.models.config import ConfigError, LMConfig, require_positive_int
 
 
@@ -33,20 +30,3 @@ class RWKV4Config(LMConfig):
         require_positive_int("perspectives", self.perspectives)
         if not self.aggregator_init_std >= 0:
             raise ConfigError(f"model.aggregator_init_std={self.aggregator_init_std!r} must be >= 0")
-
-    def make_streams(self) -> nn.Module:
-        if self.perspectives == 1:
-            return super().make_streams()
-        from mcsd.models.rwkv4.perspectives import Perspectives
-
-        return Perspectives(self.perspectives, self.hidden_size, self.aggregator_init_std)
-
-    def make_mixer(self, layer_index: int) -> TokenMixer:
-        from mcsd.models.rwkv4.time_mix import TimeMix
-
-        return TimeMix(self, layer_index)
-
-    def make_mlp(self, layer_index: int) -> nn.Module:
-        from mcsd.models.rwkv4.time_mix import ChannelMix
-
-        return ChannelMix(self, layer_index)

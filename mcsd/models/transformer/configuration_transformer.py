@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from mcsd.models.common import TokenMixer
 from mcsd.models.config import LMConfig
 
 
@@ -21,8 +20,3 @@ class TransformerConfig(LMConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.require_even_rope_heads()
-
-    def make_mixer(self, layer_index: int) -> TokenMixer:
-        from mcsd.models.transformer.attention import CausalSelfAttention
-
-        return CausalSelfAttention(self)

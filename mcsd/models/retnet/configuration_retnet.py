@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from mcsd.models.common import TokenMixer
 from mcsd.models.config import ConfigError, LMConfig
 
 
@@ -23,8 +22,3 @@ class RetNetConfig(LMConfig):
         if not isinstance(self.value_expansion, int) or self.value_expansion < 1:
             raise ConfigError(f"model.value_expansion={self.value_expansion!r} must be a positive integer "
                               "(the value width per head in key widths; the paper: 2)")
-
-    def make_mixer(self, layer_index: int) -> TokenMixer:
-        from mcsd.models.retnet.retention import MultiScaleRetention
-
-        return MultiScaleRetention(self)

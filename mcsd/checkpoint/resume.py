@@ -29,8 +29,9 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
 from mcsd.errors import MCSDError
-from mcsd.saved_model import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
+from mcsd.models.build import build_model
 
 log = logging.getLogger(__name__)
 WANDB_RUN_KEY = "wandb_run_id"
@@ -165,8 +166,7 @@ def _run_overrides(ckpt_path: Path, checkpoint: dict[str, Any]) -> list[str]:
 
 
 def _parameter_shapes(model_cfg: Any) -> dict[str, tuple[int, ...]]:
-    from mcsd.api import build_model
-
+    """The shapes of the parameters of the model ``model_cfg`` describes (built on the meta device)."""
     with torch.device("meta"):
         return {name: tuple(parameter.shape) for name, parameter in build_model(model_cfg).named_parameters()}
 

@@ -1,18 +1,39 @@
-"""Checkpoints written whole or not at all, and read whatever the strategy that wrote them."""
+"""A run's Lightning checkpoints: where a run keeps them, read (a file, or a sharded folder's
+metadata), and written whole or not at all, whatever the strategy that wrote them."""
 
 from __future__ import annotations
 
 import errno
 import os
+import pickle
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from mcsd.distributed import is_sharded_checkpoint, whole_checkpoint
+from mcsd.checkpoint.sharded import SHARDED_METADATA, check_sharded_checkpoint, is_sharded_checkpoint, whole_checkpoint
 from mcsd.errors import MCSDError
+
+CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints folder
+LAST_CHECKPOINT = "last.ckpt"
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A run's Lightning checkpoint, memory-mapped (weights are read only when used); a file
+    that is not one (truncated, corrupt) is named in one line. Of a sharded checkpoint folder,
+    everything but the tensors (whose files are checked to be whole)."""
+    path = Path(path)
+    if path.is_dir():
+        check_sharded_checkpoint(path)
+        path = path / SHARDED_METADATA
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):
+        raise MCSDError(f"{path} is not a readable checkpoint (truncated or corrupt): use another checkpoint "
+                        "of the run") from None
 
 
 def disk_is_full(error: BaseException, folder: Path) -> bool:

@@ -2,7 +2,8 @@
 
 ``h = x + Mixer(RMSNorm(x)); out = h + MLP(RMSNorm(h))``, with token embedding in, final
 RMSNorm and LM head out. Each layer's mixer (a :class:`TokenMixer`) and MLP come from the
-architecture's config, given the layer index, so a hybrid can choose per layer; an MLP
+architecture's model class (:meth:`CausalLM.make_mixer`, :meth:`CausalLM.make_mlp`), given the
+config and the layer index, so a hybrid can choose per layer; an MLP
 that carries a decoding state of its own (RWKV-4's channel mixer and its token shift) is a
 :class:`TokenMixer` too. Every module initialises itself (``reset_parameters``); the
 skeleton only scales the projections that write into the residual stream.
@@ -10,13 +11,11 @@ skeleton only scales the projections that write into the residual stream.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-import types
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +23,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from mcsd.models.config import ConfigError, LMConfig
+from mcsd.models.modules.compiled import compiled_method
+from mcsd.models.modules.layers import GatedMLP, OneStream, weight_flops_per_token
+from mcsd.models.modules.mixer import TokenMixer
+from mcsd.models.modules.state import Decoding, DecodingState, LayerState, tensors_of
+from mcsd.models.static_decoding import StaticStep
 
 if TYPE_CHECKING:
     from mcsd.models.registry import Architecture
@@ -40,240 +44,18 @@ class InitStep(NamedTuple):
     initialise: Callable[[nn.Module], list[nn.Parameter]]
 
 
-class Decoding(NamedTuple):
-    """What decoding runs (:meth:`CausalLM.decoding`): ``prefill(input_ids, max_new_tokens=0)
-    -> (logits, state)`` and ``step(token_ids, state) -> (logits, state)``."""
-
-    prefill: Callable[..., tuple[torch.Tensor, DecodingState]]
-    step: Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]
-
-
-class LayerState(NamedTuple):
-    """One layer's decoding state: its mixer's, and its MLP's (``None`` for a plain MLP)."""
-
-    mixer: Any
-    mlp: Any
-
-
-@dataclasses.dataclass
-class DecodingState:
-    """What decoding carries between calls: the number of tokens seen and each layer's state.
-
-    MCSD layers hold fixed-size fp32 section states; attention layers hold a KV cache. Both
-    are advanced in place (so a state must not be reused after it has been advanced:
-    ``copy.deepcopy`` one that is to be continued twice). Every tensor of a layer's state has
-    the batch as its first dimension (streams x batch, stream-major, where an architecture
-    runs several streams), so that beam search can reorder the rows of any state.
-    """
-
-    position: int
-    layers: list[LayerState | None]
-
-
-@runtime_checkable
-class CapacityState(Protocol):
-    """A part of a layer's state that keeps an entry per position up to a ``capacity`` along its
-    third axis (a KV cache): what :class:`mcsd.models.static_decoding.StaticStep` allocates at a
-    fixed size and views a prefix of."""
-
-    @property
-    def capacity(self) -> int: ...
-
-    def with_capacity(self, capacity: int) -> CapacityState:
-        """A new zero-filled state of the same rows, heads and dtype with room for ``capacity`` positions."""
-        ...
-
-    def prefix(self, capacity: int) -> CapacityState:
-        """A view of the first ``capacity`` positions (writes to it land in this state)."""
-        ...
-
-    def copy_positions_(self, other: CapacityState, count: int) -> None:
-        """Copy ``other``'s first ``count`` positions into this state's."""
-        ...
-
-    def zero_positions_from_(self, start: int) -> None:
-        """Zero every position from ``start`` on."""
-        ...
-
-
-def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``value`` (a layer state: tensors in tuples, named tuples, lists and dataclasses) with
-    ``function`` applied to each tensor."""
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        return function(value)
-    if isinstance(value, list):
-        return [map_tensors(item, function) for item in value]
-    if isinstance(value, tuple):
-        items = [map_tensors(item, function) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{field.name: map_tensors(getattr(value, field.name), function)
-                                            for field in dataclasses.fields(value) if field.init})
-    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: map_tensors knows tensors, tuples, "
-                    "lists and dataclasses")
-
-
-def tensors_of(value: Any) -> list[torch.Tensor]:
-    """Every tensor of ``value`` (a layer state), in :func:`map_tensors`' order."""
-    found: list[torch.Tensor] = []
-    map_tensors(value, lambda tensor: found.append(tensor) or tensor)
-    return found
-
-
-class GroupedLinear(nn.Module):
-    """Per-channel projections ``W in R^{C x Din x Dout}`` (the paper's Eqs. 1 and 7):
-    ``[..., C, Din] -> [..., C, Dout]``, each channel with its own matrix, no bias."""
-
-    def __init__(self, num_channels: int, in_width: int, out_width: int, init_std: float) -> None:
-        super().__init__()
-        self.init_std = init_std
-        self.weight = nn.Parameter(torch.empty(num_channels, in_width, out_width))
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.weight, std=self.init_std)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("...ci,cio->...co", x, self.weight)
-
-
-class ChannelRMSNorm(nn.Module):
-    """RMSNorm over each channel's ``Dc`` features separately, with a gain per feature
-    (as RetNet's per-head GroupNorm); input ``[..., C, Dc]``."""
-
-    def __init__(self, num_channels: int, width: int, eps: float, gain_init: float = 1.0) -> None:
-        super().__init__()
-        self.eps = eps
-        self.gain_init = gain_init
-        self.weight = nn.Parameter(torch.empty(num_channels, width))
-
-    def reset_parameters(self) -> None:
-        nn.init.constant_(self.weight, self.gain_init)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), eps=self.eps) * self.weight
-
-
-class GatedMLP(nn.Module):
-    """GeGLU MLP (Shazeer 2020): ``W_down(gelu(W_gate x) * W_up x)``; Normal(0, init_std)."""
-
-    def __init__(self, hidden_size: int, mlp_hidden_size: int, init_std: float) -> None:
-        super().__init__()
-        self.init_std = init_std
-        self.gate_up = nn.Linear(hidden_size, 2 * mlp_hidden_size, bias=False)
-        self.down = nn.Linear(mlp_hidden_size, hidden_size, bias=False)
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.gate_up.weight, std=self.init_std)
-        nn.init.normal_(self.down.weight, std=self.init_std)
-
-    def residual_weights(self) -> list[nn.Parameter]:
-        """The weights that write into the residual stream (drawn at init_std, scaled by the skeleton)."""
-        return [self.down.weight]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.gelu(gate) * up)
-
-
-class OneStream(nn.Module):
-    """The residual stream the layers run on: the embedded tokens themselves. An architecture
-    with several streams (RWKV-4's perspectives) splits the embedding into them, stacked along
-    the batch, and merges their final-normed states before the LM head."""
-
-    count = 1  # the number of streams
-
-    def reset_parameters(self) -> None:
-        pass
-
-    def split(self, embedded: torch.Tensor) -> torch.Tensor:
-        """``[B, N, D]`` -> the streams, ``[S * B, N, D]`` (stream-major)."""
-        return embedded
-
-    def merge(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The streams' final-normed states ``[S * B, N, D]`` -> what the LM head reads, ``[B, N, D]``."""
-        return hidden
-
-
-class TokenMixer(nn.Module):
-    """Interface of a token mixer: ``forward(x, layer_state, position, form) -> (y, new_state)``.
-
-    ``x`` is ``[B, N, D]`` at absolute positions ``position .. position+N-1``;
-    ``layer_state`` is ``None`` at the start of a sequence. A mixer initialises its own
-    parameters (``reset_parameters``) and names the weights that write into the residual
-    stream (``residual_weights``, drawn at ``init_std``), which the skeleton scales to a depth-scaled std.
-    """
-
-    sequence_backward_factor: ClassVar[int] = 2
-    """The backward's work over the sums of :meth:`sequence_flops`, in forwards: 2 where both
-    operands of each product are learned activations (a gradient for each), 1 where one is a
-    fixed matrix (MCSD's filters: only the input's gradient)."""
-
-    sequence_products: ClassVar[bool] = True
-    """Whether the sums of :meth:`sequence_flops` run as tensor products (``matmul``, ``einsum``),
-    which ``FlopCounterMode`` counts; ``False`` where they are elementwise (RWKV-4's WKV), which
-    it does not see."""
-
-    state_rewinds: ClassVar[bool] = False
-    """Whether the state keeps an entry per position (a KV cache), so that moving the position
-    back forgets the tokens after it (assisted decoding's cache crop); a recurrent state has
-    folded every token in and cannot forget one."""
-
-    def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> Any:
-        """The state before the first token (``None`` where the mixer needs none);
-        ``capacity`` is a hint of how many tokens will follow (a KV cache preallocates)."""
-        return None
-
-    def reset_parameters(self) -> None:
-        raise NotImplementedError(f"{type(self).__qualname__} must initialise its parameters")
-
-    def step(self, x: torch.Tensor, state: Any, position: int | torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """One token per row, ``x`` ``[B, D]`` -> ``([B, D], new state)``: decoding's hot path.
-        By default the recurrent form on a sequence of one; a mixer overrides it with a leaner
-        step that computes the same numbers, and that also takes ``position`` as a 0-d tensor on
-        the device with ``state`` given (the step at fixed addresses that CUDA graphs replay,
-        :meth:`CausalLM.static_step`: no Python branch on the position, a KV cache written at it)."""
-        y, state = self(x[:, None], state, position, "recurrent")
-        return y[:, 0], state
-
-    def residual_weights(self) -> list[nn.Parameter]:
-        return []
-
-    def sequence_flops(self, length: int, form: str) -> int:
-        """The forward FLOPs of the mixer's sums over positions for one row of ``length`` tokens
-        in ``form`` (:mod:`mcsd.ops.flops`' rule; its weights' products are counted apart, by
-        :func:`weight_flops_per_token`): what attention's ``12 L d N`` and the chunk forms'
-        intra-chunk products add to ``6 N`` in the model FLOPs of :meth:`CausalLM.training_flops`."""
-        raise NotImplementedError(f"{type(self).__qualname__} must count its sequence FLOPs")
-
-
-def weight_flops_per_token(module: nn.Module) -> int:
-    """2 FLOPs (a multiply and an add) for every weight that one token's forward pass through
-    ``module`` multiplies: the weights of its ``nn.Linear`` and :class:`GroupedLinear` modules,
-    or, for a module that reads its weights otherwise (CDMoE's selected experts), what its own
-    ``weight_flops_per_token()`` says. Norm gains and other elementwise parameters are left out."""
-    own = getattr(module, "weight_flops_per_token", None)
-    if own is not None:
-        return own()
-    if isinstance(module, (nn.Linear, GroupedLinear)):
-        return 2 * module.weight.numel()
-    return sum(weight_flops_per_token(child) for child in module.children())
-
-
 class Layer(nn.Module):
-    """One pre-RMSNorm residual layer: the mixer and the MLP that the config gives layer
-    ``layer_index`` (no MLP, and no norm before it, with ``mlp_hidden_size=0``: zoology's MQAR
-    models are their mixers alone)."""
+    """One pre-RMSNorm residual layer of layer index ``layer_index``: its ``mixer`` and its
+    ``mlp`` (``None``: no MLP, and no norm before it; zoology's MQAR models are their mixers
+    alone, ``mlp_hidden_size=0``)."""
 
-    def __init__(self, config: LMConfig, layer_index: int) -> None:
+    def __init__(self, config: LMConfig, layer_index: int, mixer: TokenMixer, mlp: nn.Module | None) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.mixer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-        self.mixer = config.make_mixer(layer_index)
-        has_mlp = config.mlp_hidden_size > 0
-        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps) if has_mlp else None
-        self.mlp = config.make_mlp(layer_index) if has_mlp else None
+        self.mixer = mixer
+        self.mlp_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps) if mlp is not None else None
+        self.mlp = mlp
         self.mlp_has_state = isinstance(self.mlp, TokenMixer)
         self.activation_checkpointing = config.activation_checkpointing
 
@@ -362,15 +144,41 @@ class CausalLM(nn.Module):
         if self.config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
-    @staticmethod
-    def parts(config: LMConfig) -> list[tuple[str, Callable[[], nn.Module]]]:
+    @classmethod
+    def make_mixer(cls, config: LMConfig, layer_index: int) -> TokenMixer:
+        """The token mixer of layer ``layer_index`` (a hybrid chooses per layer): each
+        architecture's model class builds its own."""
+        raise NotImplementedError(f"{cls.__qualname__} must define make_mixer")
+
+    @classmethod
+    def make_mlp(cls, config: LMConfig, layer_index: int) -> nn.Module:
+        """The MLP of layer ``layer_index``: GeGLU unless the architecture has its own (one with a
+        decoding state of its own is a :class:`TokenMixer`)."""
+        return GatedMLP(config.hidden_size, config.mlp_hidden_size, config.init_std)
+
+    @classmethod
+    def make_streams(cls, config: LMConfig) -> nn.Module:
+        """The residual streams of the model (one, unless the architecture runs several: RWKV-4's
+        perspectives); see :class:`mcsd.models.modules.layers.OneStream`."""
+        return OneStream()
+
+    @classmethod
+    def make_layer(cls, config: LMConfig, layer_index: int) -> Layer:
+        """Layer ``layer_index``: its mixer, and its MLP unless ``mlp_hidden_size=0``."""
+        mixer = cls.make_mixer(config, layer_index)
+        mlp = cls.make_mlp(config, layer_index) if config.mlp_hidden_size > 0 else None
+        return Layer(config, layer_index, mixer, mlp)
+
+    @classmethod
+    def parts(cls, config: LMConfig) -> list[tuple[str, Callable[[], nn.Module]]]:
         """The model's top-level modules by name, each with its constructor, in the order they
         are built (:func:`mcsd.build_model` builds them on the meta device: their constructors'
         own initialisation draws nothing, :meth:`reset_parameters` draws every value)."""
         return [("embed", functools.partial(nn.Embedding, config.vocab_size, config.hidden_size)),
-                *((f"layers.{index}", functools.partial(Layer, config, index)) for index in range(config.num_layers)),
+                *((f"layers.{index}", functools.partial(cls.make_layer, config, index))
+                  for index in range(config.num_layers)),
                 ("final_norm", functools.partial(nn.RMSNorm, config.hidden_size, eps=config.norm_eps)),
-                ("streams", config.make_streams),
+                ("streams", functools.partial(cls.make_streams, config)),
                 ("lm_head", functools.partial(nn.Linear, config.hidden_size, config.vocab_size, bias=False))]
 
     @property
@@ -599,8 +407,6 @@ class CausalLM(nn.Module):
         the step's own KV caches. ``cuda_graphs`` needs the model on a CUDA device."""
         if not cuda_graphs:
             return Decoding(self.prefill, self.step_function(compile))
-        from mcsd.models.static_decoding import StaticStep  # it builds on this module
-
         if self.embed.weight.device.type != "cuda":
             raise ConfigError(f"cuda_graphs=true needs a model on a CUDA device (this one is on "
                               f"{self.embed.weight.device}): set cuda_graphs=false, or device=cuda")
@@ -654,29 +460,6 @@ batch-1 step's, whose batch size the compiler then knows) as fused multiply-and-
 
 _COMPILED_STEPS: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
 _COMPILED_LOSSES: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.WeakKeyDictionary()
-
-
-def compiled_method(cache: weakref.WeakKeyDictionary, model: CausalLM, name: str, **options: Any) -> Callable:
-    """``model.<name>`` through ``torch.compile``, kept in ``cache`` for as long as the model lives:
-    the compiled function holds the model weakly (a bound method would keep it, and its entry,
-    alive for ever).
-
-    Each model compiles a function of its own, with its own code object: dynamo keeps its graphs
-    per code object, so models sharing ``type(model).<name>`` would share one recompile budget
-    (``torch._dynamo.config.recompile_limit``, 8), past which later models silently run eager."""
-    if model not in cache:
-        method = getattr(type(model), name)
-        own = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__,
-                                 method.__defaults__, method.__closure__)
-        own.__kwdefaults__ = method.__kwdefaults__
-        compiled = torch.compile(own, **options)
-        model_ref = weakref.ref(model)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return compiled(model_ref(), *args, **kwargs)
-
-        cache[model] = call
-    return cache[model]
 
 
 def sample_next_token(

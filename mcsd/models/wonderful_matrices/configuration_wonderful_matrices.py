@@ -6,9 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from torch import nn
-
-from mcsd.models.common import TokenMixer
 from mcsd.models.config import ConfigError, LMConfig, require_positive_int
 
 MLPS = ("geglu", "cdmoe")
@@ -82,20 +79,3 @@ class WonderfulMatricesConfig(LMConfig):
     def is_attention_layer(self, layer_index: int) -> bool:
         """Whether layer ``layer_index`` is an attention layer (every ``attention_every``-th)."""
         return self.attention_every > 0 and layer_index % self.attention_every == self.attention_every - 1
-
-    def make_mixer(self, layer_index: int) -> TokenMixer:
-        if self.is_attention_layer(layer_index):
-            from mcsd.models.transformer.attention import CausalSelfAttention
-            from mcsd.models.wonderful_matrices.attention import DynamicMaskAttention
-
-            return DynamicMaskAttention(self) if self.dynamic_mask else CausalSelfAttention(self)
-        from mcsd.models.wonderful_matrices.ssd import StateSpaceDuality
-
-        return StateSpaceDuality(self)
-
-    def make_mlp(self, layer_index: int) -> nn.Module:
-        if self.mlp == "geglu":
-            return super().make_mlp(layer_index)
-        from mcsd.models.wonderful_matrices.cdmoe import CrossDomainMoE
-
-        return CrossDomainMoE(self)

@@ -6,7 +6,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from mcsd.models.common import TokenMixer
 from mcsd.models.config import ConfigError, LMConfig
 
 SECTION_KINDS = ("slope", "decay")
@@ -60,8 +59,3 @@ class MCSDConfig(LMConfig):
         if "decay" not in values.get("sections", ["slope", "decay"]):
             return []
         return ["decay_norm"] + (["decay_norm_gain_init"] if values.get("decay_norm", "rmsnorm") == "rmsnorm" else [])
-
-    def make_mixer(self, layer_index: int) -> TokenMixer:
-        from mcsd.models.mcsd.block import MCSDBlock
-
-        return MCSDBlock(self)

@@ -12,37 +12,33 @@ checkpoints in ``checkpoints/`` (``step-XXXXXX.ckpt``, ``last.ckpt``); every che
 carries the model config (``hyper_parameters.model``), the weights (``state_dict``, under
 ``model.``) and the tokenizer (``tokenizer``, as JSON), so an intermediate checkpoint
 loads, scores and generates like a final model. A sharded run (``trainer=fsdp``) writes each
-checkpoint as a folder of the same name (:mod:`mcsd.distributed`), which loads the same way.
+checkpoint as a folder of the same name (:mod:`mcsd.checkpoint.sharded`), which loads the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 import re
-import zipfile
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 from tokenizers import Tokenizer
 
-from mcsd.api import build_model
-from mcsd.distributed import (SHARDED_METADATA, check_sharded_checkpoint, copy_into, is_sharded,
-                              is_sharded_checkpoint, read_sharded)
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
+from mcsd.checkpoint.sharded import check_sharded_checkpoint, copy_into, is_sharded, is_sharded_checkpoint, read_sharded
 from mcsd.errors import MCSDError
 from mcsd.files import give_default_permissions
-from mcsd.models import CausalLM, LMConfig, make_config
+from mcsd.models.build import build_model, make_config
+from mcsd.models.config import LMConfig
+from mcsd.models.modeling import CausalLM
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 MODEL_DIR = "model"  # a run's final model folder
-CHECKPOINT_DIR = "checkpoints"
-LAST_CHECKPOINT = "last.ckpt"
 CHECKPOINT_TOKENIZER_KEY = "tokenizer"
 STATE_DICT_PREFIX = "model."  # the LightningModule's (and the Hugging Face model's) attribute that holds the model
 EXPORTED_MODEL_TYPE = "mcsd"  # config.json's model_type in a folder mcsd-export wrote
@@ -142,21 +138,6 @@ def whole_model(config: LMConfig, weights: dict[str, torch.Tensor]) -> CausalLM:
     model.load_state_dict(weights, assign=True)
     model.tie_weights()  # assigned one by one, tied parameters come apart
     return model
-
-
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A run's Lightning checkpoint, memory-mapped (weights are read only when used); a file
-    that is not one (truncated, corrupt) is named in one line. Of a sharded checkpoint folder,
-    everything but the tensors (whose files are checked to be whole)."""
-    path = Path(path)
-    if path.is_dir():
-        check_sharded_checkpoint(path)
-        path = path / SHARDED_METADATA
-    try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):
-        raise MCSDError(f"{path} is not a readable checkpoint (truncated or corrupt): use another checkpoint "
-                        "of the run") from None
 
 
 def read_config(saved: SavedModel) -> LMConfig:

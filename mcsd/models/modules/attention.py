@@ -1,4 +1,5 @@
-"""RoPE multi-head causal self-attention with a KV cache (the Transformer baseline's mixer).
+"""RoPE multi-head causal self-attention with a KV cache (the Transformer's mixer, and the
+Wonderful Matrices hybrid's attention layers).
 
 Heads = ``num_channels``, head width = Dc, attention through
 ``torch.nn.functional.scaled_dot_product_attention``. Its three forms:
@@ -16,14 +17,14 @@ needs), so decoding any number of tokens costs amortised O(1) copies per token.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcsd.models.common import TokenMixer
-from mcsd.models.transformer.config import TransformerConfig
+from mcsd.models.config import LMConfig
+from mcsd.models.modules.mixer import TokenMixer
+from mcsd.models.modules.rotary import rotary, rotary_step
 from mcsd.ops.flops import attention_flops
 
 
@@ -81,53 +82,15 @@ class KVCache:
             setattr(self, field.name, new)
 
 
-def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
-    """Rotate ``x`` ``[B, H, N, Dh]`` at absolute positions ``position..`` (RoPE, half-split),
-    computed in fp32 (fp64 for an fp64 ``x``)."""
-    length, width = x.shape[2], x.shape[3]
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    positions = torch.arange(position, position + length, device=x.device, dtype=dtype)
-    angles = positions[:, None] * inverse_frequency(width, base, x.device, dtype)[None, :]
-    return _rotate(x, angles.cos(), angles.sin())
-
-
-def rotary_step(x: torch.Tensor, position: int | torch.Tensor, base: float) -> torch.Tensor:
-    """:func:`rotary` of one position, ``x`` ``[..., Dh]``: the same numbers, no positions tensor
-    (``position`` an int, or a 0-d tensor on the device in the step at fixed addresses)."""
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    angles = inverse_frequency(x.shape[-1], base, x.device, dtype) * position
-    return _rotate(x, angles.cos(), angles.sin())
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    first, second = x.to(cos.dtype).chunk(2, dim=-1)
-    rotated = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
-    return rotated.to(x.dtype)
-
-
-def inverse_frequency(width: int, base: float, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """RoPE's ``base^(-2i/Dh)``, ``[Dh / 2]`` (fp32 unless ``dtype`` says fp64): cached for eager
-    calls, a constant of a compiled graph."""
-    if torch.compiler.is_compiling():
-        return _inverse_frequency_values(width, base, device, dtype)
-    return _cached_inverse_frequency(width, base, device, dtype)
-
-
-def _inverse_frequency_values(width: int, base: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return base ** (-torch.arange(0, width, 2, device=device, dtype=dtype) / width)
-
-
-_cached_inverse_frequency = functools.lru_cache(maxsize=None)(_inverse_frequency_values)
-
-
 class CausalSelfAttention(TokenMixer):
     """Multi-head causal self-attention with RoPE and a KV cache. Initialisation: Normal(0,
     init_std) projections; ``out_proj`` writes into the residual stream (the skeleton scales
-    it to init_std / sqrt(2 L))."""
+    it to init_std / sqrt(2 L)). ``config`` is any architecture's config with a ``rope_base``
+    (the Transformer's, the hybrid's)."""
 
     state_rewinds = True  # the KV cache holds each position's key and value
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: LMConfig) -> None:
         super().__init__()
         self.num_heads = config.num_channels
         self.head_width = config.channel_width

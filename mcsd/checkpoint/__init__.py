@@ -1,0 +1,11 @@
+"""Everything the project writes to disk about a model and reads back, in one place.
+
+From the bottom up, each module calling only the ones before it:
+
+- :mod:`~mcsd.checkpoint.sharded`: sharded (DCP) checkpoint folders and sharded weights (FSDP2);
+- :mod:`~mcsd.checkpoint.lightning_checkpoint`: a run's Lightning checkpoints, where a run keeps
+  them, read as files or sharded folders and written whole or not at all;
+- :mod:`~mcsd.checkpoint.saved_model`: model folders (``model.safetensors``, ``config.json``,
+  ``tokenizer.json``), exported and Hub folders, and any checkpoint, located and loaded alike;
+- :mod:`~mcsd.checkpoint.resume`: what a checkpoint remembers of its run, and resuming it.
+"""

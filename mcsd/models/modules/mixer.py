@@ -1,0 +1,60 @@
+"""The interface every token mixer implements (and every MLP that carries a decoding state)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+
+class TokenMixer(nn.Module):
+    """Interface of a token mixer: ``forward(x, layer_state, position, form) -> (y, new_state)``.
+
+    ``x`` is ``[B, N, D]`` at absolute positions ``position .. position+N-1``;
+    ``layer_state`` is ``None`` at the start of a sequence. A mixer initialises its own
+    parameters (``reset_parameters``) and names the weights that write into the residual
+    stream (``residual_weights``, drawn at ``init_std``), which the skeleton scales to a depth-scaled std.
+    """
+
+    sequence_backward_factor: ClassVar[int] = 2
+    """The backward's work over the sums of :meth:`sequence_flops`, in forwards: 2 where both
+    operands of each product are learned activations (a gradient for each), 1 where one is a
+    fixed matrix (MCSD's filters: only the input's gradient)."""
+
+    sequence_products: ClassVar[bool] = True
+    """Whether the sums of :meth:`sequence_flops` run as tensor products (``matmul``, ``einsum``),
+    which ``FlopCounterMode`` counts; ``False`` where they are elementwise (RWKV-4's WKV), which
+    it does not see."""
+
+    state_rewinds: ClassVar[bool] = False
+    """Whether the state keeps an entry per position (a KV cache), so that moving the position
+    back forgets the tokens after it (assisted decoding's cache crop); a recurrent state has
+    folded every token in and cannot forget one."""
+
+    def init_state(self, batch_size: int, capacity: int, device: torch.device, dtype: torch.dtype) -> Any:
+        """The state before the first token (``None`` where the mixer needs none);
+        ``capacity`` is a hint of how many tokens will follow (a KV cache preallocates)."""
+        return None
+
+    def reset_parameters(self) -> None:
+        raise NotImplementedError(f"{type(self).__qualname__} must initialise its parameters")
+
+    def step(self, x: torch.Tensor, state: Any, position: int | torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """One token per row, ``x`` ``[B, D]`` -> ``([B, D], new state)``: decoding's hot path.
+        By default the recurrent form on a sequence of one; a mixer overrides it with a leaner
+        step that computes the same numbers, and that also takes ``position`` as a 0-d tensor on
+        the device with ``state`` given (the step at fixed addresses that CUDA graphs replay,
+        :meth:`CausalLM.static_step`: no Python branch on the position, a KV cache written at it)."""
+        y, state = self(x[:, None], state, position, "recurrent")
+        return y[:, 0], state
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        return []
+
+    def sequence_flops(self, length: int, form: str) -> int:
+        """The forward FLOPs of the mixer's sums over positions for one row of ``length`` tokens
+        in ``form`` (:mod:`mcsd.ops.flops`' rule; its weights' products are counted apart, by
+        :func:`weight_flops_per_token`): what attention's ``12 L d N`` and the chunk forms'
+        intra-chunk products add to ``6 N`` in the model FLOPs of :meth:`CausalLM.training_flops`."""
+        raise NotImplementedError(f"{type(self).__qualname__} must count its sequence FLOPs")

@@ -1,0 +1,47 @@
+"""Rotary position embedding (RoPE, half-split), shared by every architecture that rotates its
+queries and keys (the Transformer, RetNet, the hybrid's SSD and attention)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
+    """Rotate ``x`` ``[B, H, N, Dh]`` at absolute positions ``position..`` (RoPE, half-split),
+    computed in fp32 (fp64 for an fp64 ``x``)."""
+    length, width = x.shape[2], x.shape[3]
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    positions = torch.arange(position, position + length, device=x.device, dtype=dtype)
+    angles = positions[:, None] * inverse_frequency(width, base, x.device, dtype)[None, :]
+    return _rotate(x, angles.cos(), angles.sin())
+
+
+def rotary_step(x: torch.Tensor, position: int | torch.Tensor, base: float) -> torch.Tensor:
+    """:func:`rotary` of one position, ``x`` ``[..., Dh]``: the same numbers, no positions tensor
+    (``position`` an int, or a 0-d tensor on the device in the step at fixed addresses)."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    angles = inverse_frequency(x.shape[-1], base, x.device, dtype) * position
+    return _rotate(x, angles.cos(), angles.sin())
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    first, second = x.to(cos.dtype).chunk(2, dim=-1)
+    rotated = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+    return rotated.to(x.dtype)
+
+
+def inverse_frequency(width: int, base: float, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """RoPE's ``base^(-2i/Dh)``, ``[Dh / 2]`` (fp32 unless ``dtype`` says fp64): cached for eager
+    calls, a constant of a compiled graph."""
+    if torch.compiler.is_compiling():
+        return _inverse_frequency_values(width, base, device, dtype)
+    return _cached_inverse_frequency(width, base, device, dtype)
+
+
+def _inverse_frequency_values(width: int, base: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return base ** (-torch.arange(0, width, 2, device=device, dtype=dtype) / width)
+
+
+_cached_inverse_frequency = functools.lru_cache(maxsize=None)(_inverse_frequency_values)

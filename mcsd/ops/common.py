@@ -1,0 +1,19 @@
+"""What every op shares: the names of the three forms and the dtype of states and carries."""
+
+from __future__ import annotations
+
+import torch
+
+FORMS = ("parallel", "chunk", "recurrent")
+"""The forms every op (and every exact architecture) computes the same function in."""
+
+
+def check_form(form: str) -> None:
+    """Refuse a form that is not one of :data:`FORMS`, in one line."""
+    if form not in FORMS:
+        raise ValueError(f"form={form!r} is unknown: use one of {', '.join(FORMS)}")
+
+
+def state_dtype(x: torch.Tensor) -> torch.dtype:
+    """States and carries are kept in fp32 (fp64 when the input is fp64, for gradcheck)."""
+    return torch.promote_types(x.dtype, torch.float32)

@@ -1,0 +1,182 @@
+"""The package's imports go down its layers (docs/layout.md draws them): no module imports one
+of a layer above its own, nothing imports in a circle, no architecture imports another
+architecture's folder, and no module imports the front of a package that holds it.
+
+Every import counts, at the top of a module or inside a function, except those under
+``if TYPE_CHECKING:`` (annotations only: they never run)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import mcsd
+from mcsd.models import ARCHITECTURE_FOLDERS
+
+PACKAGE = Path(mcsd.__file__).parent
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer is its longest prefix's
+    ("base", ("mcsd.errors", "mcsd.files", "mcsd.precision", "mcsd.cli")),
+    ("ops", ("mcsd.ops",)),
+    ("data", ("mcsd.data",)),
+    ("model config", ("mcsd.models.config",)),
+    ("shared model pieces", ("mcsd.models.modules",)),
+    ("decoding at fixed addresses", ("mcsd.models.static_decoding",)),
+    ("skeleton", ("mcsd.models.modeling",)),
+    ("registry", ("mcsd.models.registry",)),
+    ("architectures", tuple(f"mcsd.models.{name}" for name in ARCHITECTURE_FOLDERS)),
+    ("building", ("mcsd.models.build",)),
+    ("models front", ("mcsd.models",)),
+    ("checkpoints", ("mcsd.checkpoint",)),
+    ("hugging face", ("mcsd.hf",)),
+    ("libraries", ("mcsd.training", "mcsd.bench", "mcsd.evaluation", "mcsd.probes", "mcsd.plots")),
+    ("commands", ("mcsd.train", "mcsd.generate", "mcsd.export", "mcsd.prepare", "mcsd.data.download",
+                  "mcsd.bench.run", "mcsd.evaluation.run", "mcsd.probes.run", "mcsd.plots.cli")),
+    ("front", ("mcsd", "mcsd.hf.remote_code")),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a module or package of mcsd (not a name defined in one)."""
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:``."""
+    found, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        found.append(node)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def imports_of(path: Path) -> set[str]:
+    """The mcsd modules ``path`` imports (``from package import submodule`` names the submodule)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "mcsd"}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base.split(".")[0] != "mcsd":
+                continue
+            submodules = {f"{base}.{alias.name}" for alias in node.names if is_module(f"{base}.{alias.name}")}
+            found |= submodules or {base}
+            if len(submodules) < len(node.names):
+                found.add(base)
+    return found - {name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {module_name(path): imports_of(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(name: str) -> int:
+    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if name == prefix or name.startswith(prefix + ".")]
+    if not matches:
+        raise AssertionError(f"{name} is in no layer: add it to LAYERS here and to docs/layout.md")
+    return max(matches)[1]
+
+
+def architecture_of(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "models" and parts[2] in ARCHITECTURE_FOLDERS else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{module} ({LAYERS[layer_of(module)][0]}) imports {imported} ({LAYERS[layer_of(imported)][0]})"
+            for module, imported_modules in graph.items() for imported in sorted(imported_modules)
+            if layer_of(imported) > layer_of(module)]
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in graph.get(module, ()):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in import_graph():
+        layer_of(module)
+
+
+def test_no_module_imports_upward() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_module_imports_in_a_circle() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_no_architecture_imports_another() -> None:
+    crossing = [f"{module} imports {imported}" for module, imported_modules in import_graph().items()
+                for imported in imported_modules
+                if architecture_of(module) and architecture_of(imported) not in (None, architecture_of(module))]
+    assert crossing == []
+
+
+def test_no_module_imports_the_front_of_a_package_that_holds_it() -> None:
+    fronts = [f"{module} imports {imported}" for module, imported_modules in import_graph().items()
+              for imported in imported_modules if module.startswith(imported + ".")
+              and (PACKAGE.parent / imported.replace(".", "/") / "__init__.py").is_file()
+              and module not in LAYERS[-1][1]]
+    assert fronts == []
+
+
+@pytest.mark.parametrize("edit, problem", [
+    ({"mcsd.ops.common": {"mcsd.models.modeling"}}, "upward"),
+    ({"mcsd.models.modeling": {"mcsd.models.build"}}, "upward"),
+    ({"mcsd.training.fsdp": {"mcsd.training.module"}}, "circle"),
+])
+def test_the_checks_catch_an_upward_import_and_a_circle(edit: dict[str, set[str]], problem: str) -> None:
+    graph = import_graph()
+    for module, added in edit.items():
+        graph[module] = graph[module] | added
+    if problem == "upward":
+        assert len(upward_imports(graph)) == 1
+    else:
+        assert cycles(graph) == [["mcsd.training.fsdp", "mcsd.training.module"]]
