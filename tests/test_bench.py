@@ -427,7 +427,7 @@ def test_tokens_per_step_adds_a_realistic_checkpointed_step_beside_each_point(tm
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``train.tokens_per_step``: beside each ``batch_size`` point, one of ``tokens_per_step // seq_len``
     sequences, run with activation checkpointing (each layer's forward through ``checkpoint``)."""
-    from mcsd.models import common
+    from mcsd.models import modeling as common
 
     checkpointed = []
 
