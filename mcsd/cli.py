@@ -102,7 +102,7 @@ def command_help(config_name: str) -> str:
     if settings:
         parts.append("Settings (key=value, a nested one as key.sub=value; --cfg job prints them all):\n"
                      + "\n".join(settings))
-    parts.append("Sweeps: -m with comma-separated values (-m model=mcsd,transformer seed=0,1); the README has the rest.")
+    parts.append("Sweeps: -m with comma-separated values (-m model=mcsd,transformer seed=0,1); docs/configs.md has the rest.")
     return "\n\n".join(parts).replace("$", "$$")  # Hydra fills the template with string.Template
 
 

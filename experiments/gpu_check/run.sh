@@ -39,7 +39,7 @@ PYTHON
 cat "$results/device.txt"
 
 step "pytest -m gpu" "${PYTEST_S:-150}" "$results/pytest_gpu.txt" \
-    python3 -P -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -v -o addopts="" --durations=10
+    python3 -P -m pytest -m gpu tests/gpu/test_gpu.py -p no:cacheprovider -v -o addopts="" --durations=10
 step "decoding (bench=paper_quick)" "${INFERENCE_S:-170}" "$results/inference/log.txt" \
     mcsd-bench bench=paper_quick wandb.enabled=false output_dir="$results/inference"
 # Training runs eagerly: a compile per point (a 1.6B model's forward and backward) would take the run's time.

@@ -1,4 +1,4 @@
-"""Multi-scale retention (RetNet, Sun et al. 2023), as the README reads it ("RetNet: how we read it").
+"""Multi-scale retention (RetNet, Sun et al. 2023), as docs/architectures/retnet.md reads it.
 
 Per head h (``H = num_channels``, key width ``dk = D / H``, value width ``dv =
 value_expansion * dk``): ``Q = X W_Q``, ``K = X W_K / sqrt(dk)``, both rotated at absolute

@@ -1,0 +1,423 @@
+"""mcsd-train as a user runs it: multirun sweeps, DDP, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import hydra.utils
+import pytest
+import torch
+import yaml
+from hydra.errors import InstantiationException
+from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
+
+import mcsd
+from helpers.runs import FAST, read_metrics, run_cli, run_here, series, train_refusal
+from mcsd.cli import run_or_exit
+from mcsd.errors import MCSDError
+from mcsd.models import registry
+
+QUICK = [*FAST, "trainer.max_steps=2", "trainer.val_check_interval=2", "test_after_training=false"]
+
+
+def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
+    result = run_cli("mcsd-train", "-m", "model=mcsd,transformer", *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweeps = list((tmp_path / "logs" / "train" / "multiruns").iterdir())
+    assert len(sweeps) == 1
+    jobs = sorted(path for path in sweeps[0].iterdir() if path.is_dir() and path.name.isdigit())
+    assert [job.name for job in jobs] == ["0", "1"]
+    wandb_ids = set()
+    for job, model in zip(jobs, ["mcsd", "transformer"]):
+        assert (job / ".hydra" / "overrides.yaml").read_text().count(f"model={model}") == 1
+        assert len(series(read_metrics(job), "train/loss")) == 2
+        runs = list((job / "wandb").glob("offline-run-*"))
+        assert len(runs) == 1
+        wandb_ids.add(runs[0].name.rsplit("-", 1)[1])
+        assert (job / "model" / "config.json").read_text().count(model.replace("mcsd", "MCSD").replace(
+            "transformer", "Transformer")) == 1
+    assert len(wandb_ids) == 2
+    # The sweep ends with one summary: its folder, each job's own override and result, the plot command.
+    results = [json.loads((job / "result.json").read_text()) for job in jobs]
+    assert result.stdout.strip().splitlines()[-4:] == [
+        f"sweep: {sweeps[0]} (2 jobs)",
+        f"  job 0: model=mcsd: val ppl {results[0]['val_ppl']:.2f}",
+        f"  job 1: model=transformer: val ppl {results[1]['val_ppl']:.2f}",
+        f"plot: mcsd-plot ablation {sweeps[0]} (or mcsd-plot scaling {sweeps[0]} for a sweep of sizes)"]
+
+
+def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
+    """Two runs started in the same second write to different run directories."""
+    script = Path(sys.executable).parent / "mcsd-train"
+    processes = [subprocess.Popen([str(script), *QUICK, "logger=none", "validate_before_training=false"], cwd=tmp_path,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
+    for process in processes:
+        assert process.wait(timeout=300) == 0
+    runs = list((tmp_path / "logs" / "train" / "runs").iterdir())
+    assert len(runs) == 2 and all((run / "model" / "model.safetensors").is_file() for run in runs)
+
+
+def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
+    result = run_cli("mcsd-train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv",
+                     *QUICK, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    tokens = series(read_metrics(run), "trainer/tokens")
+    assert tokens[1] == 2 * 2 * 8 * 64  # steps * processes * batch * seq_len
+    assert (run / "model" / "model.safetensors").is_file()
+
+
+def test_ddp_resume_continues_exactly(tmp_path: Path) -> None:
+    """Under DDP (two CPU processes, each its share of every epoch) a run resumed from step 3
+    logs the losses of the uninterrupted run for every remaining step."""
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv", *QUICK,
+           "trainer.max_steps=6", "callbacks.model_checkpoint.every_n_train_steps=1"]
+    whole = run_cli("mcsd-train", *ddp, "paths.log_dir=whole", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    (run,) = (tmp_path / "whole" / "train" / "runs").iterdir()
+    checkpoint = run / "checkpoints" / "step-000003.ckpt"
+    resumed = run_cli("mcsd-train", *ddp, "paths.log_dir=resumed", f"ckpt_path={checkpoint}", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (resumed_run,) = (tmp_path / "resumed" / "train" / "runs").iterdir()
+    whole_loss, resumed_loss = series(read_metrics(run), "train/loss"), series(read_metrics(resumed_run), "train/loss")
+    assert sorted(resumed_loss) == [3, 4, 5]
+    assert resumed_loss == {step: whole_loss[step] for step in resumed_loss}
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A 4-step run of the tiny model (checkpoints at step 3 and last.ckpt): (cwd, run dir)."""
+    cwd = tmp_path_factory.mktemp("stopped")
+    result = run_cli("mcsd-train", *QUICK, "trainer.max_steps=4", "logger=csv", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (cwd / "logs" / "train" / "runs").iterdir()
+    return cwd, run
+
+
+def newest_run(cwd: Path, before: set[Path]) -> Path:
+    (run,) = set((cwd / "logs" / "train" / "runs").iterdir()) - before
+    return run
+
+
+@pytest.mark.parametrize("how", ["ckpt_path", "resume"])
+def test_resume_needs_no_overrides_repeated(stopped_run: tuple[Path, Path], how: str) -> None:
+    """`ckpt_path=RUN/checkpoints/last.ckpt` or `resume=RUN` alone: the run's own overrides come
+    back (size=tiny, its data and logger settings); this command's go on top (max_steps)."""
+    cwd, run = stopped_run
+    before = set((cwd / "logs" / "train" / "runs").iterdir())
+    target = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}" if how == "ckpt_path" else f"resume={run}"
+    result = run_cli("mcsd-train", target, "trainer.max_steps=6", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = newest_run(cwd, before)
+    assert sorted(series(read_metrics(resumed), "train/loss")) == [3, 4, 5]
+    hparams = yaml.safe_load((resumed / "csv" / "version_0" / "hparams.yaml").read_text())
+    assert hparams["choices"]["size"] == "tiny" and hparams["model"]["hidden_size"] == 64
+    assert hparams["data"]["seq_len"] == 64 and not (resumed / "wandb").exists()  # logger=csv came back
+    assert hparams["ckpt_path"] == str(run / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.hidden_size=128"], "the overrides change the model (embed.weight: (512, 64) in the checkpoint, "
+                                    "(512, 128) now); a resumed run keeps its model: drop the model/size overrides"),
+        (["ablation=slope_only"], "the overrides change the model (layers.0.mixer.sections.1.norm.weight: (4, 16) in "
+                                   "the checkpoint, None now)"),
+    ],
+)
+def test_resume_refuses_a_different_model_in_one_line(stopped_run: tuple[Path, Path], tmp_path: Path,
+                                                      overrides: list[str], message: str) -> None:
+    _, run = stopped_run
+    before = _snapshot(run)
+    assert message in train_refusal(tmp_path / "run", f"resume={run}", *overrides)
+    assert _snapshot(run) == before
+
+
+def _snapshot(directory: Path) -> dict[str, str]:
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A finished run in the working directory, which the bad commands below must not touch."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    result = run_cli("mcsd-train", *QUICK, "logger=csv", cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (cwd / "logs" / "train" / "runs").iterdir()
+    return cwd, _snapshot(run)
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
+    """The earlier run's working directory with the files the bad commands below name."""
+    cwd, _ = earlier_run
+    (cwd / "empty.txt").write_text("  \n")
+    (cwd / "small.txt").write_text("a few words, far fewer than one block of 512 tokens.\n" * 5)
+    (cwd / "latin1.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("latin-1") * 50)
+    (cwd / "utf16.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("utf-16") * 50)
+    (cwd / "garbage.ckpt").write_bytes(bytes(range(256)) * 20)
+    (cwd / "afile").write_text("a file where a folder is asked for\n")
+    (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
+    checkpoint = (earlier / "checkpoints" / "last.ckpt").read_bytes()
+    (cwd / "truncated.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
+    broken = cwd / "broken_model"  # a model folder whose weights were cut short
+    shutil.copytree(earlier / "model", broken)
+    weights = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    return cwd
+
+
+OFFLINE = {"HF_ENDPOINT": "http://127.0.0.1:9"}  # a closed local port stands in for the Hub: never the network
+NO_WANDB_KEY = {"WANDB_MODE": "online", "WANDB_API_KEY": None, "HOME": "."}  # no ~/.netrc either
+# Every bad input, each through its command: (command, arguments, environment, the app's label
+# in its one line, what the line says). mcsd-train's cases also get FAST's settings. The
+# README's list first, then the rest; new bad inputs join the table.
+BAD_INPUTS = [
+    ("mcsd-train", ["data=text_files", "data.paths=[missing.txt]"], {}, None, "data.paths: missing.txt does not exist"),
+    ("mcsd-train", ["data=text_files", "data.paths=[small.txt]", "data.sample_by=line", "data.seq_len=512"], {}, None,
+     "data.seq_len=512 is too long for this corpus"),
+    ("mcsd-train", ["data=wikitext103"], OFFLINE, None,
+     "data=wikitext103 needs the Hugging Face Hub, which is unreachable from here: use data=text_files"),
+    ("mcsd-train", ["trainer.max_steps=-5"], {}, None, "trainer.max_steps=-5 must be a positive number of steps"),
+    ("mcsd-train", ["resume=EARLIER", "trainer.max_steps=2"], {}, None, "that run finished (step 2 of 2); to train on "
+     "from it, give a larger trainer.max_steps (now 2) beside resume="),
+    ("mcsd-train", ["+trainer.max_step=5"], {}, None,
+     "trainer.max_step is not a setting of lightning.pytorch.trainer.Trainer: did you mean trainer.max_steps?"),
+    ("mcsd-train", ["data=text_files", "data.paths=[logs]"], {}, None,
+     "data.paths: logs is a folder: list its files, e.g. data.paths=[logs/a.txt]"),
+    ("mcsd-train", ["data=text_files", "data.paths=logs"], {}, None,  # a string as well as a list
+     "data.paths: logs is a folder: list its files, e.g. data.paths=[logs/a.txt]"),
+    ("mcsd-train", ["size=huge"], {}, None,
+     "size=huge is not an option of size: use one of 1.6b, 10b, 3b, base, small, tiny"),
+    ("mcsd-train", ["data=text_files"], {}, None,
+     "data.paths is missing: give it on the command line (data.paths=...)"),
+    ("mcsd-train", ["data=text_files", "data.paths=[latin1.txt]"], {}, None,
+     "latin1.txt is not UTF-8 text (byte 6: b'\\xe9'): convert it"),
+    ("mcsd-train", ["ckpt_path=truncated.ckpt"], {}, None,
+     "truncated.ckpt is not a readable checkpoint (truncated or corrupt)"),
+    ("mcsd-train", ["hydra/launcher=slurm"], {"PATH": str(Path(sys.executable).parent)}, None,
+     "hydra/launcher=slurm submits to SLURM, but there is no sbatch here"),
+    ("mcsd-train", [], NO_WANDB_KEY, None, "logger.wandb uses W&B online but no W&B API key is set: run `wandb login`"),
+    ("mcsd-train", ["optimizer.lr=-1e-3"], {}, None, "optimizer.lr=-0.001 must be 0 or more"),
+    ("mcsd-train", ["optimizer.betas=[0.9,1.5]"], {}, None, "optimizer.betas=[0.9, 1.5] must be two numbers in [0, 1)"),
+    ("mcsd-train", ["optimizer.weight_decay=-0.1"], {}, None, "optimizer.weight_decay=-0.1 must be 0 or more"),
+    ("mcsd-train", ["scheduler.warmup_steps=50"], {}, None,
+     "scheduler.warmup_steps=50 is longer than the run (trainer.max_steps=6)"),
+    ("mcsd-train", ["model=transformer", "model.hidden_size=100"], {}, None,
+     "model.hidden_size=100 gives heads of 25 features (hidden_size / num_channels=4), and RoPE rotates pairs of them: "
+     "choose a hidden_size with an even head width, e.g. model.hidden_size=104"),
+    ("mcsd-train", ["compile=maybe"], {}, None, "compile=maybe must be true or false"),
+    *([("mcsd-train", ["trainer=gpu"], {}, None, "trainer.accelerator=gpu needs a CUDA GPU, and none is visible here")]
+      if not torch.cuda.is_available() else []),
+    ("mcsd-train", ["scheduler.warmup_steps=soon"], {}, None,
+     "scheduler.warmup_steps=soon must be auto (a tenth of the run) or a whole number of steps"),
+    ("mcsd-train", ["data=text_files", "data.paths=[~/mytext.txt]"], {}, None,
+     "data.paths=[~/mytext.txt] cannot be read as a setting (token recognition error at: '~'): Hydra reads ~ only "
+     "inside quotes: write 'data.paths=[\"~/mytext.txt\"]'"),
+    ("mcsd-train", ["paths.log_dir=afile/logs"], {}, None, "paths.log_dir=afile/logs is not writable: "),
+    ("mcsd-train", ["data.seq_len=0"], {}, None, "data.seq_len=0 must be a positive whole number"),
+    ("mcsd-train", ["data.val_fraction=0"], {}, None, "data.val_fraction=0 and data.test_fraction=0.05 must be"),
+    ("mcsd-train", ["data=text_files", "data.paths=[empty.txt]"], {}, None, "data=text_files: the corpus has no text"),
+    ("mcsd-train", ["model=transformer", "ablation=slope_only"], {}, None,
+     "model.sections is a setting of mcsd, not of transformer"),
+    ("mcsd-train", ["+logger.extra.save_dir=x"], {}, None, "logger.extra has no _target_"),
+    ("mcsd-train", ["ckpt_path=nowhere.ckpt"], {}, None, "ckpt_path=nowhere.ckpt does not exist"),
+    ("mcsd-train", ["ckpt_path=garbage.ckpt"], {}, None,
+     "garbage.ckpt is not a readable checkpoint (truncated or corrupt): use another"),
+    ("mcsd-train", ["data.num_proc=0"], {}, None, "data.num_proc=0 must be a positive number of processes"),
+    ("mcsd-train", ["resume=nowhere"], {}, None, "resume=nowhere does not exist (looked for "),
+    ("mcsd-train", ["data=text_files", "data.paths=[utf16.txt]"], {}, None,
+     "utf16.txt is not UTF-8 text (byte 0: b'\\xff'): it is UTF-16 (it starts with that byte-order mark): convert it, "
+     "e.g. iconv -f utf-16 -t utf-8"),
+    ("mcsd-train", ["init_from=broken_model"], {}, None,
+     "broken_model/model.safetensors is not a readable safetensors file (truncated, or not one"),
+    ("mcsd-train", ["ckpt_path=EARLIER/model/model.safetensors"], {}, None,
+     "model/model.safetensors is a model's weights, not a run's checkpoint: resume a run with resume=RUN_DIR"),
+    ("mcsd-generate", ["ckpt=broken_model"], {}, None,
+     "broken_model/model.safetensors is not a readable safetensors file (truncated, or not one"),
+    ("mcsd-generate", ["ckpt=EARLIER", "temperature=-1"], {}, None, "temperature=-1 must be 0 (greedy) or more"),
+    ("mcsd-generate", ["ckpt=EARLIER", "top_p=1.5"], {}, None, "top_p=1.5 must be a probability in (0, 1]"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "limit=ten"], {}, None,
+     "limit=ten must be a number of documents per task (e.g. limit=100)"),
+    ("mcsd-train", ["optimizer.lr=-1,-2", "--multirun"], {}, None, "optimizer.lr=-1 must be 0 or more"),  # no sweep folder
+    ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,
+     f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
+    ("mcsd-bench", ["mode=serve"], {}, None, "mode='serve' is unknown"),
+    ("mcsd-bench", ["paths.log_dir=afile/logs"], {}, None, "paths.log_dir=afile/logs is not writable: "),
+    ("mcsd-generate", [], {}, None, "ckpt is missing: give it on the command line"),
+    ("mcsd-generate", ["ckpt=EARLIER", "dtype=float64"], {}, None,
+     "dtype='float64' is not a dtype: use auto, float32, bfloat16, float16"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "dtype=half"], {}, None, "dtype='half' is not a dtype: use auto"),
+    ("mcsd-eval", ["tasks=local"], {}, None, "ckpt is missing: give it on the command line"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=table2"], OFFLINE, None,
+     "task arc_challenge downloads its data from the Hugging Face Hub, which is unreachable from here: evaluate "
+     "local task YAMLs with include_path=DIR"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=[no_such_task]"], {}, None, "tasks: no_such_task is not an lm-eval task"),
+    ("mcsd-plot", ["inference", "nothing.csv"], {}, None, "nothing.csv does not exist"),
+    ("mcsd-plot", ["inference", "logs"], {}, None, "logs is a folder without a results.csv: give the results.csv "
+     "(or the output_dir) of an mcsd-bench run; a training sweep's folder is drawn by mcsd-plot scaling|ablation"),
+    ("mcsd-plot", ["experiment", "logs"], {}, None, "is not a result folder of a known experiment: give "
+     "experiments/<experiment>/<name> with <experiment> one of fig4_scaling, "),
+    ("mcsd-plot", ["ablation", "logs", "--out", "afile/figures"], {}, None, "--out afile/figures is not writable: "),
+    ("mcsd-plot", ["ablation", "--wandb", "me/mcsd", "--group", "g"], NO_WANDB_KEY, None,
+     "--wandb uses W&B online but no W&B API key is set"),
+    ("mcsd-export", ["ckpt=EARLIER", "out=afile/exported"], {}, None, "out=afile/exported is not writable: "),
+    ("mcsd-probe", [], {}, None, "name a probe first: mcsd-probe {context} ckpt=RUN"),
+    ("mcsd-probe", ["context", "ckpt=EARLIER", "windows=[0]"], {}, "mcsd-probe context",
+     "windows=[0] must be positive token counts"),
+    ("mcsd-probe", ["context", "ckpt=EARLIER", "dtype=fp8"], {}, "mcsd-probe context", "dtype='fp8' is not a dtype"),
+]
+
+
+def _runs(cwd: Path) -> list[Path]:
+    return sorted(cwd.glob("logs/*/*runs/*"))
+
+
+@pytest.mark.parametrize(("app", "arguments", "env", "label", "message"), BAD_INPUTS,
+                         ids=[f"{case[0]} {' '.join(case[1])}".strip() for case in BAD_INPUTS])
+def test_every_bad_input_fails_in_one_line(
+    earlier_run: tuple[Path, dict[str, str]], bad_inputs: Path, monkeypatch: pytest.MonkeyPatch, app: str,
+    arguments: list[str], env: dict[str, str | None], label: str | None, message: str
+) -> None:
+    """Through the command's own entry point (this process; the case below runs the installed
+    command itself): exit status 2, one line naming the setting, no traceback, no run folder
+    left behind, the earlier run untouched."""
+    cwd, before = earlier_run
+    monkeypatch.chdir(cwd)
+    (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
+    runs = _runs(cwd)
+    arguments = [argument.replace("EARLIER", str(earlier)) for argument in arguments]
+    result = run_here(app, *(FAST if app == "mcsd-train" else []), *arguments, env=env)
+    errors = [line for line in result.stderr.splitlines() if line.startswith(f"{label or app}: error:")]
+    assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "Error executing job" not in result.stderr
+    assert _runs(cwd) == runs and _snapshot(earlier) == before
+
+
+def test_the_projects_error_inside_hydras_wrappers_is_its_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """An MCSDError that a config object raises while Hydra instantiates it reaches the user as
+    its own line, however many of Hydra's InstantiationExceptions wrap it; anything else stays
+    a traceback."""
+    def instantiate_twice_wrapped() -> None:
+        try:
+            try:
+                raise MCSDError("data.seq_len=0 must be a positive whole number")
+            except MCSDError as error:
+                raise InstantiationException("Error in call to target 'Data': full_key: data") from error
+        except InstantiationException as error:
+            raise InstantiationException("Error in call to target 'Outer'") from error
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_or_exit("mcsd-train", instantiate_twice_wrapped)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "mcsd-train: error: data.seq_len=0 must be a positive whole number\n"
+    with pytest.raises(InstantiationException):
+        run_or_exit("mcsd-train", lambda: (_ for _ in ()).throw(InstantiationException("not ours")))
+
+
+def test_the_installed_command_ends_a_bad_input_in_one_line(earlier_run: tuple[Path, dict[str, str]]) -> None:
+    """The table above through the installed command itself, for one case of each kind: a bad
+    option refused before Hydra starts, and a setting refused once the run has its folder."""
+    cwd, before = earlier_run
+    (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
+    for arguments, message in [(["size=huge"], "size=huge is not an option of size"),
+                               (["optimizer.lr=-1e-3"], "optimizer.lr=-0.001 must be 0 or more")]:
+        result = run_cli("mcsd-train", *FAST, *arguments, cwd=cwd)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+        assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
+        assert list((cwd / "logs" / "train" / "runs").iterdir()) == [earlier] and _snapshot(earlier) == before
+
+
+def test_a_run_prints_no_third_party_warnings(tmp_path: Path) -> None:
+    """No deprecation notes of dependencies, no Lightning tips, no W&B note about a setting we
+    never set: what a run prints on stderr is progress and its own messages."""
+    result = run_cli("mcsd-train", *QUICK, cwd=tmp_path)  # W&B (offline) + CSV, the default loggers
+    assert result.returncode == 0, result.stderr[-3000:]
+    noise = [line for line in result.stderr.splitlines()
+             if "warn" in line.lower() or "deprecated" in line or "Tip:" in line or "anonymous" in line
+             or "was configured so 100%" in line or "weights_only" in line]
+    assert noise == []
+
+
+def test_one_text_file_trains_in_one_command(tmp_path: Path) -> None:
+    """``mcsd-train data=text_files data.paths=FILE trainer.max_steps=20``, nothing else: the file is
+    cut into its paragraphs (validation and test documents held out of them), the warm-up is a
+    tenth of the run (2 steps: the first step's learning rate is half the base's), and the run ends
+    with its validation and test perplexities, each naming its split, as the CSV logged them."""
+    words = ["the", "king", "of", "a", "far", "land", "rode", "out", "at", "dawn", "and", "sang"]
+    paragraphs = [" ".join(words[(index * 7 + offset) % len(words)] for offset in range(60)) for index in range(80)]
+    (tmp_path / "mytext.txt").write_text("\n\n".join(paragraphs) + "\n")
+    result = run_cli("mcsd-train", "data=text_files", "data.paths=mytext.txt", "size=tiny", "trainer.max_steps=20",
+                     "data.seq_len=32", "data.batch_size=4", "logger=csv", "callbacks.progress_bar.refresh_rate=0",
+                     "trainer.log_every_n_steps=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    rows = read_metrics(run)
+    assert float(next(row["lr-AdamW/pg1"] for row in rows if row.get("lr-AdamW/pg1"))) == pytest.approx(4e-4)
+    val_ppl = float([row["val/ppl"] for row in rows if row.get("val/ppl")][-1])
+    test_ppl = float(next(row["test/ppl"] for row in rows if row.get("test/ppl")))
+    lines = result.stdout.splitlines()
+    assert any(line.startswith(f"final validation perplexity: {val_ppl:.2f} ") and line.endswith(
+        "on the val split (5 documents held out of training)") for line in lines), result.stdout[-2000:]
+    assert any(line.startswith(f"final test perplexity: {test_ppl:.2f} ") and line.endswith(
+        "on the test split (5 documents held out of training)") for line in lines), result.stdout[-2000:]
+    # Lightning's summary counts FLOPs only of an example input: here the model's own, of one batch's forward.
+    flops = mcsd.load(run).forward_flops(4, 32)
+    assert flops > 0 and f"Total FLOPs: {get_human_readable_count(flops)}" in result.stdout
+
+
+def test_every_setting_that_cannot_work_is_named_in_one_pass(tmp_path: Path) -> None:
+    """Three mistakes at once: a line each, in one try (not one refusal per try), exit status 2."""
+    result = run_here("mcsd-train", *FAST, "optimizer.lr=-1", "scheduler.warmup_steps=50", "compile=maybe", cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error: ")]
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert [line.split(": error: ")[1].split(" ")[0] for line in errors] == [
+        "compile=maybe", "optimizer.lr=-1", "scheduler.warmup_steps=50"], result.stderr[-2000:]
+    assert not (tmp_path / "logs" / "train" / "runs").exists() or not any((tmp_path / "logs" / "train" / "runs").iterdir())
+
+
+def test_help_lists_the_groups_a_user_chooses_from_and_the_main_settings(tmp_path: Path) -> None:
+    """``--help``: the command's own usage, each group with its options (the registry's models among
+    them) and default, the main settings with their defaults and comments; no internal group
+    (``_common``) and none of Hydra's own."""
+    result = run_cli("mcsd-train", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("mcsd-train: ")
+    assert f"  model={'|'.join(sorted(registry.architectures()))}  (default: mcsd)" in lines
+    assert "  ablation=decay_only|double_decay|double_slope|full|slope_only  (default: none)" in lines
+    assert any(line.startswith("  test_after_training=true  (evaluate the test split") for line in lines)
+    assert "_common" not in result.stdout and "hydra/" not in result.stdout and "Hydra" not in result.stdout
+    assert list(tmp_path.iterdir()) == []  # --help writes nothing
+
+
+def test_a_run_that_tests_nothing_holds_out_no_test_documents_beside_named_val_files(tmp_path: Path) -> None:
+    """``data.paths={train:[...],val:[...]}`` with ``test_after_training=false``: every training
+    document is trained on (no test documents held out); with a test run, the test documents are."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+
+    from mcsd.train import _hold_out_only_what_is_run
+
+    (tmp_path / "a.txt").write_text("\n\n".join(f"paragraph {index} " * 30 for index in range(40)))
+    (tmp_path / "b.txt").write_text("\n\n".join(f"held out {index} " * 30 for index in range(25)))
+    paths = f"data.paths={{train:[{tmp_path / 'a.txt'}],val:[{tmp_path / 'b.txt'}]}}"
+    built = {}
+    for tested in (True, False):
+        with initialize_config_module("mcsd.conf", version_base="1.3"):
+            cfg = compose("train", overrides=["data=text_files", paths, f"test_after_training={tested}", "size=tiny",
+                                              "data.seq_len=32", f"paths.cache_dir={tmp_path / 'cache'}"],
+                          return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        _hold_out_only_what_is_run(cfg)
+        data = hydra.utils.instantiate(cfg.data)
+        splits = data.build()
+        built[tested] = (splits["train"].documents, splits["val"].documents, splits["test"].documents)
+    assert built[False] == (40, 25, 0) and built[True][0] < 40 and built[True][1:] == (25, 40 - built[True][0])

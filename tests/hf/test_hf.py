@@ -1,0 +1,366 @@
+"""Every registered architecture as a Hugging Face transformers model: export, AutoModel loading,
+logits, generate (greedy, padded batches, beam search, assisted), labels, the tokenizer, a fresh
+process with trust_remote_code, mcsd-export's bad inputs, and exported folders in the harness."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+import mcsd
+from mcsd.files import default_file_mode
+from helpers.models import SIXTEEN_BIT_TOLERANCE, relative_rms_error, tiny_config, variant_cases
+from helpers.runs import FAST, run_cli, run_here
+from mcsd.bench.run import model_source
+from mcsd.data.tokenizer import train_tokenizer
+from mcsd.errors import MCSDError
+from mcsd.evaluation.run import evaluate
+from mcsd.export import export, write_export
+from mcsd.generate import generate as mcsd_generate
+from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
+from mcsd.hf.cache import CACHE_KEY
+from mcsd.checkpoint.saved_model import load_weights
+
+VOCAB = 300
+TEXT = ("the king of a far land ships gold and silver to every harbour along the coast; "
+        "Über-naïve café owners count 12 345 coins\n\n") * 30
+CASES = variant_cases()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """For every architecture and variant: a saved tiny model folder and its export."""
+    root = tmp_path_factory.mktemp("hf")
+    tokenizer = train_tokenizer([TEXT], VOCAB)
+    folders = {}
+    for index, case in enumerate(CASES):
+        torch.manual_seed(index)
+        model = mcsd.build_model(tiny_config(case, vocab_size=VOCAB)).eval()
+        saved = mcsd.save(model, root / f"saved-{index}", tokenizer)
+        folders[case] = (saved, write_export(model, tokenizer, root / f"exported-{index}", "card\n"))
+    return folders
+
+
+def prompt_ids(tokenizer, text: str = "the king of a far") -> torch.Tensor:
+    return torch.tensor([tokenizer.encode(text).ids])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_exported_model_equals_the_project_model(case: str, exported: dict[str, tuple[Path, Path]]) -> None:
+    """Logits (both forms), the labels loss, greedy generate against mcsd-generate, beam search
+    with the cache against beam search without it, and the loaded weights."""
+    saved, folder = exported[case]
+    model, tokenizer = mcsd.load(saved), mcsd.load_tokenizer(saved)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert isinstance(hf_model, MCSDHFForCausalLM) and hf_model.config.architecture == case.split("/")[0]
+    ids = torch.tensor([tokenizer.encode(TEXT[:200]).ids[:40]])
+    with torch.no_grad():
+        expected = model(ids)
+        for use_cache in (False, True):
+            logits = hf_model(ids, use_cache=use_cache).logits
+            assert ((logits - expected).abs().max() / expected.abs().max()).item() <= 1e-6
+        labels = ids.clone()
+        labels[:, :5] = -100
+        loss = hf_model(ids, labels=labels, use_cache=False).loss
+        targets = torch.cat([labels[:, 1:], torch.full((1, 1), -100)], dim=1)
+        assert torch.equal(loss, model.loss(ids, targets)[0])
+        kept = hf_model(ids, use_cache=False, logits_to_keep=3).logits  # the LM head on 3 rows: rounding may differ
+        assert kept.shape == (1, 3, VOCAB) and torch.allclose(kept, expected[:, -3:], rtol=1e-6, atol=1e-7)
+    generated = hf_model.generate(prompt_ids(tokenizer), max_new_tokens=32, do_sample=False)
+    cfg = OmegaConf.create({"ckpt": str(saved), "prompt": "the king of a far", "max_new_tokens": 32, "temperature": 0,
+                            "top_k": None, "top_p": None, "seed": 0, "device": "cpu", "dtype": "auto", "stop_at_eos": True,
+                            "compile": False, "cuda_graphs": False})
+    new = generated[0, prompt_ids(tokenizer).shape[1]:].tolist()
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert mcsd_generate(cfg) == "the king of a far" + tokenizer.decode(new[: new.index(eos)] if eos in new else new)
+    stream = [int(token) for token in model.stream(prompt_ids(tokenizer), 32, eos_token_id=eos)]
+    assert new == stream
+    batch = torch.tensor([tokenizer.encode("the king of a far").ids[:4], tokenizer.encode("gold and silver").ids[:4]])
+    beams = hf_model.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=8, num_beams=3,
+                              do_sample=False, eos_token_id=None)
+    uncached = hf_model.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=8, num_beams=3,
+                                 do_sample=False, eos_token_id=None, use_cache=False)
+    assert torch.equal(beams, uncached)
+    assert all(torch.equal(value, mcsd.load(folder).state_dict()[key]) for key, value in model.state_dict().items())
+
+
+@pytest.mark.parametrize("dtype", list(SIXTEEN_BIT_TOLERANCE), ids=str)
+@pytest.mark.parametrize("case", CASES)
+@torch.no_grad()
+def test_exported_model_loads_in_16_bits_and_generates(case: str, dtype: torch.dtype,
+                                                       exported: dict[str, tuple[Path, Path]]) -> None:
+    """``from_pretrained(folder, dtype=bfloat16 / float16)``: the weights in that dtype, the logits of
+    both forms and of every step of ``generate`` within :data:`SIXTEEN_BIT_TOLERANCE` of the fp32
+    model's along the same tokens."""
+    saved, folder = exported[case]
+    model, tokenizer = mcsd.load(saved), mcsd.load_tokenizer(saved)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    assert {parameter.dtype for parameter in hf_model.parameters()} == {dtype}
+    tolerance = SIXTEEN_BIT_TOLERANCE[dtype]
+    ids = torch.tensor([tokenizer.encode(TEXT[:200]).ids[:40]])
+    expected = model(ids)
+    for use_cache in (False, True):
+        logits = hf_model(ids, use_cache=use_cache).logits
+        assert logits.dtype == dtype and relative_rms_error(logits, expected) < tolerance, use_cache
+    prompt = prompt_ids(tokenizer)
+    output = hf_model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                               return_dict_in_generate=True, output_logits=True)
+    assert output.sequences.shape == (1, prompt.shape[1] + 12)
+    steps = torch.stack(output.logits, dim=1)  # the logits each new token was chosen from
+    along = model(output.sequences)[:, prompt.shape[1] - 1:-1]
+    assert relative_rms_error(steps, along) < tolerance
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_padded_batches_give_each_row_what_it_gives_alone(case: str, exported: dict[str, tuple[Path, Path]]) -> None:
+    """Right padding in a forward; right and left padding in generate (row by row); left padding
+    in a forward is refused in one line."""
+    saved, folder = exported[case]
+    tokenizer = mcsd.load_tokenizer(saved)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf_tokenizer = AutoTokenizer.from_pretrained(folder)
+    texts = ["the king of a far land ships gold", "silver to"]
+    alone = [hf_model.generate(prompt_ids(tokenizer, text), max_new_tokens=6, do_sample=False,
+                               eos_token_id=None)[0] for text in texts]
+    for side in ("right", "left"):
+        hf_tokenizer.padding_side = side
+        batch = hf_tokenizer(texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            if side == "right":
+                logits = hf_model(**batch).logits
+                for row, text in enumerate(texts):
+                    length = len(tokenizer.encode(text).ids)
+                    single = hf_model(prompt_ids(tokenizer, text)).logits[0]
+                    assert torch.allclose(logits[row, :length], single, rtol=1e-5, atol=1e-6)
+            else:
+                with pytest.raises(MCSDError, match="row 1 has a token after padding .left padding.") as error:
+                    hf_model(**batch)
+                assert "\n" not in str(error.value)
+        generated = hf_model.generate(**batch, max_new_tokens=6, do_sample=False, eos_token_id=None)
+        for row, sequence in enumerate(alone):
+            padding = int((batch.attention_mask[row] == 0).sum()) if side == "left" else 0
+            assert torch.equal(generated[row, padding : padding + len(sequence)], sequence)
+
+
+def test_assisted_decoding_crops_attention_caches_and_is_refused_for_recurrent_states(
+        exported: dict[str, tuple[Path, Path]]) -> None:
+    for case in ("transformer/default", "mcsd/full"):
+        saved, folder = exported[case]
+        ids = prompt_ids(mcsd.load_tokenizer(saved))
+        hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        assistant = AutoModelForCausalLM.from_pretrained(folder).eval()
+        greedy = hf_model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+        if case.startswith("transformer"):
+            assisted = hf_model.generate(ids, assistant_model=assistant, max_new_tokens=12, do_sample=False,
+                                         eos_token_id=None)
+            assert torch.equal(assisted, greedy)
+        else:
+            with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
+                hf_model.generate(ids, assistant_model=assistant, max_new_tokens=12, do_sample=False)
+            cache = getattr(hf_model(ids), CACHE_KEY)
+            with pytest.raises(MCSDError, match="a recurrent decoding state cannot be cropped"):
+                cache.crop(-1)
+
+
+def test_auto_classes_config_and_hidden_states(exported: dict[str, tuple[Path, Path]]) -> None:
+    saved, folder = exported["rwkv4/default+perspectives=2"]
+    model = mcsd.load(saved)
+    config = AutoConfig.from_pretrained(folder)
+    assert isinstance(config, MCSDHFConfig) and config.model_type == "mcsd"
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (VOCAB, 24, 2)
+    assert config.mcsd_model == model.config.to_dict() and config.use_cache
+    assert json.loads((folder / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == \
+        "modeling_mcsd.MCSDHFForCausalLM"
+    base = AutoModel.from_pretrained(folder).eval()
+    assert isinstance(base, MCSDHFModel)
+    ids = torch.randint(1, VOCAB, (2, 9))
+    with torch.no_grad():
+        output = base(ids)
+        assert torch.allclose(output.last_hidden_state, model.hidden_states(ids), rtol=1e-6, atol=1e-6)
+        cache = getattr(output, CACHE_KEY)
+        assert isinstance(cache, DecodingCache) and cache.get_seq_length() == 9
+    trained = AutoModelForCausalLM.from_pretrained(folder).train()  # fine-tuning: the training form, no state
+    output = trained(ids, labels=ids)
+    output.loss.backward()
+    assert getattr(output, CACHE_KEY) is None and trained.model.embed.weight.grad is not None
+    assert torch.equal(output.loss.detach(), model.loss(ids, torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1))[0])
+
+
+def test_forward_takes_the_cache_by_either_name(exported: dict[str, tuple[Path, Path]]) -> None:
+    """``past_key_values`` (transformers <= 5.23) and ``cache`` (5.24 on) name the same cache;
+    the output carries it under the installed version's name."""
+    saved, folder = exported["mcsd/full"]
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(1, VOCAB, (2, 9))
+    with torch.no_grad():
+        whole = hf_model(ids).logits[:, -1]
+        steps = []
+        for name in ("past_key_values", "cache"):
+            cache = getattr(hf_model(ids[:, :8]), CACHE_KEY)
+            steps.append(hf_model(ids[:, 8:], **{name: cache}).logits[:, -1])
+            assert cache.get_seq_length() == 9
+        assert torch.equal(steps[0], steps[1]) and torch.allclose(steps[0], whole, rtol=1e-5, atol=1e-5)
+        with pytest.raises(MCSDError, match="given both cache and past_key_values") as error:
+            hf_model(ids[:, 8:], cache=cache, past_key_values=cache)
+        assert "\n" not in str(error.value)
+
+
+def test_the_tokenizer_gives_the_project_ids(exported: dict[str, tuple[Path, Path]]) -> None:
+    saved, folder = exported["mcsd/full"]
+    tokenizer, hf_tokenizer = mcsd.load_tokenizer(saved), AutoTokenizer.from_pretrained(folder)
+    text = "  the king\tof\n\na far  land: Über café 12 345 🙂<|endoftext|>gold and\u00a0silver "
+    assert hf_tokenizer(text).input_ids == tokenizer.encode(text).ids
+    assert tokenizer.token_to_id("<|endoftext|>") in hf_tokenizer(text).input_ids
+    assert hf_tokenizer.eos_token_id == hf_tokenizer.pad_token_id == tokenizer.token_to_id("<|endoftext|>")
+    ids = tokenizer.encode(text).ids
+    assert hf_tokenizer.decode(ids) == tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def test_a_fresh_process_loads_every_export_with_remote_code(exported: dict[str, tuple[Path, Path]],
+                                                              tmp_path: Path) -> None:
+    """A process that never imported mcsd: trust_remote_code loads each folder (its
+    modeling_mcsd.py imports the installed package), with the project model's logits."""
+    ids = torch.randint(1, VOCAB, (1, 12))
+    for index, case in enumerate(CASES):
+        saved, _ = exported[case]
+        with torch.no_grad():
+            torch.save(mcsd.load(saved)(ids), tmp_path / f"{index}.pt")
+    folders = [str(exported[case][1]) for case in CASES]
+    script = f"""
+import sys, torch
+from transformers import AutoModelForCausalLM
+ids = torch.tensor({ids.tolist()})
+assert "mcsd" not in sys.modules
+for index, folder in enumerate({folders!r}):
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    expected = torch.load({str(tmp_path)!r} + f"/{{index}}.pt")
+    with torch.no_grad():
+        error = ((model(ids).logits - expected).abs().max() / expected.abs().max()).item()
+    assert error <= 1e-6, (folder, error)
+print("loaded", len({folders!r}), "modules" , type(model).__module__)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                            env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"loaded {len(CASES)} modules mcsd.hf.modeling" in result.stdout
+
+
+def test_exported_folders_and_hub_ids_load_in_the_harness(exported: dict[str, tuple[Path, Path]], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """mcsd.load, load_tokenizer and init_from read an exported folder; a Hub repository id is
+    read from the Hugging Face cache (offline here) and named in one line when it cannot be had."""
+    saved, folder = exported["mcsd/full"]
+    model = mcsd.load(saved)
+    fresh = mcsd.build_model(model.config)
+    load_weights(fresh, folder)
+    assert all(torch.equal(value, fresh.state_dict()[key]) for key, value in model.state_dict().items())
+    assert mcsd.load_tokenizer(folder).encode(TEXT).ids == mcsd.load_tokenizer(saved).encode(TEXT).ids
+    assert mcsd.locate(folder).kind == "exported"
+    assert model_source(str(folder), "tiny", None)[:2] == ("mcsd", "full")  # mcsd-bench models=[FOLDER]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (broken / "config.json").write_text(json.dumps({"model_type": "mcsd"}))
+    with pytest.raises(MCSDError, match="config.json has no mcsd_model: export the model again"):
+        mcsd.load(broken)
+    snapshot = tmp_path / "hub" / "models--someone--tiny-mcsd" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for file in folder.iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    from_hub = mcsd.load("someone/tiny-mcsd")
+    assert all(torch.equal(value, from_hub.state_dict()[key]) for key, value in model.state_dict().items())
+    with pytest.raises(FileNotFoundError, match="someone/missing is not a local path, and as a Hub repository it "
+                                                "could not be downloaded"):
+        mcsd.load("someone/missing")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of mcsd-train as a user starts it (its .hydra/ records the command and the data)."""
+    root = tmp_path_factory.mktemp("hf-train")
+    result = run_here("mcsd-train", *FAST, "logger=csv", "paths.log_dir=logs", cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (root / "logs" / "train" / "runs").iterdir()
+    return run_dir
+
+
+def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
+        trained_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    offline = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": None, "HF_HOME": str(tmp_path / "hf-home")}
+    out = tmp_path / "exported"
+    # mcsd-export's task in this process (the push below runs the command itself).
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        assert export(compose("export", overrides=[f"ckpt={trained_run}", f"out={out}"])) == out
+    assert sorted(path.name for path in out.iterdir()) == [
+        "README.md", "config.json", "generation_config.json", "model.safetensors", "modeling_mcsd.py",
+        "tokenizer.json", "tokenizer_config.json"]
+    # Every file readable by others, as one made with open(): the weights too (safetensors writes 0600).
+    assert {path.name: oct(path.stat().st_mode & 0o777) for path in out.iterdir()} == {
+        path.name: oct(default_file_mode()) for path in out.iterdir()}
+    card = (out / "README.md").read_text()
+    assert "| architecture | MCSD (`mcsd`), variant `full` |" in card
+    assert f"| parameters | {sum(p.numel() for p in mcsd.load(trained_run).parameters()):,} |" in card
+    assert "| training tokens | 3,072 |" in card and "| data | `data=embedded` |" in card
+    assert "| final validation perplexity | " in card and "| command | `mcsd-train " in card
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.tensor([[5, 17, 99, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(ids, use_cache=False).logits, mcsd.load(trained_run)(ids))
+    generation = {"prompt": "The", "max_new_tokens": 12, "temperature": 0, "top_k": None, "top_p": None, "seed": 0,
+                  "device": "cpu", "dtype": "auto", "stop_at_eos": True, "compile": False, "cuda_graphs": False}
+    assert (mcsd_generate(OmegaConf.create({"ckpt": str(out), **generation}))
+            == mcsd_generate(OmegaConf.create({"ckpt": str(trained_run), **generation})))
+    eval_run = tmp_path / "eval"
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        evaluate(compose("eval", overrides=[f"ckpt={trained_run}", "tasks=local", "limit=8", "batch_size=4",
+                                            "wandb.enabled=false", f"paths.output_dir={eval_run}"]))
+    lm_eval = subprocess.run(
+        [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
+         f"pretrained={out},trust_remote_code=True", "--tasks", "mcsd_local_mc,mcsd_local_ppl", "--include_path",
+         str(eval_run / "local_tasks"), "--limit", "8", "--batch_size", "4", "--device", "cpu", "--output_path",
+         str(tmp_path / "lm_eval")], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**{key: value for key, value in offline.items() if value}, "PATH": "/usr/bin:/bin",
+             "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert lm_eval.returncode == 0, lm_eval.stderr[-3000:]
+    (cli_file,) = (tmp_path / "lm_eval").rglob("results_*.json")
+    ours = json.loads((eval_run / "results.json").read_text())["results"]
+    theirs = json.loads(cli_file.read_text())["results"]
+    for task, metric in [("mcsd_local_mc", "acc,none"), ("mcsd_local_mc", "acc_norm,none"),
+                         ("mcsd_local_ppl", "bits_per_byte,none"), ("mcsd_local_ppl", "word_perplexity,none")]:
+        assert theirs[task][metric] == ours[task][metric]  # lm-eval's own CLI on the export = mcsd-eval
+    before = (out / "model.safetensors").read_bytes()
+    # Refused before anything is written (the command prints these MCSDErrors in one line, as the push below).
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "hf-home" / "token"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "tokens"))
+    refusals = {
+        "is not a .ckpt file": ["ckpt=" + str(out / "README.md"), f"out={tmp_path / 'other'}"],
+        "exists: choose a new folder, or overwrite=true": [f"ckpt={trained_run}", f"out={out}"],
+        "needs a Hugging Face token": [f"ckpt={trained_run}", f"out={tmp_path / 'other'}", "push_to_hub=me/model"],
+    }
+    for message, arguments in refusals.items():
+        with initialize_config_module("mcsd.conf", version_base="1.3"):
+            cfg = compose("export", overrides=arguments)
+        with pytest.raises((MCSDError, FileNotFoundError), match=re.escape(message)):
+            export(cfg)
+    assert (out / "model.safetensors").read_bytes() == before and not (tmp_path / "other").exists()
+    pushed = run_cli("mcsd-export", f"ckpt={trained_run}", f"out={out}", "overwrite=true", "push_to_hub=me/model",
+                     cwd=tmp_path, env={**offline, "HF_TOKEN": "hf_not_a_real_token"})
+    errors = [line for line in pushed.stderr.splitlines() if line.startswith("mcsd-export: error:")]
+    assert pushed.returncode == 2 and len(errors) == 1, pushed.stderr[-2000:]
+    assert "the Hugging Face Hub is unreachable from here: the export is in" in errors[0]
+    assert (out / "model.safetensors").read_bytes() == before

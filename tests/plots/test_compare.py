@@ -1,0 +1,113 @@
+"""experiment=compare_architectures trains every variant of every registered architecture on
+the same data, tokens and seed, and ``mcsd-plot compare`` tabulates them, one row each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from helpers.runs import run_here
+from mcsd.models import registry
+from mcsd.models.config import ConfigError
+from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
+from mcsd.plots.runs import curve_label, load_csv_runs
+from helpers.runs import TINY_SWEEP, sweep_dir
+
+
+def test_the_comparison_trains_every_registered_variant_and_tabulates_it(tmp_path: Path) -> None:
+    result = run_here("mcsd-train", "-m", "experiment=compare_architectures", "size=tiny", "hydra.sweeper.params.seed=0",
+                     *TINY_SWEEP, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = sweep_dir(tmp_path)
+    expected = [(name, variant) for name in registry.architectures() for variant in registry.get(name).variants]
+    configs = [yaml.safe_load((job / "csv" / "version_0" / "hparams.yaml").read_text())
+               for job in sorted((path for path in sweep.iterdir() if path.is_dir()), key=lambda path: int(path.name))]
+    assert len(configs) == len(expected)
+    assert {(config["data"]["token_budget"], config["seed"], config["choices"]["size"]) for config in configs} == {
+        (384, 0, "tiny")}  # the same data budget, seed and size for every arm
+
+    plotted = run_here("mcsd-plot", "compare", str(sweep), cwd=tmp_path)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    table = comparison_table(sweep).table
+    assert list(table["label"]) == [curve_label("ablation", f"{name}|{variant}", None) for name, variant in expected]
+    rows = load_csv_runs(sweep)
+    final = rows[rows["metric"] == "val/ppl"].sort_values("tokens").groupby(["arch", "variant"])["value"].last()
+    assert table.set_index(["arch", "variant"])["val_ppl"].to_dict() == final.to_dict()
+    assert (sweep / "architectures_compared_table.md").read_text().count("\n| ") == 1 + len(expected)
+
+
+def _mqar_runs(points: list[tuple[str, int, int, int, float, float]]) -> pd.DataFrame:
+    """Runs as ``load_mqar_runs`` reads them: (arch, T, K, width, lr, final accuracy) each."""
+    return pd.DataFrame([{"run": f"run{index}", "curve": f"{arch}|{next(iter(registry.get(arch).variants))}",
+                          "width": width, "seq_len": seq_len, "num_pairs": num_pairs, "lr": lr, "seed": 0, "params": 1,
+                          "accuracy": accuracy, "state_bytes": width * 4}
+                         for index, (arch, seq_len, num_pairs, width, lr, accuracy) in enumerate(points)])
+
+
+def _write_probe(folder: Path, arch: str, deltas: dict[int, float]) -> None:
+    """One ``mcsd-probe context`` result: Delta_N per window (intervals +-0.01, swapped 0)."""
+    variant = next(iter(registry.get(arch).variants))
+    folder.mkdir(parents=True)
+    pd.DataFrame([{"window": window, "delta": delta, "delta_low": delta - 0.01, "delta_high": delta + 0.01,
+                   "swapped": 0.0, "swapped_low": -0.01, "swapped_high": 0.01, "documents": 3, "positions": 4,
+                   "arch": arch, "variant": variant, "label": curve_label("ablation", f"{arch}|{variant}", None)}
+                  for window, delta in deltas.items()]).to_csv(folder / "context_delta.csv", index=False)
+    pd.DataFrame({"bin_start": [0], "bin_end": [63], "loss": [5.0], "loss_low": [4.9], "loss_high": [5.1],
+                  "arch": [arch]}).to_csv(folder / "context_curve.csv", index=False)
+
+
+def test_comparison_columns_are_read_where_the_architectures_separate(tmp_path: Path, monkeypatch) -> None:
+    # MQAR: the Transformer solves (64, 4) at both widths and (128, 8) only at width 64, (256, 16)
+    # nowhere, so the column is read at (128, 8), width 64, each row at its best learning rate.
+    runs = _mqar_runs([("transformer", 64, 4, 64, 1e-3, 0.995), ("transformer", 64, 4, 128, 1e-3, 0.996),
+                       ("transformer", 128, 8, 64, 1e-3, 0.993), ("transformer", 128, 8, 64, 3e-3, 0.1),
+                       ("transformer", 128, 8, 128, 1e-3, 0.5), ("transformer", 256, 16, 128, 1e-3, 0.3),
+                       ("mcsd", 128, 8, 64, 1e-3, 0.1), ("mcsd", 128, 8, 64, 3e-3, 0.2),
+                       ("mcsd", 128, 8, 128, 1e-3, 0.4), ("mcsd", 256, 16, 128, 1e-3, 0.05)])
+    monkeypatch.setattr("mcsd.plots.compare.load_mqar_runs", lambda root: runs)
+    root = tmp_path / "compare"
+    (tmp_path / "mqar").mkdir()  # the sweep's folder (its runs as above)
+    # Delta_N: the rows differ most at N=8 (MCSD's mean over 2 seeds +0.02, the Transformer's -0.3).
+    _write_probe(root / "probe" / "0", "mcsd", {8: 0.01, 32: 0.02, 128: 0.0})
+    _write_probe(root / "probe" / "1", "mcsd", {8: 0.03, 32: 0.0, 128: 0.0})
+    _write_probe(root / "probe" / "2", "transformer", {8: -0.3, 32: 0.01, 128: 0.001})
+    # Decode: batch 1 and batch 16 at the longest length (a shorter one is ignored).
+    (root / "bench_inference").mkdir()
+    pd.DataFrame([{"arch": arch, "variant": next(iter(registry.get(arch).variants)), "batch": batch, "prompt_len": 8,
+                   "gen_len": gen_len, "decode_s_per_token": seconds, "state_bytes_per_sequence": 64, "status": "ok",
+                   "device": "cpu"}
+                  for arch, batch, gen_len, seconds in [("mcsd", 1, 64, 0.001), ("mcsd", 1, 256, 0.004),
+                                                        ("mcsd", 16, 256, 0.008), ("transformer", 1, 256, 0.005),
+                                                        ("transformer", 16, 256, 0.02)]
+                  ]).to_csv(root / "bench_inference" / "results.csv", index=False)
+
+    comparison = comparison_table(root, tmp_path / "mqar")
+    table = comparison.table.set_index("arch")
+    assert table.loc["transformer", "mqar_acc"] == 0.993 and table.loc["mcsd", "mqar_acc"] == 0.2
+    assert comparison.notes["mqar"].startswith("T=128, K=8, width 64: the hardest setting where Transformer reaches 0.99")
+    assert table.loc["mcsd", "delta"] == pytest.approx(0.02) and table.loc["transformer", "delta"] == -0.3
+    assert comparison.notes["context_window"] == "8"
+    assert len(comparison.context_curves) == 6  # 2 rows x 3 windows, the seeds averaged
+    assert table.loc["mcsd", "decode_tokens_per_s"] == pytest.approx(250)
+    assert table.loc["mcsd", "decode_batched_tokens_per_s"] == pytest.approx(2000)
+    assert table.loc["transformer", "decode_batched_tokens_per_s"] == pytest.approx(800)
+    markdown = markdown_comparison(comparison)
+    assert "| Delta_N at N=8 [interval] / swapped |" in markdown and "| decode tokens/s, batch 16 |" in markdown
+    assert "| MCSD full |  |  |  | 0.200 | +0.020 [+0.000, +0.040] / +0.000 |  | 250 | 2,000 | 0.1 |" in markdown
+    assert [path.name for path in plot_comparison(comparison, tmp_path / "plots")] == [
+        "architectures_compared.png", "architectures_compared.pdf", "architectures_compared_table.md"]
+
+    # An anchor that solves no setting: each row at its own hardest point, and the note says so.
+    fallback = comparison_table(root, tmp_path / "mqar", mqar_anchor="retnet")
+    assert fallback.table.set_index("arch").loc[["transformer", "mcsd"], "mqar_acc"].tolist() == [0.3, 0.05]
+    assert fallback.notes["mqar"].endswith("(each row's hardest setting run: RetNet reaches 0.99 at none)")
+    with pytest.raises(ConfigError, match="architecture 'attention' is not registered"):
+        comparison_table(root, tmp_path / "mqar", mqar_anchor="attention")
+
+    # Batch 1 alone: no batched column.
+    frame = pd.read_csv(root / "bench_inference" / "results.csv")
+    frame[frame["batch"] == 1].to_csv(root / "bench_inference" / "results.csv", index=False)
+    assert "batch 16" not in markdown_comparison(comparison_table(root))

@@ -1,0 +1,259 @@
+"""mcsd-train end to end: a short run learns, logs, checkpoints, resumes and saves its model."""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+import shutil
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import mcsd
+from helpers.models import relative_rms_error, tiny_config, tiny_model_to_compile
+from helpers.runs import FAST, compose_train, read_metrics, run_here, series
+from mcsd.models import registry
+from mcsd.train import train
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """One short run of the tiny MCSD (W&B offline + CSV), shared by the tests below."""
+    run_dir = tmp_path_factory.mktemp("run") / "out"
+    overrides = [*FAST, "trainer.max_steps=40", "trainer.val_check_interval=20", "optimizer.lr=3e-3"]
+    val_loss = train(compose_train(run_dir, *overrides))
+    return run_dir, val_loss
+
+
+def test_short_run_learns(trained_run: tuple[Path, float]) -> None:
+    run_dir, val_loss = trained_run
+    rows = read_metrics(run_dir)
+    val_ppl = series(rows, "val/ppl")
+    assert sorted(val_ppl) == [0, 19, 39]  # the untrained model at 0 tokens, then every 20 steps
+    assert val_ppl[0] > 300  # ~ the 512-token vocabulary: untrained
+    assert val_ppl[39] < 0.5 * val_ppl[0]
+    assert val_loss == pytest.approx(series(rows, "val/loss")[39])
+    assert math.exp(val_loss) == pytest.approx(val_ppl[39], rel=0.05)
+
+
+def test_train_ppl_is_the_exp_of_the_loss_it_is_logged_with(trained_run: tuple[Path, float]) -> None:
+    rows = read_metrics(trained_run[0])
+    losses, ppls = series(rows, "train/loss"), series(rows, "train/ppl")
+    assert ppls and set(ppls) == set(losses)
+    assert all(ppls[step] == pytest.approx(math.exp(losses[step]), rel=1e-5) for step in ppls)
+
+
+@torch.no_grad()
+def test_perplexity_from_the_loss_equals_torchmetrics_perplexity_of_the_logits() -> None:
+    """What training logs (``exp`` of the step's loss) and evaluation accumulates (:class:`LossPerplexity`:
+    losses weighted by their scored tokens) equal torchmetrics' ``Perplexity`` of the logits, which
+    was logged before (it took a softmax over [tokens, vocabulary] and a host sync every step):
+    next-token batches of different lengths, and MQAR's batches scored at their labels only."""
+    from torchmetrics.text import Perplexity
+
+    from mcsd.data.mqar import IGNORE_INDEX
+    from mcsd.training.module import LanguageModelModule, LossPerplexity
+
+    module = LanguageModelModule(model=tiny_config("mcsd"), optimizer=torch.optim.AdamW)
+    for labelled in (False, True):
+        ours, theirs = LossPerplexity(), Perplexity()
+        for length in (9, 17, 33):
+            batch = {"input_ids": torch.randint(0, 101, (3, length))}
+            if labelled:
+                batch["labels"] = torch.where(torch.rand(3, length) < 0.3, torch.randint(0, 101, (3, length)), IGNORE_INDEX)
+            loss, logits, targets = module._loss(batch)
+            step = Perplexity()(logits.float(), targets)
+            assert loss.exp().item() == pytest.approx(step.item(), rel=1e-5)
+            ours.update(loss, targets.numel())
+            theirs.update(logits.float(), targets)
+        assert ours.compute().item() == pytest.approx(theirs.compute().item(), rel=1e-5)
+
+
+def test_every_curve_has_tokens_seen(trained_run: tuple[Path, float]) -> None:
+    rows = read_metrics(trained_run[0])
+    tokens = series(rows, "trainer/tokens")
+    for row in rows:
+        if row.get("train/loss") or row.get("val/loss"):
+            assert row["trainer/tokens"]
+    assert tokens[39] == 40 * 8 * 64  # steps * batch * seq_len
+    assert series(rows, "train/device/items_per_sec")  # throughput in tokens/s
+    # The monitor's FLOPs are the model FLOPs (CausalLM.training_flops) of each step's 8 x 64 tokens.
+    flops, items = series(rows, "train/device/flops_per_sec"), series(rows, "train/device/items_per_sec")
+    assert flops and set(flops) == set(items)
+    per_token = mcsd.load(trained_run[0]).training_flops(8, 64) / (8 * 64)
+    assert all(flops[step] / items[step] == pytest.approx(per_token) for step in flops)
+    assert series(rows, "lr-AdamW/pg1")
+
+
+def test_run_leaves_checkpoints_wandb_run_and_model(trained_run: tuple[Path, float]) -> None:
+    run_dir, _ = trained_run
+    hparams = yaml.safe_load((run_dir / "csv" / "version_0" / "hparams.yaml").read_text())
+    assert (hparams["model/arch"], hparams["model/variant"], hparams["model/mlp_hidden_size"]) == ("mcsd", "full", 192)
+    assert {p.name for p in (run_dir / "checkpoints").iterdir()} >= {"last.ckpt", "step-000039.ckpt"}
+    wandb_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(wandb_runs) == 1
+    model = mcsd.load(run_dir)
+    assert isinstance(model, mcsd.CausalLM) and model.config.hidden_size == 64
+    tokenizer = mcsd.load_tokenizer(run_dir)
+    ids = tokenizer.encode("The for statement").ids
+    assert tokenizer.decode(ids) == "The for statement"
+
+
+def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_path: Path) -> None:
+    run_dir, _ = trained_run
+    result = run_here("mcsd-generate", f"ckpt={run_dir}", "prompt=The for", "max_new_tokens=12", "temperature=0",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    model, tokenizer = mcsd.load(run_dir), mcsd.load_tokenizer(run_dir)
+    prompt = torch.tensor([tokenizer.encode("The for").ids])
+    generated = model.generate(prompt, 12)[0, prompt.shape[1]:].tolist()
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    expected = tokenizer.decode(generated[: generated.index(eos)] if eos in generated else generated)
+    assert result.stdout == "The for" + expected + "\n"
+    assert not list(tmp_path.iterdir())  # generating writes nothing
+
+
+def test_any_checkpoint_of_a_run_is_a_saved_model(trained_run: tuple[Path, float], tmp_path: Path) -> None:
+    """A step checkpoint loads, carries its tokenizer and generates; last.ckpt loads as the step
+    checkpoint it repeats (step 39 of 40); a run directory without its model folder (a run that
+    stopped early) loads from its last checkpoint."""
+    run_dir, _ = trained_run
+    step = run_dir / "checkpoints" / "step-000021.ckpt"
+    ids = torch.randint(0, 512, (2, 30))
+    last, latest, early = (mcsd.load(run_dir / "checkpoints" / name) for name in
+                           ("last.ckpt", "step-000039.ckpt", "step-000021.ckpt"))
+    with torch.no_grad():
+        assert torch.equal(last(ids), latest(ids)) and not torch.equal(early(ids), latest(ids))
+    assert mcsd.load_tokenizer(step).to_str() == mcsd.load_tokenizer(run_dir).to_str()
+    result = run_here("mcsd-generate", f"ckpt={step}", "prompt=The for", "max_new_tokens=5", "temperature=0",
+                     "compile=true", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("The for"), result.stderr[-2000:]
+    tokenizer = mcsd.load_tokenizer(step)
+    prompt = torch.tensor([tokenizer.encode("The for").ids])
+    greedy = early.generate(prompt, 5)[0, prompt.shape[1]:].tolist()  # the eager step's tokens
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    assert result.stdout == "The for" + tokenizer.decode(greedy[: greedy.index(eos)] if eos in greedy else greedy) + "\n"
+    stopped = tmp_path / "stopped"
+    shutil.copytree(run_dir / "checkpoints", stopped / "checkpoints")
+    assert mcsd.locate(stopped) == mcsd.locate(stopped / "checkpoints" / "last.ckpt")
+    assert mcsd.locate(stopped).name == "stopped/last"
+    with torch.no_grad():
+        assert torch.equal(mcsd.load(stopped)(ids), latest(ids))
+
+
+def test_resume_is_exact_from_any_stop_point(tmp_path: Path) -> None:
+    """A 20-step run (data.token_budget) over a corpus of about 6 steps per epoch, and runs
+    resumed from its checkpoints mid-epoch, on an epoch's last batch and two epochs later:
+    every remaining step logs the loss and tokens of the uninterrupted run, in the same W&B run."""
+    rng = random.Random(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    corpus = tmp_path / "small.txt"
+    corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)))
+    common = [*FAST, "data=text_files", f"data.paths=[{corpus}]", "data.sample_by=line", "data.token_budget=10240",
+              "callbacks.model_checkpoint.every_n_train_steps=1", "trainer.val_check_interval=100",
+              "test_after_training=false"]
+    whole = tmp_path / "whole"
+    train(compose_train(whole, *common))
+    rows = read_metrics(whole)
+    whole_loss, whole_tokens = series(rows, "train/loss"), series(rows, "trainer/tokens")
+    epochs = {int(row["step"]): int(row["epoch"]) for row in rows if row.get("train/loss")}
+    assert sorted(whole_loss) == list(range(20)) and max(epochs.values()) >= 3
+    epoch_end = max(step for step, epoch in epochs.items() if epoch == 0) + 1  # steps done when epoch 0 ends
+    for stop in (2, epoch_end, 2 * epoch_end + 2):
+        resumed = tmp_path / f"resumed-{stop}"
+        checkpoint = whole / "checkpoints" / f"step-{stop:06d}.ckpt"
+        train(compose_train(resumed, *common, f"ckpt_path={checkpoint}"))
+        rows = read_metrics(resumed)
+        loss, tokens = series(rows, "train/loss"), series(rows, "trainer/tokens")
+        assert sorted(loss) == list(range(stop, 20)), stop
+        assert loss == {step: whole_loss[step] for step in range(stop, 20)}, stop
+        assert all(tokens[step] == whole_tokens[step] for step in loss), stop
+    run_ids = {path.name.rsplit("-", 1)[1] for path in tmp_path.glob("*/wandb/offline-run-*")}
+    assert len(run_ids) == 1
+
+
+@pytest.mark.parametrize("logger", ["csv", "none"])
+def test_other_loggers(tmp_path: Path, logger: str) -> None:
+    train(compose_train(tmp_path, *FAST, "trainer.max_steps=2", f"logger={logger}"))
+    assert (tmp_path / "csv").exists() == (logger == "csv")
+    assert not (tmp_path / "wandb").exists()
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
+def test_token_budget_sets_the_steps(tmp_path: Path) -> None:
+    train(compose_train(tmp_path, *FAST, "data.token_budget=1500", "logger=csv"))  # 1500 / (8 * 64) -> 3 steps
+    assert max(series(read_metrics(tmp_path), "train/loss")) == 2
+    assert series(read_metrics(tmp_path), "trainer/tokens")[2] == 3 * 8 * 64
+
+
+def test_bf16_mixed_precision_trains(tmp_path: Path) -> None:
+    train(compose_train(tmp_path, *FAST, "trainer.max_steps=3", "trainer.precision=bf16-mixed", "logger=csv"))
+    losses = series(read_metrics(tmp_path), "train/loss")
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses.values())
+
+
+def test_compiled_model_trains_like_the_eager_one(tmp_path: Path) -> None:
+    overrides = [*FAST, "model.num_layers=1", "trainer.max_steps=2", "logger=csv", "validate_before_training=false",
+                 "test_after_training=false"]  # one layer: compiling takes time per layer
+    train(compose_train(tmp_path / "eager", *overrides))
+    train(compose_train(tmp_path / "compiled", *overrides, "compile=true"))
+    eager, compiled = (series(read_metrics(tmp_path / name), "train/loss") for name in ("eager", "compiled"))
+    assert sorted(compiled) == [0, 1]
+    assert [compiled[step] for step in (0, 1)] == pytest.approx([eager[step] for step in (0, 1)], rel=1e-4)
+    assert mcsd.load(tmp_path / "compiled").config == mcsd.load(tmp_path / "eager").config
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
+    """``loss_function(compile=True)`` (what ``compile=true`` trains and mcsd-bench times): the
+    eager loss, logits and gradients up to float rounding at lengths of several chunks, cached
+    per model; compiled once with the length dynamic, it takes another length (other chunk
+    counts, not a multiple of the chunk) without compiling again: nothing in the model
+    specialises on the length."""
+    torch._dynamo.reset()
+    model = tiny_model_to_compile(name).train()  # chunk size 16
+    compiled = model.loss_function(compile=True)
+    assert model.loss_function(compile=True) is compiled and model.loss_function() == model.loss
+    for length in (40, 57):
+        ids = torch.randint(0, 101, (2, length + 1))
+        inputs, targets = ids[:, :-1], ids[:, 1:].clone()
+        targets[0, :4] = -100  # not scored
+        results = []
+        for function in (model.loss, compiled):
+            if function is compiled and length == 40:  # one graph for every length from the start
+                torch._dynamo.mark_dynamic(inputs, 1)
+                torch._dynamo.mark_dynamic(targets, 1)
+            with torch.compiler.set_stance("fail_on_recompile" if length == 57 else "default"):
+                loss, logits = function(inputs, targets)
+            loss.backward()
+            results.append((loss.detach(), logits.detach(), [p.grad.clone() for p in model.parameters()]))
+            model.zero_grad(set_to_none=True)
+        (eager_loss, eager_logits, eager_grads), (loss, logits, grads) = results
+        scored = targets != -100  # the mean over the scored positions only
+        assert eager_loss.item() == pytest.approx(
+            torch.nn.functional.cross_entropy(eager_logits[scored], targets[scored]).item(), rel=1e-6)
+        assert loss.item() == pytest.approx(eager_loss.item(), rel=1e-6)
+        assert relative_rms_error(logits, eager_logits) < 1e-6
+        # Per element, rounding-sized: some gradients (the hybrid's skips) are ~1e-6 in all.
+        assert all(torch.allclose(grad, eager, rtol=1e-4, atol=1e-8) for grad, eager in zip(grads, eager_grads))
+    # The cached compiled functions (loss and step) do not keep the model alive.
+    model.step_function(compile=True)
+    model_ref = weakref.ref(model)
+    del model, compiled
+    gc.collect()
+    assert model_ref() is None
+
+
+@pytest.mark.parametrize(("mode", "offline"), [(None, True), ("offline", True), ("online", False)])
+def test_wandb_is_offline_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str | None,
+                                       offline: bool) -> None:
+    if mode is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", mode)
+    assert compose_train(tmp_path).logger.wandb.offline is offline
+    assert compose_train(tmp_path, "logger.wandb.offline=false").logger.wandb.offline is False
