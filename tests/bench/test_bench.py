@@ -47,6 +47,7 @@ STATE_BYTES = {
 }
 
 
+@pytest.mark.slow
 def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> None:
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "isolate=false")
     frame = pd.read_csv(csv_path)
@@ -94,6 +95,7 @@ def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> No
     assert all(path.stat().st_size > 5000 for path in figures)
 
 
+@pytest.mark.slow
 def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path) -> None:
     """``compile=true``: the points decode through the compiled step (compiled in the warm-up,
     which runs even when ``inference.warmup=0``) and the results say so."""
@@ -133,6 +135,7 @@ def test_decoding_replayed_from_recordings_is_timed_after_every_recording(
     assert (steps[0].recorded, steps[0].replayed) == ((3 if arch == "transformer" else 1), 3 * 8)
 
 
+@pytest.mark.slow
 def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Failures injected into the second and third points: a GPU library's allocation failure is
@@ -167,6 +170,7 @@ def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path
     assert json.loads((tmp_path / "results.json").read_text())["header"]["complete"] is True
 
 
+@pytest.mark.slow
 def test_a_point_that_fails_in_its_own_process_is_an_error_row() -> None:
     """An isolated point whose measurement raises (here a model node that cannot be built) comes
     back as a row with its reason, not as an exception that ends the grid."""
@@ -177,6 +181,7 @@ def test_a_point_that_fails_in_its_own_process_is_an_error_row() -> None:
     assert result["reason"].startswith("ConfigError: model.hidden_size=25 is not divisible by model.num_channels=3")
 
 
+@pytest.mark.slow
 def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path) -> None:
     """In one process, every compiled point compiles its own model's step: with dynamo's recompile
     limit at 2 (a point compiles one or two graphs), models that shared one step function would hit
@@ -190,6 +195,7 @@ def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path) -> None
     assert all(point["compiled"] is True for point in json.loads((tmp_path / "results.json").read_text())["points"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_every_architecture_benches_cast_to_16_bits(tmp_path: Path, dtype: str) -> None:
     """``dtype=bfloat16 / float16``: every architecture's model, built in that dtype, decodes (the
@@ -205,6 +211,7 @@ def test_every_architecture_benches_cast_to_16_bits(tmp_path: Path, dtype: str) 
     assert (pd.read_csv(csv_path)["status"] == "ok").all()
 
 
+@pytest.mark.slow
 def test_an_isolated_point_reports_its_own_peak_memory(tmp_path: Path) -> None:
     """A point's fresh process reports its own peak memory, not that of the process that
     started it: after this process has held 1 GiB, a tiny model's points still peak far below."""
@@ -216,6 +223,7 @@ def test_an_isolated_point_reports_its_own_peak_memory(tmp_path: Path) -> None:
     assert 50 * 2**20 < peak < 2**30
 
 
+@pytest.mark.slow
 def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:
     """With 450 MiB of room (of address space: it counts reserved memory too) a batch of 64
     decodes 2048 tokens with MCSD (fixed state), while the Transformer's KV cache (570 MiB)
@@ -233,6 +241,7 @@ def test_isolated_points_record_oom_under_a_memory_cap(tmp_path: Path) -> None:
 TINY_SIZE = yaml.safe_load((ROOT / "conf" / "size" / "tiny.yaml").read_text())["model"]
 
 
+@pytest.mark.slow
 def test_training_grid_and_its_figure(tmp_path: Path) -> None:
     csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "train.seq_lens=[32,64]", "train.repeats=1",
                          "train.peak_matmul_size=256",
@@ -293,6 +302,7 @@ def test_bad_bench_settings_fail_in_one_line(tmp_path: Path, overrides: list[str
         run_bench(tmp_path, *overrides)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while the second point is measured: that point finishes, no other starts; the
@@ -330,6 +340,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     assert figures and all(path.stat().st_size > 0 for path in figures)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path: Path) -> None:
     """Ctrl-C as a terminal sends it (to the process group: the points' own processes too),
     twice: the point under way is dropped at once, the point finished is kept, one line says
@@ -353,6 +364,7 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path: Path) -> None:
     assert len(kept) == 1 and list(kept["gen_len"]) == [4] and list(kept["status"]) == ["ok"]
 
 
+@pytest.mark.slow
 def test_cli_runs_under_paths_log_dir_and_plot_cli_names_a_missing_file(tmp_path: Path) -> None:
     result = run_here("mcsd-bench", *TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd]",
                      "wandb.enabled=true", "paths.log_dir=elsewhere", cwd=tmp_path)
@@ -400,6 +412,7 @@ def test_a_runs_config_benches_as_its_model_with_random_weights(tmp_path: Path) 
         run_bench(tmp_path / "bad", *TINY_INFERENCE, f"models=[{empty}]")
 
 
+@pytest.mark.slow
 def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path) -> None:
     """experiments/*/run.sh never overwrites the committed results silently."""
     script = tmp_path / "fig" / "run.sh"
@@ -422,6 +435,7 @@ def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path
     assert len(pd.read_csv(committed)) == 1 and (committed.parent / "fig8_throughput_vs_batch.png").is_file()
 
 
+@pytest.mark.slow
 def test_tokens_per_step_adds_a_realistic_checkpointed_step_beside_each_point(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``train.tokens_per_step``: beside each ``batch_size`` point, one of ``tokens_per_step // seq_len``
@@ -500,6 +514,7 @@ def busy_core():
     spinner.wait()
 
 
+@pytest.mark.slow
 def test_other_work_is_measured_in_cores(busy_core: subprocess.Popen) -> None:
     """A process spinning on one core is other work of about one core (the suite's other worker
     may add to it); this process's own work is not counted."""
@@ -511,6 +526,7 @@ def test_other_work_is_measured_in_cores(busy_core: subprocess.Popen) -> None:
     assert 0.8 <= other_cores(start, read_clock()) < 1.9
 
 
+@pytest.mark.slow
 def test_a_busy_machine_is_refused_in_one_line_before_anything_is_written(
         tmp_path: Path, busy_core: subprocess.Popen) -> None:
     with pytest.raises(MCSDError, match=r"other work keeps \d+\.\d of this machine's \d+ cores busy \(more than "
@@ -519,6 +535,7 @@ def test_a_busy_machine_is_refused_in_one_line_before_anything_is_written(
     assert not (tmp_path / "refused").exists()
 
 
+@pytest.mark.slow
 def test_busy_machine_measure_marks_the_points_that_shared_the_cores(
         tmp_path: Path, busy_core: subprocess.Popen, caplog: pytest.LogCaptureFixture) -> None:
     """``busy_machine=measure``: every point records the cores other work took while it ran

@@ -25,6 +25,7 @@ from mcsd.models import registry
 QUICK = [*FAST, "trainer.max_steps=2", "trainer.val_check_interval=2", "test_after_training=false"]
 
 
+@pytest.mark.slow
 def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
     result = run_cli("mcsd-train", "-m", "model=mcsd,transformer", *QUICK, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -51,6 +52,7 @@ def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
         f"plot: mcsd-plot ablation {sweeps[0]} (or mcsd-plot scaling {sweeps[0]} for a sweep of sizes)"]
 
 
+@pytest.mark.slow
 def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
     """Two runs started in the same second write to different run directories."""
     script = Path(sys.executable).parent / "mcsd-train"
@@ -62,6 +64,7 @@ def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
     assert len(runs) == 2 and all((run / "model" / "model.safetensors").is_file() for run in runs)
 
 
+@pytest.mark.slow
 def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
     result = run_cli("mcsd-train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv",
                      *QUICK, cwd=tmp_path)
@@ -72,6 +75,7 @@ def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
     assert (run / "model" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_ddp_resume_continues_exactly(tmp_path: Path) -> None:
     """Under DDP (two CPU processes, each its share of every epoch) a run resumed from step 3
     logs the losses of the uninterrupted run for every remaining step."""
@@ -104,6 +108,7 @@ def newest_run(cwd: Path, before: set[Path]) -> Path:
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["ckpt_path", "resume"])
 def test_resume_needs_no_overrides_repeated(stopped_run: tuple[Path, Path], how: str) -> None:
     """`ckpt_path=RUN/checkpoints/last.ckpt` or `resume=RUN` alone: the run's own overrides come
@@ -121,6 +126,7 @@ def test_resume_needs_no_overrides_repeated(stopped_run: tuple[Path, Path], how:
     assert hparams["ckpt_path"] == str(run / "checkpoints" / "last.ckpt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -279,6 +285,7 @@ def _runs(cwd: Path) -> list[Path]:
     return sorted(cwd.glob("logs/*/*runs/*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("app", "arguments", "env", "label", "message"), BAD_INPUTS,
                          ids=[f"{case[0]} {' '.join(case[1])}".strip() for case in BAD_INPUTS])
 def test_every_bad_input_fails_in_one_line(
@@ -321,6 +328,7 @@ def test_the_projects_error_inside_hydras_wrappers_is_its_one_line(capsys: pytes
         run_or_exit("mcsd-train", lambda: (_ for _ in ()).throw(InstantiationException("not ours")))
 
 
+@pytest.mark.slow
 def test_the_installed_command_ends_a_bad_input_in_one_line(earlier_run: tuple[Path, dict[str, str]]) -> None:
     """The table above through the installed command itself, for one case of each kind: a bad
     option refused before Hydra starts, and a setting refused once the run has its folder."""
@@ -335,6 +343,7 @@ def test_the_installed_command_ends_a_bad_input_in_one_line(earlier_run: tuple[P
         assert list((cwd / "logs" / "train" / "runs").iterdir()) == [earlier] and _snapshot(earlier) == before
 
 
+@pytest.mark.slow
 def test_a_run_prints_no_third_party_warnings(tmp_path: Path) -> None:
     """No deprecation notes of dependencies, no Lightning tips, no W&B note about a setting we
     never set: what a run prints on stderr is progress and its own messages."""
@@ -346,6 +355,7 @@ def test_a_run_prints_no_third_party_warnings(tmp_path: Path) -> None:
     assert noise == []
 
 
+@pytest.mark.slow
 def test_one_text_file_trains_in_one_command(tmp_path: Path) -> None:
     """``mcsd-train data=text_files data.paths=FILE trainer.max_steps=20``, nothing else: the file is
     cut into its paragraphs (validation and test documents held out of them), the warm-up is a
@@ -383,6 +393,7 @@ def test_every_setting_that_cannot_work_is_named_in_one_pass(tmp_path: Path) -> 
     assert not (tmp_path / "logs" / "train" / "runs").exists() or not any((tmp_path / "logs" / "train" / "runs").iterdir())
 
 
+@pytest.mark.slow
 def test_help_lists_the_groups_a_user_chooses_from_and_the_main_settings(tmp_path: Path) -> None:
     """``--help``: the command's own usage, each group with its options (the registry's models among
     them) and default, the main settings with their defaults and comments; no internal group

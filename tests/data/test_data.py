@@ -170,6 +170,7 @@ tokens.build_store(source, Path(sys.argv[2]) / "store", tokenizer, tokenizer.tok
 """
 
 
+@pytest.mark.slow
 def test_a_killed_build_is_never_read_as_complete_and_goes_on(tmp_path: Path) -> None:
     texts = [make_text(i, 40) for i in range(30)]
     corpus = write_jsonl(tmp_path / "a.jsonl", texts)

@@ -180,6 +180,7 @@ def test_training_scores_the_labelled_positions_and_logs_accuracy(tmp_path: Path
     assert logged_accuracy[5] == pytest.approx(mqar_accuracy(logits, val.labels).mean().item(), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_compile_trains_mqar_as_eager_does(tmp_path: Path) -> None:
     """``compile=true`` compiles MQAR's loss too (the model and the LM head at the labelled
     positions alone, in one graph): the same losses and accuracy as the eager run."""
@@ -381,6 +382,7 @@ def recall_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_sweep: Path, tmp_path: Path) -> None:
     """experiments/sweep.sh --add keeps the jobs already in the results folder (here one job of
     the recall sweep, as --replace would have copied it) and numbers the new sweep's jobs after
@@ -409,6 +411,7 @@ def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_swee
     assert (results / "mqar_recall_table.md").is_file()
 
 
+@pytest.mark.slow
 def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(recall_sweep: Path) -> None:
     tmp_path = recall_sweep
     runs = load_mqar_runs(tmp_path / "logs")

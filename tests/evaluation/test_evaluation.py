@@ -52,6 +52,7 @@ def hflm(path: Path, batch_size: int):
     return language_model(mcsd.locate(path), cfg)
 
 
+@pytest.mark.slow
 def test_loglikelihoods_equal_the_forward_pass(checkpoint: Path) -> None:
     lm = hflm(checkpoint, batch_size=3)
     model, tokenizer = mcsd.load(checkpoint), mcsd.load_tokenizer(checkpoint)
@@ -97,6 +98,7 @@ def test_every_architecture_scores_through_hflm(case: str, tmp_path: Path) -> No
     assert rolling == pytest.approx(float(log_probs.gather(-1, torch.tensor(ids[1:])[:, None]).sum()), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_generate_until_stops_at_the_stop_string_and_equals_generate(checkpoint: Path) -> None:
     lm = hflm(checkpoint, batch_size=1)
     model, tokenizer = mcsd.load(checkpoint), mcsd.load_tokenizer(checkpoint)
@@ -115,6 +117,7 @@ def test_generate_until_stops_at_the_stop_string_and_equals_generate(checkpoint:
     assert unbounded == greedy_text
 
 
+@pytest.mark.slow
 def test_mcsd_eval_runs_the_local_tasks_offline(checkpoint: Path, tmp_path: Path) -> None:
     result = run_cli("mcsd-eval", f"ckpt={checkpoint}", "tasks=local", "limit=8", "wandb.enabled=true",
                      cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
@@ -131,6 +134,7 @@ def test_mcsd_eval_runs_the_local_tasks_offline(checkpoint: Path, tmp_path: Path
     assert list((run / "wandb").glob("offline-run-*"))
 
 
+@pytest.mark.slow
 def test_mcsd_eval_scores_a_step_checkpoint_under_paths_log_dir(checkpoint: Path, tmp_path: Path) -> None:
     step = checkpoint / "checkpoints" / "step-000015.ckpt"
     result = run_cli("mcsd-eval", f"ckpt={step}", "tasks=local", "limit=4", "wandb.enabled=false",
@@ -143,6 +147,7 @@ def test_mcsd_eval_scores_a_step_checkpoint_under_paths_log_dir(checkpoint: Path
     assert "| **MCSD run/step-000015** (ours, measured) |" in (run / "table2.md").read_text()
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_tasks_finished(checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C during the first of the two local tasks: it finishes, the second never starts;
     results.json holds the first (complete: false) with the scores of the uninterrupted run;
@@ -197,6 +202,7 @@ def _exact_length_documents(tokenizer, length: int, count: int) -> list[str]:
     return documents
 
 
+@pytest.mark.slow
 def test_rolling_perplexity_equals_the_harness_validation_perplexity(checkpoint: Path, tmp_path: Path) -> None:
     """On documents of exactly seq_len tokens every training block is <|endoftext|> + one
     document, which is what lm-eval's rolling log-likelihood scores: the two perplexities

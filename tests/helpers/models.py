@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import yaml
 
 from mcsd.models import CausalLM, DecodingState, registry
 from mcsd.models.build import build_model

@@ -30,6 +30,8 @@ from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
 from mcsd.hf.cache import CACHE_KEY
 from mcsd.checkpoint.saved_model import load_weights
 
+pytestmark = pytest.mark.slow  # end-to-end runs, every test here
+
 VOCAB = 300
 TEXT = ("the king of a far land ships gold and silver to every harbour along the coast; "
         "Über-naïve café owners count 12 345 coins\n\n") * 30

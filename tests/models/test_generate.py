@@ -65,6 +65,7 @@ def test_stream_yields_one_token_per_row_per_step() -> None:
     assert torch.equal(model.generate(torch.zeros(1, 3, dtype=torch.long), 0), torch.zeros(1, 3, dtype=torch.long))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registry.architectures())
 @torch.no_grad()
 def test_compiled_step_decodes_like_the_eager_step(name: str) -> None:

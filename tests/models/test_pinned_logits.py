@@ -10,7 +10,6 @@ is pinned apart (:func:`test_seeded_initialisation_is_pinned`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch

@@ -45,6 +45,7 @@ def test_a_model_cast_to_16_bits_runs_every_form_and_decodes(case: str, dtype: t
     assert generated.shape == (2, 11) and torch.equal(generated[:, :5], input_ids[:, :5])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", list(SIXTEEN_BIT_TOLERANCE), ids=str)
 @pytest.mark.parametrize("case", CASES)
 @torch.no_grad()

@@ -29,6 +29,8 @@ from mcsd.train import train
 from helpers.runs import TINY_INFERENCE, run_bench
 from helpers.models import decode_all
 
+pytestmark = pytest.mark.slow  # end-to-end runs, every test here
+
 
 class PreviousToken(TokenMixer):
     """``y_n = W x_{n-1}`` (``x_{-1}``: the state, zeros at the start); the state is the last token."""

@@ -260,6 +260,7 @@ def test_bad_settings_are_refused_in_one_line(override: dict, message: str) -> N
 
 
 
+@pytest.mark.slow
 def test_ablation_experiment_trains_its_four_arms(tmp_path: Path) -> None:
     """experiment=wm_ablation: SSD only, + attention, + dynamic mask, + CDMoE at one seed (4 layers so
     that the tiny model has an attention layer), each the model it names, plotted against SSD only."""

@@ -17,6 +17,7 @@ from mcsd.plots.runs import curve_label, load_csv_runs
 from helpers.runs import TINY_SWEEP, sweep_dir
 
 
+@pytest.mark.slow
 def test_the_comparison_trains_every_registered_variant_and_tabulates_it(tmp_path: Path) -> None:
     result = run_here("mcsd-train", "-m", "experiment=compare_architectures", "size=tiny", "hydra.sweeper.params.seed=0",
                      *TINY_SWEEP, cwd=tmp_path)

@@ -53,6 +53,7 @@ def scaling_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sweep_dir(cwd)
 
 
+@pytest.mark.slow
 def test_ablation_experiment_sweeps_every_variant_and_the_transformer(ablation_sweep: Path) -> None:
     """Its arms: the five MCSD variants, then the Transformer (not an ablation option)."""
     jobs = sorted((path for path in ablation_sweep.iterdir() if path.is_dir()), key=lambda path: int(path.name))
@@ -65,6 +66,7 @@ def test_ablation_experiment_sweeps_every_variant_and_the_transformer(ablation_s
     assert sections == [["slope", "decay"], ["slope"], ["decay"], ["slope", "slope"], ["decay", "decay"]]
 
 
+@pytest.mark.slow
 def test_ablation_figure_has_a_curve_per_variant(ablation_sweep: Path, tmp_path: Path) -> None:
     # Directory names carry no meaning: shuffle them and the figure must not change.
     shuffled = tmp_path / "runs"
@@ -147,6 +149,7 @@ def test_seed_table_pairs_each_curve_with_the_reference_by_seed(tmp_path: Path) 
         seed_table("ablation", rows, reference="RWKV")
 
 
+@pytest.mark.slow
 def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_path: Path) -> None:
     result = run_here("mcsd-plot", "scaling", str(scaling_sweep), "--out", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -174,6 +177,7 @@ class FakeRun:
             yield {key: value for key, value in record.items() if pd.notna(value)}
 
 
+@pytest.mark.slow
 def test_wandb_source_gives_the_same_curves(scaling_sweep: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import wandb
 
@@ -214,6 +218,7 @@ def _matplotlib_of(png: Path) -> str:
     return Image.open(png).text.get("Software", "")
 
 
+@pytest.mark.slow
 def test_notebook_rewrites_the_committed_results_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The notebook, executed over a copy of the committed results (what a clone has: no logs/,
     no trial/), writes every figure and table the experiments' run.sh scripts wrote, unchanged,
@@ -307,6 +312,7 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None:
     """SIGTERM to experiments/sweep.sh (as `kill` sends it): each job stops after its step with a
     checkpoint, its worker ends instead of taking the next job, and no process of the sweep is left."""

@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_module
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
 from tqdm.auto import tqdm
 
 import mcsd
@@ -242,7 +244,11 @@ def test_ctrl_c_keeps_the_probe_of_the_documents_finished(tmp_path: Path, monkey
             cfg = compose("probe_context", overrides=[
                 f"ckpt={tmp_path / 'model'}", "data=text_files", f"data.paths=[{tmp_path / 'corpus.txt'}]",
                 "length=64", "windows=[8,16]", "num_positions=4", "batch_size=2", "bootstrap=20",
-                f"num_documents={count}", "wandb.enabled=false", f"paths.output_dir={tmp_path / name}", f"paths.cache_dir={tmp_path / 'cache'}"])
+                f"num_documents={count}", "wandb.enabled=false", f"paths.output_dir={tmp_path / name}", f"paths.cache_dir={tmp_path / 'cache'}"],
+                return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)  # as the app has it (data.name reads the choice of data)
+        with open_dict(cfg):
+            del cfg.hydra
         context(cfg)
         return pd.read_csv(tmp_path / name / "context_delta.csv")
 

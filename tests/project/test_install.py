@@ -50,6 +50,7 @@ def test_conf_is_at_the_top_and_nowhere_else() -> None:
     assert not (ROOT / "mcsd" / "conf").exists()
 
 
+@pytest.mark.slow
 def test_a_regular_install_composes_every_command_outside_the_repository(tmp_path: Path) -> None:
     """A clean copy of the checkout (its tracked and new files) installed, not editable, into a
     fresh virtual environment (the dependencies read from this one's): from a folder outside
@@ -108,6 +109,7 @@ MISSING_ON_THE_IMAGE = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "hy
                         "hydra-submitit-launcher")
 
 
+@pytest.mark.slow
 def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> None:
     """experiments/gpu_check: fill_wheels.py fills a folder for this Python, leaving out what an
     "image" has (every package of this environment but the project and Hydra's); in a fresh virtual

@@ -53,6 +53,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return cwd, only_run(cwd / "fsdp"), only_run(cwd / "single")
 
 
+@pytest.mark.slow
 def test_fsdp_on_two_processes_trains_as_one_process_does(runs: tuple[Path, Path, Path]) -> None:
     """Same seed, same global batch: the sharded run's losses are the single process's (its shards
     start from exactly the weights one process draws), and it writes sharded checkpoints."""
@@ -66,6 +67,7 @@ def test_fsdp_on_two_processes_trains_as_one_process_does(runs: tuple[Path, Path
     assert len(list((fsdp / "memory").glob("process-*.json"))) == 2
 
 
+@pytest.mark.slow
 def test_fsdp_trains_mqar_as_one_process_does(tmp_path: Path) -> None:
     """MQAR's loss (the LM head at the labelled positions alone) goes through the model's forward,
     so FSDP2 gathers the root's weights: 2 sharded processes log one process's losses and accuracy."""
@@ -80,6 +82,7 @@ def test_fsdp_trains_mqar_as_one_process_does(tmp_path: Path) -> None:
         assert series(sharded, key) and series(sharded, key) == pytest.approx(series(single, key), rel=1e-5), key
 
 
+@pytest.mark.slow
 def test_sharded_checkpoints_and_the_final_folder_load_on_one_process(runs: tuple[Path, Path, Path]) -> None:
     _, fsdp, single = runs
     ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(1))
@@ -90,6 +93,7 @@ def test_sharded_checkpoints_and_the_final_folder_load_on_one_process(runs: tupl
     assert mcsd.load_tokenizer(fsdp / "checkpoints" / "step-000003.ckpt").get_vocab_size() == 512
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("source", "overrides"), [("fsdp", []), ("fsdp", ["trainer=cpu"]), ("single", FSDP),
                                                    ("single", DDP)], ids=["2->2", "2->1", "1->2", "1->2 ddp"])
 def test_a_checkpoint_resumes_exactly_on_two_or_one_process(runs: tuple[Path, Path, Path], source: str,
@@ -108,6 +112,7 @@ def test_a_checkpoint_resumes_exactly_on_two_or_one_process(runs: tuple[Path, Pa
     assert_same_losses(resumed, losses(single))
 
 
+@pytest.mark.slow
 def test_bad_sharded_input_fails_in_one_line(runs: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """fsdp on one device; a sharded checkpoint with a process's file missing, or truncated; a
     sharded checkpoint resumed into another size or architecture. Nothing of the run is touched."""
@@ -206,6 +211,7 @@ def test_slurm_resources_given_by_hand_that_disagree_are_refused_before_submitti
     assert not log.exists()  # nothing was submitted
 
 
+@pytest.mark.slow
 def test_bf16_compute_under_fsdp_trains_close_to_fp32(runs: tuple[Path, Path, Path]) -> None:
     """trainer.strategy.mixed_precision=bf16 (auto's choice on GPUs): bf16 gathered weights under
     autocast, fp32 reduction and master weights; on gloo CPUs here. Its losses stay within 1% of fp32's."""

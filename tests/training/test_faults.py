@@ -75,6 +75,7 @@ def resume_and_compare(cwd: Path, run: Path, expected: dict[int, float]) -> int:
     return step
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_exactly_from_its_last_checkpoint(uninterrupted: dict[int, float],
                                                                 tmp_path: Path) -> None:
     process, _, run = start_then_signal(tmp_path, signal.SIGKILL)
@@ -84,6 +85,7 @@ def test_a_killed_run_resumes_exactly_from_its_last_checkpoint(uninterrupted: di
     assert resume_and_compare(tmp_path, run, uninterrupted) >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_with_a_checkpoint_and_says_how_to_resume(uninterrupted: dict[int, float], tmp_path: Path,
                                                                  signum: int) -> None:
@@ -101,6 +103,7 @@ def test_a_signal_stops_with_a_checkpoint_and_says_how_to_resume(uninterrupted: 
     assert resume_and_compare(tmp_path, run, uninterrupted) == stopped_at
 
 
+@pytest.mark.slow
 def test_a_preempted_slurm_job_requeues_itself_and_goes_on_exactly(uninterrupted: dict[int, float],
                                                                    tmp_path: Path) -> None:
     """Under SLURM (SLURM_JOB_ID set; scontrol is a stand-in that records its call), SIGTERM stops
@@ -175,6 +178,7 @@ def build_cache(corpus: str, cache_dir: str, start: multiprocessing.synchronize.
     Path(f"{out}.trained").write_text(str(len(trained)))
 
 
+@pytest.mark.slow
 def test_two_runs_build_one_shared_cache_at_once(tmp_path: Path) -> None:
     """Started together on one cache folder, both succeed; one trains the tokenizer and writes
     the token shards, the other waits and reuses them."""

@@ -95,6 +95,7 @@ def test_generate_names_a_missing_model(tmp_path: Path) -> None:
     assert result.stderr.strip().startswith("mcsd-generate: error:") and "nothing does not exist: point to a model folder" in result.stderr
 
 
+@pytest.mark.slow
 def test_debug_overfit_drives_the_training_loss_to_about_zero(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """What debug=overfit claims: on the same 2 batches the loss falls to ~0 (here the tiny model's
     in its 150 steps; the default size's is measured in conf/debug/overfit.yaml); its report says

@@ -29,6 +29,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
     return run_dir, val_loss
 
 
+@pytest.mark.slow
 def test_short_run_learns(trained_run: tuple[Path, float]) -> None:
     run_dir, val_loss = trained_run
     rows = read_metrics(run_dir)
@@ -40,6 +41,7 @@ def test_short_run_learns(trained_run: tuple[Path, float]) -> None:
     assert math.exp(val_loss) == pytest.approx(val_ppl[39], rel=0.05)
 
 
+@pytest.mark.slow
 def test_train_ppl_is_the_exp_of_the_loss_it_is_logged_with(trained_run: tuple[Path, float]) -> None:
     rows = read_metrics(trained_run[0])
     losses, ppls = series(rows, "train/loss"), series(rows, "train/ppl")
@@ -73,6 +75,7 @@ def test_perplexity_from_the_loss_equals_torchmetrics_perplexity_of_the_logits()
         assert ours.compute().item() == pytest.approx(theirs.compute().item(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_every_curve_has_tokens_seen(trained_run: tuple[Path, float]) -> None:
     rows = read_metrics(trained_run[0])
     tokens = series(rows, "trainer/tokens")
@@ -89,6 +92,7 @@ def test_every_curve_has_tokens_seen(trained_run: tuple[Path, float]) -> None:
     assert series(rows, "lr-AdamW/pg1")
 
 
+@pytest.mark.slow
 def test_run_leaves_checkpoints_wandb_run_and_model(trained_run: tuple[Path, float]) -> None:
     run_dir, _ = trained_run
     hparams = yaml.safe_load((run_dir / "csv" / "version_0" / "hparams.yaml").read_text())
@@ -103,6 +107,7 @@ def test_run_leaves_checkpoints_wandb_run_and_model(trained_run: tuple[Path, flo
     assert tokenizer.decode(ids) == "The for statement"
 
 
+@pytest.mark.slow
 def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_path: Path) -> None:
     run_dir, _ = trained_run
     result = run_here("mcsd-generate", f"ckpt={run_dir}", "prompt=The for", "max_new_tokens=12", "temperature=0",
@@ -117,6 +122,7 @@ def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_pa
     assert not list(tmp_path.iterdir())  # generating writes nothing
 
 
+@pytest.mark.slow
 def test_any_checkpoint_of_a_run_is_a_saved_model(trained_run: tuple[Path, float], tmp_path: Path) -> None:
     """A step checkpoint loads, carries its tokenizer and generates; last.ckpt loads as the step
     checkpoint it repeats (step 39 of 40); a run directory without its model folder (a run that
@@ -196,6 +202,7 @@ def test_bf16_mixed_precision_trains(tmp_path: Path) -> None:
     assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses.values())
 
 
+@pytest.mark.slow
 def test_compiled_model_trains_like_the_eager_one(tmp_path: Path) -> None:
     overrides = [*FAST, "model.num_layers=1", "trainer.max_steps=2", "logger=csv", "validate_before_training=false",
                  "test_after_training=false"]  # one layer: compiling takes time per layer
