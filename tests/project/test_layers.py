@@ -29,7 +29,11 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("architectures", tuple(f"mcsd.models.{name}" for name in ARCHITECTURE_FOLDERS)),
     ("building", ("mcsd.models.build",)),
     ("models front", ("mcsd.models",)),
-    ("checkpoints", ("mcsd.checkpoint",)),
+    ("sharded checkpoints", ("mcsd.checkpoint.sharded",)),
+    ("lightning checkpoints", ("mcsd.checkpoint.lightning_checkpoint",)),
+    ("saved models", ("mcsd.checkpoint.saved_model",)),
+    ("resuming", ("mcsd.checkpoint.resume",)),
+    ("checkpoints front", ("mcsd.checkpoint",)),
     ("hugging face", ("mcsd.hf",)),
     ("libraries", ("mcsd.training", "mcsd.bench", "mcsd.evaluation", "mcsd.probes", "mcsd.plots")),
     ("commands", ("mcsd.train", "mcsd.generate", "mcsd.export", "mcsd.prepare", "mcsd.data.download",
@@ -170,6 +174,7 @@ def test_no_module_imports_the_front_of_a_package_that_holds_it() -> None:
 @pytest.mark.parametrize("edit, problem", [
     ({"mcsd.ops.common": {"mcsd.models.modeling"}}, "upward"),
     ({"mcsd.models.modeling": {"mcsd.models.build"}}, "upward"),
+    ({"mcsd.checkpoint.sharded": {"mcsd.checkpoint.saved_model"}}, "upward"),
     ({"mcsd.training.fsdp": {"mcsd.training.module"}}, "circle"),
 ])
 def test_the_checks_catch_an_upward_import_and_a_circle(edit: dict[str, set[str]], problem: str) -> None:
