@@ -115,6 +115,19 @@ def resolve_sample_by(sample_by: str, files: list[Path]) -> str:
     return "paragraph" if paragraph_breaks(files[0]) + 1 >= MIN_PARAGRAPHS else "piece"
 
 
+def plain_paths(paths: Any) -> list[str] | dict[str, list[str]] | None:
+    """``data.paths`` as plain types: a file (``data.paths=mytext.txt``) or a list of files as a
+    list of strings, a mapping of split names to a file or files as a dict of lists; ``None``
+    stays ``None``. (OmegaConf containers are refused by weights-only checkpoint loading.)"""
+    if paths is None:
+        return None
+    if isinstance(paths, str):
+        return [paths]
+    if isinstance(paths, Mapping):
+        return {str(split): plain_paths(files) or [] for split, files in paths.items()}
+    return [str(path) for path in paths]
+
+
 def text_files(paths: str | list[str] | Mapping[str, list[str]], text_field: str, sample_by: str,
                cache_dir: Path) -> dict[str, DocumentSource]:
     """Local ``.txt`` (a file is a document, or its paragraphs, lines or pieces: ``sample_by``;
@@ -123,9 +136,8 @@ def text_files(paths: str | list[str] | Mapping[str, list[str]], text_field: str
     split names to lists (a corpus's own ``val``/``test`` files)."""
     if sample_by not in SAMPLE_BY:
         raise DataError(f"data.sample_by={sample_by!r} is unknown: use one of {', '.join(SAMPLE_BY)}")
-    if isinstance(paths, str):
-        paths = [paths]
-    named = dict(paths) if isinstance(paths, Mapping) else {"train": list(paths)}
+    paths = plain_paths(paths)
+    named = dict(paths) if isinstance(paths, Mapping) else {"train": paths or []}
     unknown = sorted(set(named) - set(SPLITS))
     if unknown or "train" not in named:
         raise DataError(f"data.paths names splits {sorted(named)}: use train (required), val and test, e.g. "

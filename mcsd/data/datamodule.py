@@ -29,7 +29,15 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
-from mcsd.data.corpus import DataError, DocumentSource, digest, embedded_corpus, hub_dataset, text_files
+from mcsd.data.corpus import (
+    DataError,
+    DocumentSource,
+    digest,
+    embedded_corpus,
+    hub_dataset,
+    plain_paths,
+    text_files,
+)
 from mcsd.data.tokenizer import eos_id, load_tokenizer, train_tokenizer
 from mcsd.data.tokens import PackedBlocks, TokenStore, open_or_build
 
@@ -118,12 +126,7 @@ def corpus_sources(data: Mapping[str, Any], hf_cache: Path) -> dict[str, Documen
         return embedded_corpus()
     text_field = data.get("text_field") or "text"
     if source == "text_files":
-        paths = data.get("paths")
-        if isinstance(paths, str):  # data.paths=mytext.txt
-            paths = [paths]
-        paths = {split: [files] if isinstance(files, str) else list(files or []) for split, files in paths.items()} \
-            if isinstance(paths, Mapping) else [str(path) for path in paths or []]
-        return text_files(paths, text_field, data.get("sample_by", "auto"), hf_cache)
+        return text_files(data.get("paths"), text_field, data.get("sample_by", "auto"), hf_cache)
     if source != "hub":
         raise DataError(f"data.source={source!r} is unknown: use one of {', '.join(SOURCES)}")
     return hub_dataset(data.get("name", "hub"), data.get("hub_path"), data.get("hub_subset"),
@@ -262,14 +265,7 @@ class LanguageModelDataModule(SplitsDataModule):
                                 f"data.{field.split('_')[0]}_fraction)")
         if token_budget is not None and token_budget < 1:
             raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
-        # Plain types only (an OmegaConf container is refused by weights-only checkpoint loading).
-        if isinstance(paths, Mapping):
-            paths = {str(split): [files] if isinstance(files, str) else [str(path) for path in files or []]
-                     for split, files in paths.items()}
-        elif isinstance(paths, str):  # data.paths=mytext.txt: one file
-            paths = [paths]
-        elif paths is not None:
-            paths = [str(path) for path in paths]
+        paths = plain_paths(paths)  # plain types only: checkpoints load with weights_only=True
         splits = {str(split): None if name is None else str(name) for split, name in splits.items()} if splits \
             else None
         self.save_hyperparameters(logger=False)
