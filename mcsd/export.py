@@ -7,12 +7,15 @@ The folder holds ``config.json`` (``model_type`` mcsd, an ``auto_map`` to ``mode
 which imports the installed mcsd package), ``model.safetensors``, ``generation_config.json``,
 the tokenizer (``tokenizer.json``, ``tokenizer_config.json``) and a model card (``README.md``).
 It is written beside ``out`` first and moved into place whole, so a failure leaves nothing.
+``overwrite=true`` replaces only an earlier export (a folder holding nothing but what an export
+writes), never another folder, nor one that holds the model being exported.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 import shutil
 from importlib import resources
 from pathlib import Path
@@ -33,6 +36,11 @@ from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import CausalLM, registry
 
 REMOTE_CODE_FILE = "modeling_mcsd.py"
+# What an export writes (``save_pretrained`` of a model and a tokenizer, our files): a folder holding
+# anything else is not an earlier export, and overwrite=true leaves it alone.
+EXPORT_FILE = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens"
+                         r"|vocab|model\.safetensors\.index)\.json|model(-\d+-of-\d+)?\.safetensors|merges\.txt"
+                         r"|chat_template\.jinja|README\.md|" + re.escape("modeling_mcsd.py"))
 AUTO_MAP = {"AutoConfig": "modeling_mcsd.MCSDHFConfig", "AutoModel": "modeling_mcsd.MCSDHFModel",
             "AutoModelForCausalLM": "modeling_mcsd.MCSDHFForCausalLM"}
 
@@ -56,6 +64,38 @@ def run_directory(saved: SavedModel) -> Path | None:
     if saved.kind == "folder" and saved.path.name == MODEL_DIR:
         return saved.path.parent
     return None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_out(setting: str, out: Path, saved: SavedModel, overwrite: bool) -> None:
+    """Refuse, before anything is written, an ``out`` that exporting would harm: one that holds
+    (or is) the model being exported or its run, a file, and a folder that is not empty, unless
+    it is an earlier export (only what an export writes, ``modeling_mcsd.py`` among it) and
+    ``overwrite`` is true. ``out`` is resolved; ``setting`` is what the user typed."""
+    source = saved.path.resolve()
+    run = run_directory(saved)
+    for held in (source, *([run.resolve()] if run is not None else [])):
+        if _within(held, out):
+            raise MCSDError(f"out={setting} holds the model being exported ({held}): choose a folder outside it")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise MCSDError(f"out={setting} is a file: choose a folder (a new one, or an earlier export with overwrite=true)")
+    entries = sorted(out.iterdir())
+    if not entries:
+        return
+    foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries
+               if entry.is_dir() or not EXPORT_FILE.fullmatch(entry.name)]
+    if foreign or not (out / REMOTE_CODE_FILE).is_file():
+        named = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        why = f"holds what an export does not write ({named})" if foreign else f"is not an earlier export (no {REMOTE_CODE_FILE})"
+        raise MCSDError(f"out={setting} {why}: choose a new or empty folder (overwrite=true replaces only an earlier "
+                        "export)")
+    if not overwrite:
+        raise MCSDError(f"out={setting} exists (an earlier export): choose a new folder, or overwrite=true to replace it")
 
 
 def _last_value(rows: list[dict[str, str]], key: str) -> float | None:
@@ -179,11 +219,8 @@ def export(cfg: DictConfig) -> Path:
             raise MCSDError(f"push_to_hub={cfg.push_to_hub} needs a Hugging Face token: run `hf auth login` "
                             "(or set HF_TOKEN), or export without push_to_hub")
     saved = locate(cfg.ckpt)
-    out = Path(cfg.out).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not cfg.overwrite:
-        raise MCSDError(f"out={out} exists: choose a new folder, or overwrite=true to replace it")
-    if saved.kind == "exported" and out.resolve() == saved.path.resolve():
-        raise MCSDError(f"out={out} is the folder being exported: choose another folder")
+    out = Path(cfg.out).expanduser().resolve()
+    check_out(str(cfg.out), out, saved, cfg.overwrite)
     model, tokenizer = load(saved.path), load_tokenizer(saved.path)
     staging = out.parent / f".{out.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
@@ -194,11 +231,12 @@ def export(cfg: DictConfig) -> Path:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if out.is_dir():
-        shutil.rmtree(out)
-    elif out.exists():
-        out.unlink()
+    earlier = out.parent / f".{out.name}.replaced"
+    if out.is_dir():  # an earlier export (check_out): moved aside, then removed once the new one is in place
+        shutil.rmtree(earlier, ignore_errors=True)
+        out.rename(earlier)
     staging.rename(out)
+    shutil.rmtree(earlier, ignore_errors=True)
     print(f"exported {saved.name} to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)",
           flush=True)
     if cfg.push_to_hub:

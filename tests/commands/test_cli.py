@@ -169,6 +169,8 @@ def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
     (cwd / "utf16.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("utf-16") * 50)
     (cwd / "garbage.ckpt").write_bytes(bytes(range(256)) * 20)
     (cwd / "afile").write_text("a file where a folder is asked for\n")
+    (cwd / "notes").mkdir()
+    (cwd / "notes" / "notes.txt").write_text("a user's own file, which no export may delete\n")
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
     checkpoint = (earlier / "checkpoints" / "last.ckpt").read_bytes()
     (cwd / "truncated.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
@@ -274,6 +276,12 @@ BAD_INPUTS = [
     ("mcsd-plot", ["ablation", "--wandb", "me/mcsd", "--group", "g"], NO_WANDB_KEY, None,
      "--wandb uses W&B online but no W&B API key is set"),
     ("mcsd-export", ["ckpt=EARLIER", "out=afile/exported"], {}, None, "out=afile/exported is not writable: "),
+    # Each of these deleted files before: the working folder, every run, a user's notes.
+    ("mcsd-export", ["ckpt=EARLIER", "out=.", "overwrite=true"], {}, None, "out=. holds the model being exported ("),
+    ("mcsd-export", ["ckpt=EARLIER", "out=logs", "overwrite=true"], {}, None, "out=logs holds the model being exported"),
+    ("mcsd-export", ["ckpt=EARLIER", "out=notes", "overwrite=true"], {}, None,
+     "out=notes holds what an export does not write (notes.txt): choose a new or empty folder (overwrite=true "
+     "replaces only an earlier export)"),
     ("mcsd-probe", [], {}, None, "name a probe first: mcsd-probe {context} ckpt=RUN"),
     ("mcsd-probe", ["context", "ckpt=EARLIER", "windows=[0]"], {}, "mcsd-probe context",
      "windows=[0] must be positive token counts"),
@@ -305,6 +313,7 @@ def test_every_bad_input_fails_in_one_line(
     assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "Error executing job" not in result.stderr
     assert _runs(cwd) == runs and _snapshot(earlier) == before
+    assert (cwd / "notes" / "notes.txt").is_file() and (cwd / "afile").is_file()
 
 
 def test_the_projects_error_inside_hydras_wrappers_is_its_one_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from mcsd.bench.run import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
 from mcsd.evaluation.run import evaluate
-from mcsd.export import export, write_export
+from mcsd.export import REMOTE_CODE_FILE, export, write_export
 from mcsd.generate import generate as mcsd_generate
 from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
 from mcsd.hf.cache import CACHE_KEY
@@ -351,7 +352,8 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
     monkeypatch.setattr("huggingface_hub.constants.HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "tokens"))
     refusals = {
         "is not a .ckpt file": ["ckpt=" + str(out / "README.md"), f"out={tmp_path / 'other'}"],
-        "exists: choose a new folder, or overwrite=true": [f"ckpt={trained_run}", f"out={out}"],
+        "exists (an earlier export): choose a new folder, or overwrite=true": [f"ckpt={trained_run}", f"out={out}"],
+        "holds the model being exported": [f"ckpt={trained_run}", f"out={trained_run.parent}", "overwrite=true"],
         "needs a Hugging Face token": [f"ckpt={trained_run}", f"out={tmp_path / 'other'}", "push_to_hub=me/model"],
     }
     for message, arguments in refusals.items():
@@ -366,3 +368,29 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
     assert pushed.returncode == 2 and len(errors) == 1, pushed.stderr[-2000:]
     assert "the Hugging Face Hub is unreachable from here: the export is in" in errors[0]
     assert (out / "model.safetensors").read_bytes() == before
+
+
+def test_overwrite_replaces_only_an_earlier_export(trained_run: Path, tmp_path: Path) -> None:
+    """overwrite=true replaces an earlier export whole; a folder that holds anything an export does
+    not write (a user's file, a subfolder) or lacks the export's code file is left untouched."""
+    def run(out: Path) -> Path:
+        with initialize_config_module("mcsd.conf", version_base="1.3"):
+            return export(compose("export", overrides=[f"ckpt={trained_run}", f"out={out}", "overwrite=true"]))
+
+    earlier = tmp_path / "earlier"
+    run(earlier)
+    (earlier / "model.safetensors").write_bytes(b"stale")  # replaced by the new export's weights
+    (earlier / "README.md").write_text("an older card\n")
+    run(earlier)
+    assert (earlier / "model.safetensors").read_bytes() != b"stale" and "an older card" not in (earlier / "README.md").read_text()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["earlier"]  # nothing left beside it
+    for name, make in [("with-notes", lambda folder: (folder / "notes.txt").write_text("mine\n")),
+                       ("with-subfolder", lambda folder: (folder / "data").mkdir()),
+                       ("without-code", lambda folder: (folder / REMOTE_CODE_FILE).unlink())]:
+        folder = tmp_path / name
+        shutil.copytree(earlier, folder)
+        make(folder)
+        before = sorted(path.relative_to(folder) for path in folder.rglob("*"))
+        with pytest.raises(MCSDError, match="choose a new or empty folder"):
+            run(folder)
+        assert sorted(path.relative_to(folder) for path in folder.rglob("*")) == before
