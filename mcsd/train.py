@@ -28,6 +28,8 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from tokenizers import Tokenizer
+
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.checkpoint.resume import (
     STOP_SIGNALS,
@@ -37,7 +39,9 @@ from mcsd.checkpoint.resume import (
     requeue_slurm_job,
     resume_config,
 )
+from mcsd.checkpoint.saved_model import load_tokenizer
 from mcsd.cli import hydra_app, parallel_jobs, require_wandb_login
+from mcsd.data.tokenizer import load_tokenizer as load_tokenizer_file
 from mcsd.errors import MCSDError
 from mcsd.models.build import make_config
 from mcsd.models.config import LMConfig
@@ -130,6 +134,26 @@ def _hold_out_only_what_is_run(cfg: DictConfig) -> None:
         log.info("data.paths names val files and test_after_training=false: no test documents held out of training")
 
 
+def _tokenizer_of_weights(cfg: DictConfig) -> Tokenizer | None:
+    """The tokenizer of the weights a run starts from (``init_from``'s, or the resumed
+    checkpoint's), which then tokenizes the corpus: embeddings learnt under one tokenizer mean
+    nothing under another. A ``data.tokenizer_path`` that is another tokenizer is refused; weights
+    saved without a tokenizer leave the choice to ``data.tokenizer_path`` (or a new BPE), said so."""
+    key = "ckpt_path" if cfg.ckpt_path else "init_from" if cfg.init_from else None
+    if key is None or "tokenizer_path" not in cfg.data:  # MQAR's data has no tokenizer
+        return None
+    try:
+        tokenizer = load_tokenizer(cfg[key])
+    except FileNotFoundError as error:
+        log.warning("%s=%s: %s; the corpus is tokenized as a run from scratch would", key, cfg[key], error)
+        return None
+    if cfg.data.tokenizer_path and load_tokenizer_file(cfg.data.tokenizer_path).to_str() != tokenizer.to_str():
+        raise MCSDError(f"data.tokenizer_path={cfg.data.tokenizer_path} is not the tokenizer of {key}={cfg[key]}, "
+                        "whose weights the run starts from: drop data.tokenizer_path (the run uses the weights' own)")
+    log.info("%s=%s: the corpus is tokenized with its tokenizer (%d tokens)", key, cfg[key], tokenizer.get_vocab_size())
+    return tokenizer
+
+
 def _memory_plan(cfg: DictConfig, model_config: LMConfig) -> MemoryPlan:
     """This process's memory plan for the composed run (:mod:`mcsd.training.memory`)."""
     trainer = cfg.trainer
@@ -192,7 +216,8 @@ def train(cfg: DictConfig) -> float:
     check_fits(plan, "this run")
     L.seed_everything(cfg.seed, workers=True)
     _hold_out_only_what_is_run(cfg)
-    datamodule = instantiate(cfg.data)
+    tokenizer = _tokenizer_of_weights(cfg)
+    datamodule = instantiate(cfg.data, **({"tokenizer": tokenizer} if tokenizer is not None else {}))
     datamodule.build()  # fails fast (one line) on bad data, before any logger starts
     loggers = _loggers(cfg)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]

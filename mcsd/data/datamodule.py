@@ -245,7 +245,10 @@ class LanguageModelDataModule(SplitsDataModule):
         verify_shards: bool = True,
         num_workers: int = 0,
         token_budget: int | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
+        """``tokenizer``: the tokenizer of the weights a run starts from (fine-tuning, resuming),
+        used instead of ``tokenizer_path`` or a BPE trained on this corpus."""
         super().__init__()
         if source not in SOURCES:
             raise DataError(f"data.source={source!r} is unknown: use one of {', '.join(SOURCES)}")
@@ -268,7 +271,8 @@ class LanguageModelDataModule(SplitsDataModule):
         paths = plain_paths(paths)  # plain types only: checkpoints load with weights_only=True
         splits = {str(split): None if name is None else str(name) for split, name in splits.items()} if splits \
             else None
-        self.save_hyperparameters(logger=False)
+        self.save_hyperparameters(ignore=["tokenizer"], logger=False)
+        self.given_tokenizer = tokenizer
         self.tokenizer: Tokenizer | None = None
         self.splits: dict[str, PackedBlocks] = {}
         self.held_out: list[str] = []
@@ -297,10 +301,12 @@ class LanguageModelDataModule(SplitsDataModule):
         return self.splits
 
     def _tokenizer(self, train: DocumentSource, cache: Path) -> Tokenizer:
-        """``tokenizer_path``'s, or a BPE trained on the first ``tokenizer_sample_bytes`` of the
-        training documents (cached)."""
+        """The tokenizer given (the weights'), ``tokenizer_path``'s, or a BPE trained on the first
+        ``tokenizer_sample_bytes`` of the training documents (cached)."""
         h = self.hparams
-        if h.tokenizer_path:
+        if self.given_tokenizer is not None:
+            tokenizer = self.given_tokenizer
+        elif h.tokenizer_path:
             tokenizer = load_tokenizer(h.tokenizer_path)
         else:
             path = cache / f"tokenizer-{h.vocab_size}-{h.tokenizer_sample_bytes}.json"
@@ -355,4 +361,6 @@ class LanguageModelDataModule(SplitsDataModule):
         are held out of the training documents (or the corpus's own)."""
         return {**super().describe(),
                 **{f"data/{name}_documents": split.documents for name, split in self.splits.items()},
-                **{f"data/{name}_held_out": name in self.held_out for name in self.splits if name != "train"}}
+                **{f"data/{name}_held_out": name in self.held_out for name in self.splits if name != "train"},
+                "data/tokenizer": ("the weights'" if self.given_tokenizer is not None else
+                                   self.hparams.tokenizer_path or "trained on the corpus")}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from mcsd.data.corpus import DataError
+from mcsd.data.corpus import DataError, hub_is_reachable
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -29,9 +29,22 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def load_tokenizer(path: str) -> Tokenizer:
-    """A ``tokenizer.json`` file, or (with internet) a Hub tokenizer name such as ``gpt2``."""
-    if Path(path).expanduser().is_file():
-        return Tokenizer.from_file(str(Path(path).expanduser()))
+    """A ``tokenizer.json`` file, or (with internet) a Hub tokenizer name such as ``gpt2``. A
+    path that names a file (a ``.json`` name, or one with a folder in it) is never looked up on the
+    Hub: a missing one is said to be missing."""
+    file = Path(path).expanduser()
+    if file.is_file():
+        return Tokenizer.from_file(str(file))
+    if file.is_dir():
+        raise DataError(f"data.tokenizer_path={path} is a folder: give its tokenizer.json")
+    hub_name = str(path).count("/") <= 1 and not str(path).startswith((".", "/", "~"))  # gpt2, org/name
+    if file.suffix == ".json" or not hub_name:
+        raise DataError(f"data.tokenizer_path={path} does not exist (looked for {file.absolute()}): give a "
+                        "tokenizer.json file, a Hub tokenizer name such as gpt2, or null to train a BPE on the corpus")
+    if not hub_is_reachable():
+        raise DataError(f"data.tokenizer_path={path} is not a local file, and as a Hub tokenizer it needs the Hugging "
+                        "Face Hub, which is unreachable from here: give a tokenizer.json file, or null to train a "
+                        "BPE on the corpus")
     try:
         return Tokenizer.from_pretrained(path)
     except Exception as error:  # the tokenizers library raises plain Exceptions

@@ -18,7 +18,7 @@ import torch
 import yaml
 from helpers import ROOT
 from helpers.models import tiny_config
-from helpers.runs import TINY_INFERENCE, run_bench, run_here
+from helpers.runs import TINY_INFERENCE, command, run_bench, run_here
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -345,9 +345,9 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(tmp_path: Path) -> None:
     """Ctrl-C as a terminal sends it (to the process group: the points' own processes too),
     twice: the point under way is dropped at once, the point finished is kept, one line says
     so, exit status 130, no traceback from mcsd-bench or the point's process."""
-    command = [str(Path(sys.executable).parent / "mcsd-bench"), *TINY_INFERENCE, "inference.batch_sizes=[1]",
-               "models=[mcsd,transformer]", "wandb.enabled=false"]
-    bench_process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    arguments = [command("mcsd-bench"), *TINY_INFERENCE, "inference.batch_sizes=[1]",
+                 "models=[mcsd,transformer]", "wandb.enabled=false"]
+    bench_process = subprocess.Popen(arguments, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     for line in bench_process.stdout:
         if "tokens/s" in line:  # the first point is measured

@@ -17,7 +17,7 @@ from hydra.errors import InstantiationException
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 
 import mcsd
-from helpers.runs import FAST, read_metrics, run_cli, run_here, series, train_refusal
+from helpers.runs import FAST, command, read_metrics, run_cli, run_here, series, train_refusal
 from mcsd.cli import run_or_exit
 from mcsd.errors import MCSDError
 from mcsd.models import registry
@@ -55,7 +55,7 @@ def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
     """Two runs started in the same second write to different run directories."""
-    script = Path(sys.executable).parent / "mcsd-train"
+    script = command("mcsd-train")
     processes = [subprocess.Popen([str(script), *QUICK, "logger=none", "validate_before_training=false"], cwd=tmp_path,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
     for process in processes:

@@ -6,6 +6,7 @@ import contextlib
 import csv
 import io
 import os
+import shutil
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -114,11 +115,21 @@ def run_here(app: str, *argv: str, env: dict[str, str | None] | None = None,
     return subprocess.CompletedProcess([app, *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
+def command(app: str) -> str:
+    """The installed console script ``app``: beside this Python (a virtual environment's bin/),
+    else on ``PATH`` (an install into a --target folder, as the GPU kit makes)."""
+    beside = Path(sys.executable).parent / app
+    found = str(beside) if beside.is_file() else shutil.which(app)
+    if found is None:
+        raise FileNotFoundError(f"{app} is neither beside {sys.executable} nor on PATH: install the project")
+    return found
+
+
 def run_cli(*args: str, cwd: Path, env: dict[str, str | None] | None = None,
             timeout: float = 600) -> subprocess.CompletedProcess:
     """Run an mcsd console script (``mcsd-train``, ...) as a user would, capturing its output
     (``env``: variables to set, or to remove where the value is None)."""
-    script = Path(sys.executable).parent / args[0]
+    script = command(args[0])
     full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env = {key: value for key, value in full_env.items() if value is not None}
     return subprocess.run([str(script), *args[1:]], cwd=cwd, env=full_env, capture_output=True, text=True,

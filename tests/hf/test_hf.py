@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 import mcsd
 from mcsd.files import default_file_mode
 from helpers.models import SIXTEEN_BIT_TOLERANCE, relative_rms_error, tiny_config, variant_cases
-from helpers.runs import FAST, run_cli, run_here
+from helpers.runs import FAST, command, run_cli, run_here
 from mcsd.bench.run import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
@@ -332,7 +332,7 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
         evaluate(compose("eval", overrides=[f"ckpt={trained_run}", "tasks=local", "limit=8", "batch_size=4",
                                             "wandb.enabled=false", f"paths.output_dir={eval_run}"]))
     lm_eval = subprocess.run(
-        [str(Path(sys.executable).parent / "lm_eval"), "--model", "hf", "--model_args",
+        [command("lm_eval"), "--model", "hf", "--model_args",
          f"pretrained={out},trust_remote_code=True", "--tasks", "mcsd_local_mc,mcsd_local_ppl", "--include_path",
          str(eval_run / "local_tasks"), "--limit", "8", "--batch_size", "4", "--device", "cpu", "--output_path",
          str(tmp_path / "lm_eval")], cwd=tmp_path, capture_output=True, text=True, timeout=600,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.runs import FAST, compose_train, read_metrics, run_cli, series
+from helpers.runs import FAST, command, compose_train, read_metrics, run_cli, series
 from mcsd.data import LanguageModelDataModule
 from mcsd.errors import MCSDError
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
@@ -48,7 +48,7 @@ def start_then_signal(cwd: Path, signum: int, *extra: str, env: dict[str, str] |
                       ) -> tuple[subprocess.Popen, str, Path]:
     """Start a run, send ``signum`` once its step-2 checkpoint exists; (process, stderr, run dir)."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
-    process = subprocess.Popen([str(Path(sys.executable).parent / "mcsd-train"), *SLOW, *extra], cwd=cwd, env=env,
+    process = subprocess.Popen([command("mcsd-train"), *SLOW, *extra], cwd=cwd, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not list(cwd.glob("logs/train/runs/*/checkpoints/step-000002.ckpt")):

@@ -15,7 +15,10 @@ import yaml
 
 import mcsd
 from helpers.models import relative_rms_error, tiny_config, tiny_model_to_compile
-from helpers.runs import FAST, compose_train, read_metrics, run_here, series
+from tokenizers import Tokenizer
+
+from helpers.runs import FAST, compose_train, read_metrics, run_here, series, train_refusal
+from mcsd.data.tokenizer import train_tokenizer
 from mcsd.models import registry
 from mcsd.train import train
 
@@ -149,6 +152,31 @@ def test_any_checkpoint_of_a_run_is_a_saved_model(trained_run: tuple[Path, float
     assert mcsd.locate(stopped).name == "stopped/last"
     with torch.no_grad():
         assert torch.equal(mcsd.load(stopped)(ids), latest(ids))
+
+
+@pytest.mark.slow
+def test_a_run_that_starts_from_weights_tokenizes_with_their_tokenizer(trained_run: tuple[Path, float],
+                                                                       tmp_path: Path) -> None:
+    """Fine-tuning (init_from) or resuming (ckpt_path) on a new text keeps the tokenizer the
+    weights were trained under (a new corpus trained a new BPE under the old embeddings before);
+    a data.tokenizer_path that names another tokenizer is refused in one line."""
+    source, _ = trained_run
+    corpus = tmp_path / "mine.txt"
+    corpus.write_text("\n".join(f"line {index}: zebra quokka axolotl {index * 7}" for index in range(400)))
+    own = Tokenizer.from_file(str(source / "model" / "tokenizer.json")).to_str()
+    new_text = ["data=text_files", f"data.paths=[{corpus}]", "data.sample_by=line", "test_after_training=false",
+                "logger=csv"]
+    for key, value, steps in [("init_from", source, 2), ("ckpt_path", source / "checkpoints" / "last.ckpt", 42)]:
+        run = tmp_path / key
+        train(compose_train(run, *FAST, *new_text, f"{key}={value}", f"trainer.max_steps={steps}"))
+        assert Tokenizer.from_file(str(run / "model" / "tokenizer.json")).to_str() == own, key
+        assert yaml.safe_load((run / "csv" / "version_0" / "hparams.yaml").read_text())["data/tokenizer"] == "the weights'"
+    other = tmp_path / "other.json"
+    train_tokenizer([corpus.read_text()], 300).save(str(other))
+    assert f"data.tokenizer_path={other} is not the tokenizer of init_from={source}" in train_refusal(
+        tmp_path / "refused", *FAST, *new_text, f"init_from={source}", f"data.tokenizer_path={other}")
+    assert "data.tokenizer_path=mytok.json does not exist (looked for " in train_refusal(
+        tmp_path / "missing", *FAST, "data.tokenizer_path=mytok.json")
 
 
 def test_resume_is_exact_from_any_stop_point(tmp_path: Path) -> None:
