@@ -45,7 +45,7 @@ from mcsd.data.tokenizer import load_tokenizer as load_tokenizer_file
 from mcsd.errors import MCSDError
 from mcsd.models.build import make_config
 from mcsd.models.config import LMConfig
-from mcsd.training.callbacks import SaveFinalModel
+from mcsd.training.callbacks import DivergedError, SaveFinalModel, StopOnDivergence
 from mcsd.training.fsdp import FSDP2Strategy
 from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, plan_memory
 from mcsd.training.module import LanguageModelModule
@@ -222,7 +222,8 @@ def train(cfg: DictConfig) -> float:
     loggers = _loggers(cfg)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
     interrupt = StopOnSignal()
-    callbacks += [RememberRun(HydraConfig.get().overrides.task), interrupt]
+    callbacks += [RememberRun(HydraConfig.get().overrides.task), interrupt,
+                  StopOnDivergence(OmegaConf.select(cfg, "optimizer.lr", default=None))]
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -252,7 +253,13 @@ def train(cfg: DictConfig) -> float:
 
     if cfg.validate_before_training and cfg.ckpt_path is None:
         trainer.validate(module, datamodule=datamodule, verbose=False)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    except DivergedError as error:
+        if trainer.is_global_zero:  # a sweep's summary says which job diverged, and where
+            _write_result({"diverged_at_step": error.step, "val_loss": None, "val_ppl": None, "test_loss": None,
+                           "test_ppl": None, "tokens": int(module.tokens_seen), "steps": trainer.global_step})
+        raise
     if interrupt.checkpoint is not None:
         _stop(trainer, interrupt)
     train_loss = trainer.callback_metrics.get("train/loss")  # a validation below keeps only its own metrics
@@ -269,13 +276,20 @@ def train(cfg: DictConfig) -> float:
     report = _report(trainer, loggers, callbacks, val_loss, val_ppl, int(module.tokens_seen), train_loss, test,
                      datamodule.describe())
     if trainer.is_global_zero:  # what a sweep's summary reads (mcsd.training.sweep)
-        result = {"val_loss": val_loss, "val_ppl": val_ppl, "test_loss": test[0] if test else None,
-                  "test_ppl": test[1] if test else None, "tokens": int(module.tokens_seen), "steps": trainer.global_step}
-        (Path(HydraConfig.get().runtime.output_dir) / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+        _write_result({"val_loss": val_loss, "val_ppl": val_ppl, "test_loss": test[0] if test else None,
+                       "test_ppl": test[1] if test else None, "tokens": int(module.tokens_seen),
+                       "steps": trainer.global_step})
     wandb.finish()  # before the report, so that the report is what the run prints last
     if trainer.is_global_zero:
         print(report, flush=True)
     return val_loss
+
+
+def _write_result(result: dict[str, Any]) -> None:
+    """``result.json`` in the run folder, as valid JSON: a value that is not finite is null."""
+    plain = {key: None if isinstance(value, float) and not math.isfinite(value) else value
+             for key, value in result.items()}
+    (Path(HydraConfig.get().runtime.output_dir) / RESULT_FILE).write_text(json.dumps(plain, indent=2) + "\n")
 
 
 def _stop(trainer: L.Trainer, interrupt: StopOnSignal) -> None:

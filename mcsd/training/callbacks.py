@@ -1,5 +1,5 @@
 """Callbacks of ours: the saved-model format (tokenizer in every checkpoint, the final model
-folder), a cap on training epochs that leaves the learning-rate schedule alone, and the model
+folder), the stop of a run that diverged, a cap on training epochs that leaves the learning-rate schedule alone, and the model
 summary with the model's FLOPs. What a checkpoint remembers for resuming: :mod:`mcsd.checkpoint.resume`."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import RichModelSummary
 
 from mcsd.checkpoint import saved_model
 from mcsd.checkpoint.sharded import full_state_dict, is_sharded
+from mcsd.errors import MCSDError
 from mcsd.models.config import ConfigError
 
 
@@ -77,6 +78,58 @@ class SaveFinalModel(L.Callback):
             model = saved_model.whole_model(model.config, weights) if trainer.is_global_zero else None
         if trainer.is_global_zero:
             saved_model.save(model, self.dirpath, self._tokenizer(trainer))
+
+
+class DivergedError(MCSDError):
+    """Training met a non-finite loss (or weights): ``step`` is the step at which it was seen."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    local = [tensor.to_local() if hasattr(tensor, "to_local") else tensor for tensor in tensors]  # a DTensor's shard
+    return bool(torch.stack([torch.isfinite(tensor).all() for tensor in local]).all()) if local else True
+
+
+class StopOnDivergence(L.Callback):
+    """End a run at the first step whose loss is not finite (no patience: a NaN or infinite loss
+    does not come back), and never write a checkpoint whose weights are not finite, so that the
+    last checkpoint on disk is one a run can go on from. It raises :class:`DivergedError`, whose
+    one line names the step, the loss, the settings that usually cause it and that checkpoint.
+    Every process decides together (a NaN on one of them is a NaN on all after the next
+    gradient reduction). Lightning runs checkpoint callbacks after this one, so the step that
+    met the loss saves nothing."""
+
+    def __init__(self, lr: float | None = None) -> None:
+        self.lr = lr
+
+    def _fail(self, trainer: L.Trainer, what: str, step: int) -> None:
+        checkpoint = getattr(trainer.checkpoint_callback, "dirpath", None)
+        saved = sorted(path for path in Path(checkpoint).glob("step-*") if ".tmp" not in path.name) if checkpoint else []
+        kept = (f"the last checkpoint with finite weights is {saved[-1]}" if saved else
+                "no checkpoint was saved before it")
+        fixes = ["lower optimizer.lr" + (f" (now {self.lr:g})" if self.lr is not None else "")]
+        if trainer.gradient_clip_val is None:
+            fixes.append("clip gradients (trainer.gradient_clip_val=1.0)")
+        if "16" in str(trainer.precision) and "bf16" not in str(trainer.precision):
+            fixes.append("train in bf16 (fp16 overflows)")
+        raise DivergedError(f"{what} at step {step}: training diverged; {', or '.join(fixes)}; {kept}", step)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if not isinstance(loss, torch.Tensor):
+            return
+        finite = trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss.detach()).all()), all=True)
+        if not finite:
+            self._fail(trainer, f"the training loss is {float(loss):g}", trainer.global_step - 1)
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        finite = _all_finite([parameter.detach() for parameter in pl_module.parameters()])
+        if not trainer.strategy.reduce_boolean_decision(finite, all=True):
+            self._fail(trainer, "the weights are not finite", trainer.global_step)
 
 
 class PlateauStopping(L.pytorch.callbacks.EarlyStopping):

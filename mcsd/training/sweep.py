@@ -36,9 +36,12 @@ def summary(sweep_dir: Path, task_name: str) -> str:
         result_path = job / RESULT_FILE
         if result_path.is_file():
             result: dict[str, Any] = json.loads(result_path.read_text())
-            text = f"val ppl {result['val_ppl']:.2f}"
-            if result.get("test_ppl") is not None:
-                text += f", test ppl {result['test_ppl']:.2f}"
+            if result.get("diverged_at_step") is not None:
+                text = f"diverged at step {result['diverged_at_step']} (no result)"
+            else:
+                text = "val ppl " + ("not finite" if result.get("val_ppl") is None else f"{result['val_ppl']:.2f}")
+                if result.get("test_ppl") is not None:
+                    text += f", test ppl {result['test_ppl']:.2f}"
         else:
             text = "no result (it did not finish)"
         lines.append(f"  job {job.name}: {own}: {text}")

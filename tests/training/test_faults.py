@@ -5,6 +5,7 @@ two runs building one cache at the same time both succeed with one cache."""
 from __future__ import annotations
 
 import errno
+import json
 import multiprocessing
 import os
 import random
@@ -19,11 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.runs import FAST, command, compose_train, read_metrics, run_cli, series
+from helpers.runs import FAST, command, compose_train, read_metrics, run_cli, series, train_refusal
 from mcsd.data import LanguageModelDataModule
 from mcsd.errors import MCSDError
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.train import train
+from mcsd.training.sweep import summary
 from mcsd.checkpoint.lightning_checkpoint import mount_point
 from mcsd.checkpoint.resume import latest_checkpoint
 
@@ -202,3 +204,46 @@ def test_two_runs_build_one_shared_cache_at_once(tmp_path: Path) -> None:
     assert sum(int(Path(f"{out}.trained").read_text()) for out in outputs) == 1  # built once, then found
     (cache,) = [path for path in (tmp_path / "cache").iterdir() if path.name.startswith("files-")]
     assert len(list(cache.glob("tokenizer-*.json"))) == 1 and len(list(cache.glob("tokens-*/train/index.json"))) == 1
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (["optimizer.lr=1e6", "callbacks.model_checkpoint.every_n_train_steps=1"], "the weights are not finite at step 2: training diverged; lower optimizer.lr (now 1e+06); "
+                           "the last checkpoint with finite weights is "),
+    (["optimizer.lr=1e2", "trainer.gradient_clip_val=null", "callbacks.model_checkpoint.every_n_train_steps=2"], "the training loss is nan at step 9: training diverged; "
+     "lower optimizer.lr (now 100), or clip gradients (trainer.gradient_clip_val=1.0); the last checkpoint with finite "
+     "weights is "),
+])
+def test_a_diverged_run_stops_at_once_and_keeps_only_finite_checkpoints(tmp_path: Path, settings: list[str],
+                                                                         message: str) -> None:
+    """A learning rate that sends the run to NaN (it went on for every step, saved a NaN checkpoint
+    and model and exited 0 with a bare NaN in result.json): one line naming the step, the loss
+    and the fix, exit status 2, every checkpoint left on disk finite (the one named is the newest),
+    no model folder, and result.json valid JSON that says where it diverged."""
+    run = tmp_path / "run"
+    line = train_refusal(run, *[setting for setting in FAST if "every_n_train_steps" not in setting],
+                         "trainer.max_steps=30", "trainer.val_check_interval=100", "logger=csv", *settings)
+    assert message in line, line
+    result = json.loads((run / "result.json").read_text())
+    assert result["diverged_at_step"] == int(re.search(r"at step (\d+)", line).group(1)) and result["val_ppl"] is None
+    assert not (run / "model").exists()
+    saved = sorted((run / "checkpoints").glob("step-*.ckpt"))
+    for checkpoint in saved:
+        weights = read_checkpoint(checkpoint)["state_dict"]
+        assert all(torch.isfinite(value).all() for value in weights.values() if value.is_floating_point()), checkpoint
+    assert saved and line.endswith(f"the last checkpoint with finite weights is {saved[-1]}")
+    assert int(saved[-1].stem.split("-")[1]) <= result["diverged_at_step"]
+
+
+def test_a_sweeps_summary_names_the_jobs_that_diverged(tmp_path: Path) -> None:
+    """The sweep's closing lines read each job's result.json: a diverged job says at which step."""
+    for job, overrides, result in [("0", ["optimizer.lr=1e-3"], {"val_ppl": 12.5, "test_ppl": 13.25}),
+                                   ("1", ["optimizer.lr=1e6"], {"diverged_at_step": 2, "val_ppl": None}),
+                                   ("2", ["optimizer.lr=1e-2"], None)]:
+        (tmp_path / job / ".hydra").mkdir(parents=True)
+        (tmp_path / job / ".hydra" / "overrides.yaml").write_text("\n".join(f"- {item}" for item in overrides) + "\n")
+        if result is not None:
+            (tmp_path / job / "result.json").write_text(json.dumps(result))
+    assert summary(tmp_path, "train").splitlines()[1:4] == [
+        "  job 0: optimizer.lr=1e-3: val ppl 12.50, test ppl 13.25",
+        "  job 1: optimizer.lr=1e6: diverged at step 2 (no result)",
+        "  job 2: optimizer.lr=1e-2: no result (it did not finish)"]
