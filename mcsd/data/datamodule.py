@@ -44,6 +44,9 @@ from mcsd.data.tokens import PackedBlocks, TokenStore, open_or_build
 log = logging.getLogger(__name__)
 SOURCES = ("embedded", "text_files", "hub")
 HELD_OUT = ("val", "test")
+# A corpus's own val/test documents are compared with the training documents, token for token,
+# when training has at most this many tokens (beyond, only the same files or splits are caught).
+OVERLAP_CHECK_TOKENS = 1 << 27
 
 
 class EpochShuffleSampler(StatefulDistributedSampler):
@@ -288,6 +291,9 @@ class LanguageModelDataModule(SplitsDataModule):
         corpus = sources["train"].fingerprint if len(sources) == 1 else \
             sources["train"].fingerprint.split("-")[0] + "-" + digest(*(f"{k}={v.fingerprint}" for k, v in
                                                                          sorted(sources.items())))
+        for split, source in sources.items():
+            if split != "train" and source.fingerprint == sources["train"].fingerprint:
+                raise DataError(self._overlap(split, "is the training data itself"))
         cache = cache_root / corpus
         cache.mkdir(parents=True, exist_ok=True)
         with FileLock(str(cache / "build.lock")):  # runs sharing a cache build it once, one after another
@@ -297,8 +303,28 @@ class LanguageModelDataModule(SplitsDataModule):
             num_proc = h.num_proc or len(os.sched_getaffinity(0))
             stores = {split: open_or_build(source, tokens / split, self.tokenizer, separator, num_proc,
                                            h.verify_shards, h.shard_tokens) for split, source in sources.items()}
+        self._check_no_overlap(stores)
         self.splits = self._blocks(stores)
         return self.splits
+
+    def _overlap(self, split: str, what: str) -> str:
+        return (f"data={self.hparams.name}: the {split} split {what}: it would measure what training memorised, not "
+                f"held-out text; name {split} documents that training does not read (data.paths.{split}), or drop "
+                f"the {split} split to hold documents out of training")
+
+    def _check_no_overlap(self, stores: dict[str, TokenStore]) -> None:
+        """A corpus's own val/test documents that are all training documents too are refused;
+        some of them, a warning."""
+        train = stores["train"]
+        if train.tokens > OVERLAP_CHECK_TOKENS:
+            return
+        for split, store in stores.items():
+            shared = train.shared_documents(store) if split != "train" and store.documents else 0
+            if shared and shared == store.documents:
+                raise DataError(self._overlap(split, f"holds only training documents ({shared} of {shared})"))
+            if shared:
+                log.warning("data=%s: %d of the %d %s documents are training documents too: they measure memorisation",
+                            self.hparams.name, shared, store.documents, split)
 
     def _tokenizer(self, train: DocumentSource, cache: Path) -> Tokenizer:
         """The tokenizer given (the weights'), ``tokenizer_path``'s, or a BPE trained on the first

@@ -13,6 +13,7 @@ Documents are streamed, encoded in batches by ``num_proc`` worker processes (sin
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -88,6 +89,17 @@ class TokenStore:
         """The tokens of document ``number`` (its separator first)."""
         start = self.start_in_shard[number]
         return np.asarray(self.shard(int(self.shard_of[number]))[start:start + self.lengths[number]])
+
+    def shared_documents(self, other: TokenStore) -> int:
+        """How many of ``other``'s documents are also documents of this store, token for token
+        (only documents of a length ``other`` has are read here)."""
+        def key(store: TokenStore, number: int) -> bytes:
+            return hashlib.blake2b(store.document(number).tobytes(), digest_size=16).digest()
+
+        theirs = [key(other, number) for number in range(other.documents)]
+        lengths = set(other.lengths.tolist())
+        mine = {key(self, number) for number in np.flatnonzero(np.isin(self.lengths, list(lengths)))}
+        return sum(1 for digest in theirs if digest in mine)
 
     def __getstate__(self) -> dict[str, Any]:  # to DataLoader workers: maps are opened again there
         return {**self.__dict__, "_shards": {}}

@@ -169,6 +169,9 @@ def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
     (cwd / "utf16.txt").write_bytes("Un caf\u00e9 ? Un th\u00e9.\n".encode("utf-16") * 50)
     (cwd / "garbage.ckpt").write_bytes(bytes(range(256)) * 20)
     (cwd / "afile").write_text("a file where a folder is asked for\n")
+    story = "\n".join(f"line {index} of a story about {index % 17} foxes and {index % 5} hens" for index in range(600))
+    (cwd / "story.txt").write_text(story)
+    (cwd / "story_copy.txt").write_text(story)  # the same text under another name
     (cwd / "notes").mkdir()
     (cwd / "notes" / "notes.txt").write_text("a user's own file, which no export may delete\n")
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
@@ -232,6 +235,11 @@ BAD_INPUTS = [
     ("mcsd-train", ["data.seq_len=0"], {}, None, "data.seq_len=0 must be a positive whole number"),
     ("mcsd-train", ["data.val_fraction=0"], {}, None, "data.val_fraction=0 and data.test_fraction=0.05 must be"),
     ("mcsd-train", ["data=text_files", "data.paths=[empty.txt]"], {}, None, "data=text_files: the corpus has no text"),
+    ("mcsd-train", ["data=text_files", "data.paths={train:[story.txt],val:[story.txt]}"], {}, None,
+     "data=text_files: the val split is the training data itself: it would measure what training memorised, not "
+     "held-out text; name val documents that training does not read (data.paths.val), or drop the val split"),
+    ("mcsd-train", ["data=text_files", "data.paths={train:[story.txt],test:[story_copy.txt]}"], {}, None,
+     "data=text_files: the test split holds only training documents ("),
     ("mcsd-train", ["model=transformer", "ablation=slope_only"], {}, None,
      "model.sections is a setting of mcsd, not of transformer"),
     ("mcsd-train", ["+logger.extra.save_dir=x"], {}, None, "logger.extra has no _target_"),

@@ -4,6 +4,7 @@ tokenizer caching and the resumable data order."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import signal
 import subprocess
@@ -97,6 +98,23 @@ def test_held_out_documents_are_a_deterministic_function_of_the_seed(tmp_path: P
     counted = module(tmp_path, paths=[str(tmp_path / "a.txt")], sample_by="line", val_documents=3,
                      test_documents=2).build()
     assert [counted[name].documents for name in ("train", "val", "test")] == [35, 3, 2]
+
+
+def test_held_out_files_that_repeat_training_documents_are_caught(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A corpus's own val file: some training documents in it is a warning with their count, only
+    training documents a one-line refusal; the comparison is token for token, of every document."""
+    texts = {name: [make_text(i) for i in indices] for name, indices in
+             (("train", range(6)), ("some", [1, 20, 21, 4]), ("all", [5, 0, 3]))}
+    for name, documents in texts.items():
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps({"text": text}) for text in documents))
+    with caplog.at_level(logging.WARNING, logger="mcsd.data.datamodule"):
+        module(tmp_path, paths={"train": [str(tmp_path / "train.jsonl")], "val": [str(tmp_path / "some.jsonl")]},
+               test_fraction=0).build()
+    assert "2 of the 4 val documents are training documents too" in caplog.text
+    with pytest.raises(DataError, match=r"the val split holds only training documents \(3 of 3\)"):
+        module(tmp_path, paths={"train": [str(tmp_path / "train.jsonl")], "val": [str(tmp_path / "all.jsonl")]},
+               test_fraction=0).build()
 
 
 def test_a_corpus_with_its_own_splits_uses_them(tmp_path: Path) -> None:
