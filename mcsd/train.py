@@ -55,6 +55,27 @@ log = logging.getLogger("mcsd.train")
 CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
 
 
+def _typed_settings() -> set[str]:
+    """The keys this command's own overrides set (``+``/``~`` dropped)."""
+    return {override.split("=", 1)[0].lstrip("+~") for override in HydraConfig.get().overrides.task}
+
+
+def _length_as_typed(cfg: DictConfig) -> None:
+    """``trainer.max_steps`` typed on the command line wins over a token budget that a config
+    (an experiment, a data option) sets; both typed is refused, naming them."""
+    budget = cfg.data.get("token_budget")
+    typed = _typed_settings()
+    if budget is None or "trainer.max_steps" not in typed:
+        return
+    if "data.token_budget" in typed:
+        raise MCSDError(f"trainer.max_steps={cfg.trainer.max_steps} and data.token_budget={budget} both set the run's "
+                        "length: give one of them")
+    with open_dict(cfg):
+        cfg.data.token_budget = None
+    log.info("trainer.max_steps=%s as typed, instead of the %s-token budget data.token_budget that the config sets",
+             cfg.trainer.max_steps, f"{budget:,}")
+
+
 def _check(cfg: DictConfig) -> None:
     """Refuse settings that cannot work before anything is built or written: every one found,
     a line each (not one mistake per try)."""
@@ -209,6 +230,7 @@ def _tokens_per_step(cfg: DictConfig, trainer: L.Trainer) -> int:
 
 def train(cfg: DictConfig) -> float:
     """Build data, model, loggers, callbacks and trainer from ``cfg``; fit; return val/loss."""
+    _length_as_typed(cfg)
     _check(cfg)
     model_config = make_config(cfg.model)  # resolved once (equal-size widths): the plan and the module share it
     plan = _memory_plan(cfg, model_config)  # before anything is allocated

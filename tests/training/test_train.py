@@ -22,6 +22,8 @@ from mcsd.data.tokenizer import train_tokenizer
 from mcsd.models import registry
 from mcsd.train import train
 
+FAST_BY_BUDGET = [setting for setting in FAST if not setting.startswith("trainer.max_steps=")]  # data.token_budget sets it
+
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
@@ -187,7 +189,7 @@ def test_resume_is_exact_from_any_stop_point(tmp_path: Path) -> None:
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
     corpus = tmp_path / "small.txt"
     corpus.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(300)))
-    common = [*FAST, "data=text_files", f"data.paths=[{corpus}]", "data.sample_by=line", "data.token_budget=10240",
+    common = [*FAST_BY_BUDGET, "data=text_files", f"data.paths=[{corpus}]", "data.sample_by=line", "data.token_budget=10240",
               "callbacks.model_checkpoint.every_n_train_steps=1", "trainer.val_check_interval=100",
               "test_after_training=false"]
     whole = tmp_path / "whole"
@@ -219,9 +221,19 @@ def test_other_loggers(tmp_path: Path, logger: str) -> None:
 
 
 def test_token_budget_sets_the_steps(tmp_path: Path) -> None:
-    train(compose_train(tmp_path, *FAST, "data.token_budget=1500", "logger=csv"))  # 1500 / (8 * 64) -> 3 steps
+    train(compose_train(tmp_path, *FAST_BY_BUDGET, "data.token_budget=1500", "logger=csv"))  # 1500 / (8 * 64) -> 3 steps
     assert max(series(read_metrics(tmp_path), "train/loss")) == 2
     assert series(read_metrics(tmp_path), "trainer/tokens")[2] == 3 * 8 * 64
+
+
+def test_steps_typed_on_the_command_line_win_over_an_experiments_budget(tmp_path: Path) -> None:
+    """experiment=fig9_ablation sets a 1,000,000-token budget (1,953 steps of these blocks): a
+    trainer.max_steps the user typed is the run's length; typing a budget too is refused."""
+    train(compose_train(tmp_path / "typed", *FAST_BY_BUDGET, "experiment=fig9_ablation", "trainer.max_steps=4",
+                        "logger=csv", "test_after_training=false"))
+    assert max(series(read_metrics(tmp_path / "typed"), "train/loss")) == 3
+    assert ("trainer.max_steps=6 and data.token_budget=1500 both set the run's length: give one of them"
+            in train_refusal(tmp_path / "both", *FAST, "data.token_budget=1500"))
 
 
 def test_bf16_mixed_precision_trains(tmp_path: Path) -> None:
