@@ -396,24 +396,36 @@ def check_folders(app: str, config_name: str, argv: list[str]) -> None:
             fail(app, f"{key}={value} is not writable: {reason}; choose a folder this user can write to")
 
 
-def _remove_empty_run_dir() -> None:
+def _remove_empty_run_dir(cfg: DictConfig) -> None:
     """A run that failed before writing anything leaves no folder (Hydra's own ``.hydra/`` and
-    log file do not count)."""
+    log file do not count), nor the empty folders Hydra made above it under ``paths.log_dir``
+    (``logs/eval/runs``, ``logs/train/multiruns``). The working folder is never removed."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized():
         return
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
+    if run_dir == Path.cwd() or run_dir in Path.cwd().parents:
+        return  # a command that writes where it runs (mcsd-export)
     written = [path for path in run_dir.rglob("*") if path.is_file()
                and ".hydra" not in path.relative_to(run_dir).parts and path.suffix != ".log"]
-    if run_dir.is_dir() and not written:
-        shutil.rmtree(run_dir)
-        # A sweep whose jobs all failed so leaves no folder either (Hydra's multirun.yaml does not count).
-        sweep_dir = run_dir.parent
-        if (HydraConfig.get().mode == RunMode.MULTIRUN and sweep_dir.is_dir()
-                and {entry.name for entry in sweep_dir.iterdir()} <= {"multirun.yaml"}):
-            shutil.rmtree(sweep_dir)
+    if not run_dir.is_dir() or written:
+        return
+    shutil.rmtree(run_dir)
+    # A sweep whose jobs all failed so leaves no folder either (Hydra's multirun.yaml does not count).
+    sweep_dir = run_dir.parent
+    if (HydraConfig.get().mode == RunMode.MULTIRUN and sweep_dir.is_dir()
+            and {entry.name for entry in sweep_dir.iterdir()} <= {"multirun.yaml"}):
+        shutil.rmtree(sweep_dir)
+    log_dir = OmegaConf.select(cfg, "paths.log_dir", default=None)
+    if log_dir is None:
+        return
+    log_dir = Path(log_dir).absolute()
+    folder = run_dir.parent if run_dir.parent.is_dir() else sweep_dir.parent
+    while log_dir in folder.parents and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
 
 
 def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Result]], Callable[[], Result]]:
@@ -429,7 +441,7 @@ def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Re
                 return run_or_exit(app, lambda: (require_values(cfg), check_settings_exist(cfg), apply_threads(app, cfg),
                                                  task(cfg))[3])
             except SystemExit:
-                _remove_empty_run_dir()
+                _remove_empty_run_dir(cfg)
                 raise
 
         hydra_main = hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name=config_name)(

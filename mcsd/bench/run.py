@@ -63,8 +63,8 @@ OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memo
 
 
 def models_of(cfg: DictConfig) -> list[str]:
-    """The ``models`` entries to bench: as listed, or every registered architecture."""
-    return list(cfg.models) if cfg.models else registry.architectures()
+    """The ``models`` entries to bench: as listed, or (null) every registered architecture."""
+    return list(cfg.models) if cfg.models is not None else registry.architectures()
 
 
 def is_run_config(entry: str) -> bool:
@@ -221,9 +221,41 @@ def train_batches(grid_cfg: DictConfig, seq_len: int) -> list[tuple[int, bool]]:
     return batches
 
 
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def grid_problems(cfg: DictConfig) -> list[str]:
+    """What in the grid of ``cfg.mode`` cannot be measured: an empty list of models or of
+    lengths or batch sizes, a length or a batch below 1, repeats below 1, a negative warm-up."""
+    problems = []
+    if cfg.models is not None and len(cfg.models) == 0:
+        problems.append("models=[] names no model: list some (models=[mcsd,transformer]) or models=null for every "
+                        "registered architecture")
+    grid_cfg = cfg.inference if cfg.mode == "inference" else cfg.train
+    lists = ("batch_sizes", "gen_lengths") if cfg.mode == "inference" else ("seq_lens",)
+    for key in lists:
+        values = grid_cfg.get(key)
+        if values is None or len(values) == 0:
+            problems.append(f"{cfg.mode}.{key}={'[]' if values is not None else 'null'} measures nothing: give at least "
+                            f"one value, e.g. {cfg.mode}.{key}=[{1 if key == 'batch_sizes' else 128}]")
+        elif not all(_whole(value, 1) for value in values):
+            problems.append(f"{cfg.mode}.{key}={list(values)} must be whole numbers of at least 1")
+    numbers = {"repeats": 1, "warmup": 0, **({"prompt_len": 1} if cfg.mode == "inference" else {})}
+    if cfg.mode == "train":
+        numbers |= {key: 1 for key in ("batch_size", "tokens_per_step") if grid_cfg.get(key) is not None}
+    for key, least in numbers.items():
+        if not _whole(grid_cfg.get(key), least):
+            problems.append(f"{cfg.mode}.{key}={grid_cfg.get(key)} must be a whole number of at least {least}")
+    return problems
+
+
 def _check(cfg: DictConfig) -> None:
     if cfg.mode not in MODES:
         raise MCSDError(f"mode={cfg.mode!r} is unknown: use inference or train")
+    problems = grid_problems(cfg)
+    if problems:
+        raise MCSDError("\n".join(problems))
     if cfg.busy_machine not in BUSY_MACHINE:
         raise MCSDError(f"busy_machine={cfg.busy_machine!r} is unknown: use {', '.join(BUSY_MACHINE)}")
     if cfg.mode == "train" and cfg.train.batch_size is None and not cfg.train.tokens_per_step:

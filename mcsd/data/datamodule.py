@@ -16,6 +16,7 @@ import itertools
 import logging
 import math
 import os
+import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -295,16 +296,22 @@ class LanguageModelDataModule(SplitsDataModule):
             if split != "train" and source.fingerprint == sources["train"].fingerprint:
                 raise DataError(self._overlap(split, "is the training data itself"))
         cache = cache_root / corpus
+        made = not cache.exists()
         cache.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(cache / "build.lock")):  # runs sharing a cache build it once, one after another
-            self.tokenizer = self._tokenizer(sources["train"], cache)
-            separator = eos_id(self.tokenizer) if h.separate_documents else None
-            tokens = cache / f"tokens-{digest(self.tokenizer.to_str())}-{'eos' if separator is not None else 'joined'}"
-            num_proc = h.num_proc or len(os.sched_getaffinity(0))
-            stores = {split: open_or_build(source, tokens / split, self.tokenizer, separator, num_proc,
-                                           h.verify_shards, h.shard_tokens) for split, source in sources.items()}
-        self._check_no_overlap(stores)
-        self.splits = self._blocks(stores)
+        try:
+            with FileLock(str(cache / "build.lock")):  # runs sharing a cache build it once, one after another
+                self.tokenizer = self._tokenizer(sources["train"], cache)
+                separator = eos_id(self.tokenizer) if h.separate_documents else None
+                tokens = cache / f"tokens-{digest(self.tokenizer.to_str())}-{'eos' if separator is not None else 'joined'}"
+                num_proc = h.num_proc or len(os.sched_getaffinity(0))
+                stores = {split: open_or_build(source, tokens / split, self.tokenizer, separator, num_proc,
+                                               h.verify_shards, h.shard_tokens) for split, source in sources.items()}
+            self._check_no_overlap(stores)
+            self.splits = self._blocks(stores)
+        except DataError:
+            if made:  # a corpus refused leaves no cache folder (an interrupted build keeps its for next time)
+                shutil.rmtree(cache, ignore_errors=True)
+            raise
         return self.splits
 
     def _overlap(self, split: str, what: str) -> str:

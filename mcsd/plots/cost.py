@@ -33,17 +33,55 @@ def results_file(path: str | Path) -> Path:
     return path
 
 
-def read_results(path: str | Path) -> tuple[dict, pd.DataFrame]:
+# The columns each kind of figure reads, and the grid columns that must be positive in a measured point.
+NEEDED = {"inference": ("model", "batch", "gen_len", "status", "peak_mem_bytes", "latency_s", "tokens_per_s"),
+          "train": ("model", "form", "batch", "seq_len", "status", "tokens_per_s", "peak_mem_bytes", "mfu")}
+POSITIVE = {"inference": ("batch", "gen_len", "latency_s", "tokens_per_s"),
+            "train": ("batch", "seq_len", "tokens_per_s")}
+OTHER = {"inference": "train", "train": "inference"}
+
+
+def read_results(path: str | Path, kind: str | None = None) -> tuple[dict, pd.DataFrame]:
     """A results file of ``mcsd-bench`` (``results.csv`` or ``results.json``, or its output
-    folder): header and points."""
+    folder): header and points. With ``kind`` (inference or train), a file that is not one,
+    holds no measured point or holds an impossible one is refused, saying why."""
     path = results_file(path)
-    if path.suffix == ".json":
-        content = json.loads(path.read_text())
-        return content["header"], pd.DataFrame(content["points"])
-    frame = pd.read_csv(path)
-    head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit", "compile", "complete",
-                                                 "points_planned") if key in frame and len(frame)}
+    try:
+        if path.suffix == ".json":
+            content = json.loads(path.read_text())
+            head, frame = content["header"], pd.DataFrame(content["points"])
+        else:
+            frame = pd.read_csv(path)
+            head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit", "compile", "complete",
+                                                         "points_planned") if key in frame and len(frame)}
+    except (ValueError, KeyError, TypeError, pd.errors.ParserError) as error:
+        raise MCSDError(f"{path} is not a results file of mcsd-bench ({type(error).__name__}): give its results.csv "
+                        "or results.json") from None
+    if kind is not None:
+        _check_results(path, frame, kind)
     return head, frame
+
+
+def _check_results(path: Path, frame: pd.DataFrame, kind: str) -> None:
+    missing = [column for column in NEEDED[kind] if column not in frame]
+    if missing:
+        other = OTHER[kind]
+        if not [column for column in NEEDED[other] if column not in frame]:
+            raise MCSDError(f"{path} holds {'training' if other == 'train' else 'inference'} results: use mcsd-plot "
+                            f"{other} {path}")
+        raise MCSDError(f"{path} is not an mcsd-bench {kind} results file: it lacks the column"
+                        f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    ok = frame[frame["status"] == "ok"]
+    if ok.empty:
+        statuses = ", ".join(f"{count} {status}" for status, count in frame["status"].value_counts().items())
+        raise MCSDError(f"{path} has no measured point (status ok; it has {statuses or 'no rows'}): nothing to draw; "
+                        "measure again (mcsd-bench)")
+    for column in POSITIVE[kind]:
+        values = pd.to_numeric(ok[column], errors="coerce")
+        bad = ok[~(values > 0)]
+        if len(bad):
+            raise MCSDError(f"{path} holds impossible points ({column}={bad[column].iloc[0]} in {len(bad)} of them): "
+                            "measure again with a valid grid")
 
 
 def _arch(frame: pd.DataFrame, model: str) -> str:
@@ -64,9 +102,40 @@ def model_label(arch: str, model: str) -> str:
     return label if model == arch else f"{label} ({Path(model).name})"
 
 
+def flagged(frame: pd.DataFrame) -> pd.Series:
+    """The points the benchmark marked as taken on a shared machine (``shared``) or with repeats
+    that spread (``unsteady``): drawn hollow."""
+    marks = pd.Series(False, index=frame.index)
+    for column in ("shared", "unsteady"):
+        if column in frame:
+            marks |= frame[column].map(lambda value: str(value).strip().lower() in ("true", "1", "1.0"))
+    return marks
+
+
+HOLLOW_NOTE = "hollow: shared machine or unsteady repeats"
+
+
+def _hollow(ax: plt.Axes, points: pd.DataFrame, x: str, y: str, scale: float, color: str, marker: str) -> None:
+    """Draw the flagged ones of ``points`` over their filled markers, hollow."""
+    marked = points[flagged(points)]
+    if len(marked):
+        ax.plot(marked[x], marked[y] * scale, linestyle="none", marker=marker, markerfacecolor="white",
+                markeredgecolor=color, markeredgewidth=1.5, zorder=3)
+
+
+def _hollow_legend(ax: plt.Axes, frame: pd.DataFrame) -> None:
+    """The legend, with an entry saying what hollow markers mean where there are some."""
+    handles, labels = ax.get_legend_handles_labels()
+    if flagged(frame[frame["status"] == "ok"]).any():
+        handles.append(plt.Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
+                                  markeredgecolor="black"))
+        labels.append(HOLLOW_NOTE)
+    ax.legend(handles, labels, fontsize=7)
+
+
 def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scale: float = 1.0) -> None:
-    """One line per (model, ``within`` value): successful points joined, OOM points as red x
-    on the top edge of the axes."""
+    """One line per (model, ``within`` value): successful points joined (hollow where the bench
+    marked them shared or unsteady), OOM points as red x on the top edge of the axes."""
     values = sorted(frame[within].unique())
     for model, by_model in frame.groupby("model", sort=False):
         arch = _arch(frame, model)
@@ -76,6 +145,7 @@ def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scal
             label = f"{model_label(arch, model)}, {within.replace('_', ' ')}={value}"
             ax.plot(ok[x], ok[y] * scale, color=_color(arch), linestyle=LINESTYLES[index % len(LINESTYLES)],
                     marker=MARKERS[index % len(MARKERS)], label=label)
+            _hollow(ax, ok, x, y, scale, _color(arch), MARKERS[index % len(MARKERS)])
             oom = curve[curve["status"] == "oom"]
             if len(oom):
                 ax.plot(oom[x], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",
@@ -83,24 +153,27 @@ def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scal
                         label=f"{model_label(arch, model)} OOM" if index == 0 else None)
     ax.set_xscale("log", base=2)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    _hollow_legend(ax, frame)
 
 
-def _title(head: dict, text: str, points: int) -> str:
-    """The figure's title, the machine and, for a run that Ctrl-C stopped, how much of it there is."""
+def _title(head: dict, text: str, frame: pd.DataFrame) -> str:
+    """The figure's title, the machine, for a run that Ctrl-C stopped how much of it there is,
+    and how many points were taken on a shared machine or with unsteady repeats."""
     compiled = ", compiled step" if head.get("compile") else ""
-    incomplete = (f"; incomplete: {points} of {head.get('points_planned', '?')} points (stopped by Ctrl-C)"
+    incomplete = (f"; incomplete: {len(frame)} of {head.get('points_planned', '?')} points (stopped by Ctrl-C)"
                   if not bool(head.get("complete", True)) else "")
-    return f"{text}\n{head.get('device', '')}, {head.get('dtype', '')}{compiled}{incomplete}"
+    ok = frame[frame["status"] == "ok"]
+    marked = int(flagged(ok).sum())
+    note = f"\n{marked} of {len(ok)} points hollow: shared machine or unsteady repeats (columns shared, unsteady)" \
+        if marked else ""
+    return f"{text}\n{head.get('device', '')}, {head.get('dtype', '')}{compiled}{incomplete}{note}"
 
 
 def plot_inference(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
     """Figs. 5-8 from an inference results file, as PNG and PDF beside it (or in ``output_dir``),
     and the decode step's ratio to the memory-bandwidth limit (``limit_ratio``) where measured."""
     results = results_file(results)
-    head, frame = read_results(results)
-    if "gen_len" not in frame:
-        raise MCSDError(f"{results} holds training results: use mcsd-plot train {results}")
+    head, frame = read_results(results, "inference")
     output_dir = Path(output_dir) if output_dir else Path(results).parent
     written = []
     specs = [
@@ -123,7 +196,7 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
     for name, x, y, within, scale, xlabel, ylabel, title in specs:
         figure, ax = plt.subplots(figsize=(6.4, 4.4))
         _curves(ax, frame, x, y, within, scale)
-        ax.set(xlabel=xlabel, ylabel=ylabel, title=_title(head, title, len(frame)))
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=_title(head, title, frame))
         if y != "peak_mem_bytes":
             ax.set_yscale("log")
         if y == "limit_ratio":
@@ -138,9 +211,7 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
 def plot_train(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
     """Training tokens/s, peak memory and MFU vs sequence length, one line per model form."""
     results = results_file(results)
-    head, frame = read_results(results)
-    if "seq_len" not in frame:
-        raise MCSDError(f"{results} holds inference results: use mcsd-plot inference {results}")
+    head, frame = read_results(results, "train")
     output_dir = Path(output_dir) if output_dir else Path(results).parent
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     for ax, (y, scale, ylabel) in zip(axes, [("tokens_per_s", 1.0, "training tokens/s"),
@@ -156,6 +227,7 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
             variant = f"{model}/{form}{step}"
             ax.plot(ok["seq_len"], ok[y] * scale, color=_color(arch), linestyle=LINESTYLES[index % len(LINESTYLES)],
                     marker=MARKERS[index % len(MARKERS)], label=f"{model_label(arch, model)} {form}{step}")
+            _hollow(ax, ok, "seq_len", y, scale, _color(arch), MARKERS[index % len(MARKERS)])
             oom = curve[curve["status"] == "oom"]
             if len(oom):
                 ax.plot(oom["seq_len"], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",
@@ -163,6 +235,6 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
         ax.set(xlabel="sequence length", ylabel=ylabel)
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    figure.suptitle(_title(head, "Training: forward + backward + AdamW step", len(frame)))
+        _hollow_legend(ax, frame)
+    figure.suptitle(_title(head, "Training: forward + backward + AdamW step", frame))
     return save_figure(figure, output_dir, "train_throughput")

@@ -28,7 +28,7 @@ from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_
 from mcsd.bench.run import model_source, run_point
 from mcsd.errors import MCSDError
 from mcsd.models import registry
-from mcsd.plots.cost import model_label, plot_inference, plot_train
+from mcsd.plots.cost import HOLLOW_NOTE, model_label, plot_inference, plot_train
 
 
 
@@ -566,3 +566,31 @@ def test_busy_machine_wait_waits_for_the_other_work_to_stop(
     waiting = [line for line in capsys.readouterr().out.splitlines() if line.startswith("mcsd-bench: waiting")]
     assert [line.split(": ")[2].split(" cores")[0] for line in waiting] == ["1.5", "1.2"]
     assert json.loads((tmp_path / "results.json").read_text())["header"]["other_cores_before"] == 0.1
+
+
+@pytest.mark.parametrize("kind", ["inference", "train"])
+def test_points_taken_on_a_shared_machine_or_unsteady_are_drawn_hollow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       kind: str) -> None:
+    """The CSV marks points taken while other work shared the cores (shared) or whose repeats
+    spread (unsteady): the figures draw exactly those hollow, say so in the legend, and count
+    them in the title."""
+    rows = [{"model": model, "arch": model, "form": "chunk", "batch": 1, "gen_len": length, "seq_len": length,
+             "status": "ok", "peak_mem_bytes": 2**20, "latency_s": 0.1, "tokens_per_s": 1000.0 + length, "mfu": 0.1,
+             "shared": model == "mcsd" and length == 256, "unsteady": model == "transformer" and length == 512}
+            for model in ("mcsd", "transformer") for length in (128, 256, 512)]
+    csv_path = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(csv_path, index=False)
+    figures = []
+    monkeypatch.setattr("mcsd.plots.cost.save_figure", lambda figure, folder, name: figures.append(figure) or [])
+    (plot_inference if kind == "inference" else plot_train)(csv_path)
+    ax = figures[0].axes[0]
+    hollow = sorted((float(x), float(y)) for line in ax.get_lines() if line.get_markerfacecolor() == "white"
+                    for x, y in zip(line.get_xdata(), line.get_ydata()))
+    x_of = {"inference": "gen_len", "train": "seq_len"}[kind]
+    scale = 2.0**-20 if kind == "inference" else 1.0  # Fig. 5 draws MiB; the training figure's first panel tokens/s
+    y_of = "peak_mem_bytes" if kind == "inference" else "tokens_per_s"
+    assert hollow == sorted((float(row[x_of]), float(row[y_of]) * scale) for row in rows
+                            if row["shared"] or row["unsteady"])
+    assert HOLLOW_NOTE in [text.get_text() for text in ax.get_legend().get_texts()]
+    title = ax.get_title() if kind == "inference" else figures[0]._suptitle.get_text()
+    assert "2 of 6 points hollow: shared machine or unsteady repeats" in title

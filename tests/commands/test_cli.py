@@ -172,6 +172,10 @@ def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
     story = "\n".join(f"line {index} of a story about {index % 17} foxes and {index % 5} hens" for index in range(600))
     (cwd / "story.txt").write_text(story)
     (cwd / "story_copy.txt").write_text(story)  # the same text under another name
+    (cwd / "neither.csv").write_text("step,loss\n1,2.5\n")
+    inference = "model,batch,gen_len,status,peak_mem_bytes,latency_s,tokens_per_s\n"
+    (cwd / "errors.csv").write_text(inference + "mcsd,0,128,error,,,\nmcsd,0,512,error,,,\n")
+    (cwd / "negative.csv").write_text(inference + "mcsd,1,-128,ok,1000,0.5,-6214\nmcsd,1,128,ok,1000,0.5,256\n")
     (cwd / "notes").mkdir()
     (cwd / "notes" / "notes.txt").write_text("a user's own file, which no export may delete\n")
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
@@ -265,6 +269,21 @@ BAD_INPUTS = [
     ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,
      f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
     ("mcsd-bench", ["mode=serve"], {}, None, "mode='serve' is unknown"),
+    ("mcsd-bench", ["inference.gen_lengths=[-128]"], {}, None,
+     "inference.gen_lengths=[-128] must be whole numbers of at least 1"),
+    ("mcsd-bench", ["inference.gen_lengths=[]"], {}, None,
+     "inference.gen_lengths=[] measures nothing: give at least one value, e.g. inference.gen_lengths=[128]"),
+    ("mcsd-bench", ["inference.batch_sizes=[0]"], {}, None, "inference.batch_sizes=[0] must be whole numbers of at least 1"),
+    ("mcsd-bench", ["models=[]"], {}, None, "models=[] names no model: list some (models=[mcsd,transformer]) or "
+     "models=null for every registered architecture"),
+    ("mcsd-bench", ["mode=train", "train.seq_lens=[0,512]"], {}, None, "train.seq_lens=[0, 512] must be whole numbers"),
+    ("mcsd-plot", ["inference", "neither.csv"], {}, None,
+     "neither.csv is not an mcsd-bench inference results file: it lacks the columns model, batch, gen_len, status"),
+    ("mcsd-plot", ["train", "neither.csv"], {}, None,
+     "neither.csv is not an mcsd-bench train results file: it lacks the columns model, form, batch, seq_len, status"),
+    ("mcsd-plot", ["inference", "errors.csv"], {}, None,
+     "errors.csv has no measured point (status ok; it has 2 error): nothing to draw"),
+    ("mcsd-plot", ["inference", "negative.csv"], {}, None, "negative.csv holds impossible points (gen_len=-128 in 1 of them)"),
     ("mcsd-bench", ["paths.log_dir=afile/logs"], {}, None, "paths.log_dir=afile/logs is not writable: "),
     ("mcsd-generate", [], {}, None, "ckpt is missing: give it on the command line"),
     ("mcsd-generate", ["ckpt=EARLIER", "dtype=float64"], {}, None,
@@ -301,6 +320,11 @@ def _runs(cwd: Path) -> list[Path]:
     return sorted(cwd.glob("logs/*/*runs/*"))
 
 
+def _folders(cwd: Path) -> list[Path]:
+    """Every folder under the working folder but the Hugging Face cache's and lm-eval's inner ones."""
+    return sorted(path for path in cwd.rglob("*") if path.is_dir() and "hf" not in path.relative_to(cwd).parts)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("app", "arguments", "env", "label", "message"), BAD_INPUTS,
                          ids=[f"{case[0]} {' '.join(case[1])}".strip() for case in BAD_INPUTS])
@@ -314,13 +338,15 @@ def test_every_bad_input_fails_in_one_line(
     cwd, before = earlier_run
     monkeypatch.chdir(cwd)
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
-    runs = _runs(cwd)
+    runs, folders = _runs(cwd), _folders(cwd)
     arguments = [argument.replace("EARLIER", str(earlier)) for argument in arguments]
     result = run_here(app, *(FAST if app == "mcsd-train" else []), *arguments, env=env)
     errors = [line for line in result.stderr.splitlines() if line.startswith(f"{label or app}: error:")]
     assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "Error executing job" not in result.stderr
     assert _runs(cwd) == runs and _snapshot(earlier) == before
+    added = sorted(set(_folders(cwd)) - set(folders))  # no empty logs/<task>/runs, no cache folder of a refused corpus
+    assert not added, added
     assert (cwd / "notes" / "notes.txt").is_file() and (cwd / "afile").is_file()
 
 
