@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import urlparse
 
 import hydra
 import yaml
@@ -194,6 +196,9 @@ def run_or_exit(app: str, function: Callable[[], Result]) -> Result:
         interrupted(app, "nothing was finished")
     except (MCSDError, FileNotFoundError) as error:
         fail(app, str(error))
+    except PermissionError as error:  # a file or folder this user may not read or write
+        fail(app, f"{error.filename or 'a file'} cannot be used: {error.strerror or error} (this user's rights): "
+                  "change its permissions (chmod) or use another")
     except InstantiationException as error:  # a config object that refused its settings
         own = _own_error(error)
         if own is None:
@@ -202,10 +207,13 @@ def run_or_exit(app: str, function: Callable[[], Result]) -> Result:
 
 
 def require_values(cfg: DictConfig) -> None:
-    """Every ``???`` of the config has been given a value."""
+    """Every ``???`` of the config has been given a value, and a ``seed`` is a whole number."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise MCSDError(f"{missing[0]} is missing: give it on the command line ({missing[0]}=...)")
+    seed = cfg.get("seed") if "seed" in cfg else 0
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise MCSDError(f"seed={seed} must be a whole number (e.g. seed=0; a sweep: -m seed=0,1,2)")
 
 
 _INSTANTIATE_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -295,10 +303,29 @@ def require_wandb_login(setting: str) -> None:
     """Online W&B needs an API key: say how to get one (or stay offline) instead of W&B's traceback."""
     import wandb
 
+    offline = "stay offline (unset WANDB_MODE; logger.wandb.offline=true) and upload later with `wandb sync`"
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+    if os.environ.get("WANDB_API_KEY") or _netrc_has(host.hostname):  # a key W&B would check with its server
+        try:  # which W&B itself tries for about 20 s, ending in a traceback
+            socket.create_connection((host.hostname, host.port or (443 if host.scheme == "https" else 80)),
+                                     timeout=5).close()
+        except OSError:
+            raise MCSDError(f"{setting} uses W&B online, but its server ({host.hostname}) is unreachable from here: "
+                            f"{offline}") from None
     if not wandb.login(prompt=False):
         wandb.teardown()  # the failed login set W&B up online for this process: later offline runs in it stay offline
         raise MCSDError(f"{setting} uses W&B online but no W&B API key is set: run `wandb login` (or set "
-                        "WANDB_API_KEY), or stay offline (unset WANDB_MODE; logger.wandb.offline=true)")
+                        f"WANDB_API_KEY), or {offline}")
+
+
+def _netrc_has(host: str | None) -> bool:
+    """Whether ``~/.netrc`` (where ``wandb login`` keeps the key) has an entry for ``host``."""
+    import netrc
+
+    try:
+        return host is not None and netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def _group_options(config_name: str, argv: list[str]) -> Iterator[tuple[str, str, list[str]]]:
@@ -343,10 +370,33 @@ def check_overrides_parse(app: str, argv: list[str]) -> None:
             fail(app, f"{argument} cannot be read as a setting ({reason}): {fix}")
 
 
+def check_new_top_level_keys(app: str, config_name: str, argv: list[str]) -> None:
+    """Refuse ``+key=value`` of a top-level key the command has no setting or group of (Hydra's
+    own suggestion for a typo, ``+sed=5`` for ``sed=5``, would be accepted and ignored), naming
+    the nearest one it has."""
+    text = (importlib.resources.files("mcsd.conf") / f"{config_name}.yaml").read_text()
+    known = set(yaml.safe_load(text) or {})
+    for entry in (yaml.safe_load(text) or {}).get("defaults", []):
+        if isinstance(entry, dict):
+            known |= {str(group).removeprefix("override ") for group in entry}
+    for argument in argv:
+        key, equals, value = argument.partition("=")
+        if not equals or not key.startswith("+") or key.startswith("++"):
+            continue
+        name = key.lstrip("+")
+        if "." in name or "/" in name or name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known - {"defaults", "hydra"}), n=1)
+        hint = f"did you mean {close[0]}={value}?" if close else f"{app} --help lists its settings"
+        fail(app, f"{argument}: {name} is not a setting of {app}, so it would be ignored: {hint}")
+
+
 def check_command_line(app: str, config_name: str, argv: list[str]) -> None:
     """Refuse, in one line and before Hydra makes a run folder, a setting Hydra cannot read, a
-    group option that does not exist and a launcher that cannot start here."""
+    new top-level key the command does not read, a group option that does not exist and a
+    launcher that cannot start here."""
     check_overrides_parse(app, argv)
+    check_new_top_level_keys(app, config_name, argv)
     for group, value, options in _group_options(config_name, argv):
         for choice in value.split(","):
             if choice not in options and choice != "null":

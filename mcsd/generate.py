@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from mcsd.checkpoint.saved_model import load, load_tokenizer
+from mcsd.checkpoint.saved_model import load, load_tokenizer, trained_seq_len
 from mcsd.cli import hydra_app
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.models.config import ConfigError
@@ -49,6 +49,11 @@ def generate(cfg: DictConfig) -> str:
     prompt_ids = tokenizer.encode(cfg.prompt).ids
     if not prompt_ids:
         raise ConfigError("prompt is empty: give some text to continue, e.g. prompt=\"The \"")
+    trained = trained_seq_len(cfg.ckpt)
+    if trained is not None and len(prompt_ids) + cfg.max_new_tokens > trained:
+        print(f"mcsd-generate: warning: the prompt ({len(prompt_ids):,} tokens) and max_new_tokens={cfg.max_new_tokens} "
+              f"reach past the {trained:,} tokens a sequence had in training (data.seq_len): text beyond them may "
+              "degrade; shorten the prompt or max_new_tokens", file=sys.stderr, flush=True)
     generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
     eos = tokenizer.token_to_id(EOS_TOKEN) if cfg.stop_at_eos else None
     new_ids: list[int] = []

@@ -92,6 +92,11 @@ def _problems(cfg: DictConfig) -> Iterator[str]:
         value = cfg.data.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             yield f"data.{key}={value} must be a positive whole number"
+    interval = cfg.trainer.get("val_check_interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0
+                                 or (isinstance(interval, float) and interval > 1)):
+        yield (f"trainer.val_check_interval={interval} must be a number of steps (1 or more) or a fraction of an "
+               "epoch in (0, 1]")
     if not isinstance(cfg.get("compile"), bool):
         yield f"compile={cfg.get('compile')} must be true or false"
     accelerator = str(cfg.trainer.get("accelerator"))
@@ -235,12 +240,12 @@ def train(cfg: DictConfig) -> float:
     model_config = make_config(cfg.model)  # resolved once (equal-size widths): the plan and the module share it
     plan = _memory_plan(cfg, model_config)  # before anything is allocated
     log.info(plan.line())
-    check_fits(plan, "this run")
     L.seed_everything(cfg.seed, workers=True)
     _hold_out_only_what_is_run(cfg)
     tokenizer = _tokenizer_of_weights(cfg)
     datamodule = instantiate(cfg.data, **({"tokenizer": tokenizer} if tokenizer is not None else {}))
     datamodule.build()  # fails fast (one line) on bad data, before any logger starts
+    check_fits(plan, "this run")  # after the data: a seq_len longer than the corpus is the data's problem, not memory's
     loggers = _loggers(cfg)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
     interrupt = StopOnSignal()
@@ -351,6 +356,13 @@ def _report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callbac
              f"{split('val')}"]
     if test is not None:
         lines.append(f"final test perplexity: {test[1]:.2f} (loss {test[0]:.4f}), on the {split('test')}")
+        ratio = test[1] / val_ppl if val_ppl > 0 and math.isfinite(val_ppl) and math.isfinite(test[1]) else 1.0
+        if not 0.5 <= ratio <= 2:
+            counts = [data.get(f"data/{name}_documents") for name in ("val", "test")]
+            few = (f"the validation and test splits are {counts[0]:,} and {counts[1]:,} whole documents, so each reads "
+                   "what its few documents are like" if None not in counts else "the two splits hold other documents")
+            lines.append(f"(test perplexity is {ratio:.1f}x validation: {few}; data.val_documents / "
+                         "data.test_documents hold out more; docs/training.md reads the main job's)")
     if trainer.overfit_batches and train_loss is not None:
         lines.append(f"final training loss: {float(train_loss):.4f} on the "
                      f"{trainer.overfit_batches} batches this run overfits (it should fall to about 0); the "

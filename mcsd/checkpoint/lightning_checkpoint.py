@@ -32,8 +32,10 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):
-        raise MCSDError(f"{path} is not a readable checkpoint (truncated or corrupt): use another checkpoint "
-                        "of the run") from None
+        others = sorted(other for other in path.parent.glob("step-*.ckpt") if other != path)
+        beside = (f": the newest other one beside it is {others[-1]} (ckpt_path={others[-1]})" if others else
+                  ": use another checkpoint of the run")
+        raise MCSDError(f"{path} is not a readable checkpoint (truncated or corrupt){beside}") from None
 
 
 def disk_is_full(error: BaseException, folder: Path) -> bool:

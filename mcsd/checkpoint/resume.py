@@ -31,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
 from mcsd.errors import MCSDError
-from mcsd.models.build import build_model
+from mcsd.models import registry
+from mcsd.models.build import build_model, make_config
 
 log = logging.getLogger(__name__)
 WANDB_RUN_KEY = "wandb_run_id"
@@ -245,6 +246,27 @@ def _refuse_finished(cfg: DictConfig, ckpt_path: Path, checkpoint: dict[str, Any
                         f"{setting} beside {how.split('=')[0]}=")
 
 
+def _refuse_another_model(cfg: DictConfig, ckpt_path: Path, saved_model: Any, model: DictConfig) -> None:
+    """A resumed run keeps its model: another architecture, or overrides that change the shape
+    of a parameter, are refused, naming the setting the user typed (``resume=`` or ``ckpt_path=``)."""
+    how = f"resume={cfg.resume}" if cfg.get("resume") else f"ckpt_path={ckpt_path}"
+    saved_architecture, architecture = (registry.of_config(make_config(node)) for node in (saved_model, model))
+    if saved_architecture is not architecture:
+        raise MCSDError(f"{how}: that run trained {saved_architecture.label} (model={saved_architecture.name}), and "
+                        f"model={architecture.name} asks for {architecture.label}; a resumed run keeps its model: drop "
+                        f"model={architecture.name}, or leave out {how.split('=')[0]}= to train {architecture.name} "
+                        "from scratch (init_from=... starts it from saved weights that fit)")
+    saved_shapes, shapes = _parameter_shapes(saved_model), _parameter_shapes(model)
+    for name in [*saved_shapes, *(shapes.keys() - saved_shapes.keys())]:  # the first in model order
+        if saved_shapes.get(name) != shapes.get(name):
+            def shape(value: tuple[int, ...] | None) -> str:
+                return "absent" if value is None else str(value)
+
+            raise MCSDError(f"{how}: the overrides change the model ({name}: {shape(saved_shapes.get(name))} in the "
+                            f"checkpoint, {shape(shapes.get(name))} now); a resumed run keeps its model: drop the "
+                            "model/size overrides")
+
+
 def resume_config(cfg: DictConfig) -> DictConfig:
     """The config of the run to resume, with this command's overrides on top (``cfg``
     itself when nothing is resumed). Also makes it the Hydra config of this run, so that
@@ -284,12 +306,7 @@ def resume_config(cfg: DictConfig) -> DictConfig:
         overrides.insert(-1, f"data.batch_size={batch_size}")
         composed = compose(config_name=hydra_cfg.job.config_name, overrides=overrides, return_hydra_config=True)
     _refuse_finished(cfg, ckpt_path, checkpoint, composed)
-    saved_shapes, shapes = _parameter_shapes(checkpoint["hyper_parameters"]["model"]), _parameter_shapes(composed.model)
-    for name in [*saved_shapes, *(shapes.keys() - saved_shapes.keys())]:  # the first in model order
-        if saved_shapes.get(name) != shapes.get(name):
-            raise MCSDError(f"ckpt_path={ckpt_path}: the overrides change the model ({name}: "
-                            f"{saved_shapes.get(name)} in the checkpoint, {shapes.get(name)} now); a resumed run "
-                            "keeps its model: drop the model/size overrides")
+    _refuse_another_model(cfg, ckpt_path, checkpoint["hyper_parameters"]["model"], composed.model)
     with read_write(hydra_cfg), open_dict(hydra_cfg):  # this run's Hydra config, with the resumed choices
         hydra_cfg.runtime.choices = composed.hydra.runtime.choices
         hydra_cfg.overrides.task = overrides

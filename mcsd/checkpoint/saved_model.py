@@ -38,6 +38,7 @@ from mcsd.models.modeling import CausalLM
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
+TRAINING_FILE = "training.json"  # what a run's model folder records of its training: the sequence length
 MODEL_DIR = "model"  # a run's final model folder
 CHECKPOINT_TOKENIZER_KEY = "tokenizer"
 STATE_DICT_PREFIX = "model."  # the LightningModule's (and the Hugging Face model's) attribute that holds the model
@@ -114,9 +115,10 @@ def download_from_hub(repo_id: str, fix: str) -> Path:
                                 f"downloaded ({reason}): {fix}") from None
 
 
-def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = None) -> Path:
+def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = None,
+         seq_len: int | None = None) -> Path:
     """Write ``model.safetensors``, ``config.json`` (the resolved model config) and, if
-    given, ``tokenizer.json`` to ``directory``."""
+    given, ``tokenizer.json`` and ``training.json`` (the sequence length it was trained on) to ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_model(model, str(directory / WEIGHTS_FILE))
@@ -124,7 +126,22 @@ def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = N
     (directory / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))
+    if seq_len is not None:
+        (directory / TRAINING_FILE).write_text(json.dumps({"seq_len": seq_len}, indent=2) + "\n")
     return directory
+
+
+def trained_seq_len(path: str | Path) -> int | None:
+    """The sequence length the model at ``path`` was trained on: a checkpoint's data settings, a
+    model folder's ``training.json``; ``None`` where it was not recorded (an export, an older folder)."""
+    saved = locate(path)
+    if saved.kind == "checkpoint":
+        data = read_checkpoint(saved.path).get("datamodule_hyper_parameters") or {}
+        value = data.get("seq_len")
+    else:
+        file = saved.path / TRAINING_FILE
+        value = json.loads(file.read_text()).get("seq_len") if file.is_file() else None
+    return value if isinstance(value, int) else None
 
 
 def whole_model(config: LMConfig, weights: dict[str, torch.Tensor]) -> CausalLM:

@@ -89,6 +89,9 @@ def _checked_files(paths: list[str], field: str) -> list[Path]:
             raise DataError(f"{field}: {raw} does not exist (looked for {path}): fix the path or drop it")
         if path.suffix.lower() not in LOADERS:
             raise DataError(f"{field}: {raw} is not .txt, .jsonl, .json or .parquet: convert it or drop it")
+        if not os.access(path, os.R_OK):
+            raise DataError(f"{field}: {raw} is not readable by this user (permission denied): change its permissions "
+                            f"(chmod a+r {raw}) or drop it")
         files.append(path)
     return files
 

@@ -17,12 +17,13 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate
-from mcsd.cli import StopAfterCurrent, hydra_app, interrupted, require_wandb_login
+from mcsd.cli import StopAfterCurrent, git_commit, hydra_app, interrupted, require_wandb_login
 from mcsd.data.corpus import hub_is_reachable
 from mcsd.data.tokenizer import eos_id
 from mcsd.errors import MCSDError
@@ -143,7 +144,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     shots: dict[str, Any] = {}
     versions: dict[str, Any] = {}
     finished = []
-    with StopAfterCurrent() as stop, tqdm(total=len(tasks), desc="mcsd-eval", unit="task") as bar:
+    # lm-eval asks git for the hash of the working folder, whose "fatal: not a git repository"
+    # outside a checkout reaches the user's terminal: it records this package's commit instead.
+    with (StopAfterCurrent() as stop, tqdm(total=len(tasks), desc="mcsd-eval", unit="task") as bar,
+          mock.patch("lm_eval.evaluator.get_git_commit_hash", git_commit)):
         for task in tasks:  # one at a time, so that Ctrl-C keeps the tasks finished (lm-eval's bars go within)
             bar.set_postfix_str(task)
             outcome = simple_evaluate(model=lm, tasks=[task], num_fewshot=num_fewshot, limit=cfg.limit,

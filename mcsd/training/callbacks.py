@@ -77,7 +77,8 @@ class SaveFinalModel(L.Callback):
             weights = full_state_dict(model)
             model = saved_model.whole_model(model.config, weights) if trainer.is_global_zero else None
         if trainer.is_global_zero:
-            saved_model.save(model, self.dirpath, self._tokenizer(trainer))
+            seq_len = getattr(trainer.datamodule, "hparams", {}).get("seq_len")
+            saved_model.save(model, self.dirpath, self._tokenizer(trainer), seq_len)
 
 
 class DivergedError(MCSDError):

@@ -133,7 +133,10 @@ def test_resume_needs_no_overrides_repeated(stopped_run: tuple[Path, Path], how:
         (["model.hidden_size=128"], "the overrides change the model (embed.weight: (512, 64) in the checkpoint, "
                                     "(512, 128) now); a resumed run keeps its model: drop the model/size overrides"),
         (["ablation=slope_only"], "the overrides change the model (layers.0.mixer.sections.1.norm.weight: (4, 16) in "
-                                   "the checkpoint, None now)"),
+                                   "the checkpoint, absent now)"),
+        (["model=transformer"], "that run trained MCSD (model=mcsd), and model=transformer asks for Transformer; a "
+                                "resumed run keeps its model: drop model=transformer, or leave out resume= to train "
+                                "transformer from scratch"),
     ],
 )
 def test_resume_refuses_a_different_model_in_one_line(stopped_run: tuple[Path, Path], tmp_path: Path,
@@ -181,6 +184,10 @@ def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
     (earlier,) = (cwd / "logs" / "train" / "runs").iterdir()
     checkpoint = (earlier / "checkpoints" / "last.ckpt").read_bytes()
     (cwd / "truncated.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
+    truncated_run = cwd / "truncated_run"  # a run whose last.ckpt was cut short, with a whole step checkpoint beside it
+    shutil.copytree(earlier, truncated_run)
+    (truncated_run / "checkpoints" / "step-000002.ckpt").write_bytes(checkpoint)
+    (truncated_run / "checkpoints" / "last.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
     broken = cwd / "broken_model"  # a model folder whose weights were cut short
     shutil.copytree(earlier / "model", broken)
     weights = (broken / "model.safetensors").read_bytes()
@@ -228,6 +235,20 @@ BAD_INPUTS = [
      "model.hidden_size=100 gives heads of 25 features (hidden_size / num_channels=4), and RoPE rotates pairs of them: "
      "choose a hidden_size with an even head width, e.g. model.hidden_size=104"),
     ("mcsd-train", ["compile=maybe"], {}, None, "compile=maybe must be true or false"),
+    ("mcsd-train", ["seed=abc"], {}, None, "seed=abc must be a whole number (e.g. seed=0; a sweep: -m seed=0,1,2)"),
+    ("mcsd-train", ["trainer.val_check_interval=0"], {}, None,
+     "trainer.val_check_interval=0 must be a number of steps (1 or more) or a fraction of an epoch in (0, 1]"),
+    ("mcsd-train", [], {"WANDB_MODE": "online", "WANDB_API_KEY": "0" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9"}, None,
+     "logger.wandb uses W&B online, but its server (127.0.0.1) is unreachable from here: stay offline (unset "
+     "WANDB_MODE; logger.wandb.offline=true) and upload later with `wandb sync`"),
+    ("mcsd-train", ["data.seq_len=1000000"], {}, None, "data.seq_len=1000000 is too long for this corpus"),
+    ("mcsd-train", ["data.tokenizer_path=mytok.json"], {}, None,
+     "data.tokenizer_path=mytok.json does not exist (looked for "),
+    ("mcsd-train", ["+sed=5"], {}, None,
+     "+sed=5: sed is not a setting of mcsd-train, so it would be ignored: did you mean seed=5?"),
+    ("mcsd-generate", ["+tempreature=0", "ckpt=EARLIER"], {}, None, "did you mean temperature=0?"),
+    ("mcsd-train", ["resume=truncated_run"], {}, None, "truncated_run/checkpoints/last.ckpt is not a readable checkpoint "
+     "(truncated or corrupt): the newest other one beside it is "),
     *([("mcsd-train", ["trainer=gpu"], {}, None, "trainer.accelerator=gpu needs a CUDA GPU, and none is visible here")]
       if not torch.cuda.is_available() else []),
     ("mcsd-train", ["scheduler.warmup_steps=soon"], {}, None,
@@ -369,6 +390,19 @@ def test_the_projects_error_inside_hydras_wrappers_is_its_one_line(capsys: pytes
     assert capsys.readouterr().err == "mcsd-train: error: data.seq_len=0 must be a positive whole number\n"
     with pytest.raises(InstantiationException):
         run_or_exit("mcsd-train", lambda: (_ for _ in ()).throw(InstantiationException("not ours")))
+
+
+def test_a_file_this_user_may_not_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A PermissionError anywhere in a command (a file it may not read or write) ends it in one
+    line naming the file (as root, chmod cannot make a file unreadable, so it is raised here)."""
+    def read_a_protected_file() -> None:
+        raise PermissionError(13, "Permission denied", "/data/secret.txt")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_or_exit("mcsd-train", read_a_protected_file)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == ("mcsd-train: error: /data/secret.txt cannot be used: Permission denied (this "
+                                       "user's rights): change its permissions (chmod) or use another\n")
 
 
 @pytest.mark.slow

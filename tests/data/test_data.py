@@ -117,6 +117,13 @@ def test_held_out_files_that_repeat_training_documents_are_caught(tmp_path: Path
                test_fraction=0).build()
 
 
+def test_an_unreadable_file_is_refused_before_it_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "locked.txt").write_text(make_text(0))
+    monkeypatch.setattr("mcsd.data.corpus.os.access", lambda path, mode: Path(path).name != "locked.txt")
+    with pytest.raises(DataError, match=r"data.paths: .*locked.txt is not readable by this user \(permission denied\)"):
+        module(tmp_path, paths=[str(tmp_path / "locked.txt")]).build()
+
+
 def test_a_corpus_with_its_own_splits_uses_them(tmp_path: Path) -> None:
     for name, first in (("train", 0), ("val", 20), ("test", 30)):
         (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps({"text": make_text(i)})

@@ -123,6 +123,7 @@ def test_mcsd_eval_runs_the_local_tasks_offline(checkpoint: Path, tmp_path: Path
                      cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "WARNING" not in result.stderr  # the bundled tasks state every metric's aggregation
+    assert "not a git repository" not in result.stderr  # tmp_path is outside any checkout
     (run,) = (tmp_path / "logs" / "eval" / "runs").iterdir()
     results = json.loads((run / "results.json").read_text())["results"]
     assert 0.0 <= results["mcsd_local_mc"]["acc,none"] <= 1.0

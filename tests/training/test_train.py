@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import math
 import random
 import shutil
@@ -125,6 +126,16 @@ def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_pa
     expected = tokenizer.decode(generated[: generated.index(eos)] if eos in generated else generated)
     assert result.stdout == "The for" + expected + "\n"
     assert not list(tmp_path.iterdir())  # generating writes nothing
+    assert "warning" not in result.stderr
+    # Past the 64 tokens of the run's data.seq_len: a warning, from the model folder and from a checkpoint alike.
+    assert json.loads((run_dir / "model" / "training.json").read_text()) == {"seq_len": 64}
+    for ckpt in (run_dir, run_dir / "checkpoints" / "last.ckpt"):
+        result = run_here("mcsd-generate", f"ckpt={ckpt}", "prompt=" + "The for statement " * 20, "max_new_tokens=4",
+                          "temperature=0", cwd=tmp_path)
+        prompt_tokens = len(tokenizer.encode("The for statement " * 20).ids)
+        assert result.returncode == 0 and (
+            f"mcsd-generate: warning: the prompt ({prompt_tokens} tokens) and max_new_tokens=4 reach past the 64 tokens "
+            "a sequence had in training (data.seq_len)") in result.stderr, result.stderr
 
 
 @pytest.mark.slow
@@ -304,3 +315,20 @@ def test_wandb_is_offline_unless_asked(tmp_path: Path, monkeypatch: pytest.Monke
         monkeypatch.setenv("WANDB_MODE", mode)
     assert compose_train(tmp_path).logger.wandb.offline is offline
     assert compose_train(tmp_path, "logger.wandb.offline=false").logger.wandb.offline is False
+
+
+def test_the_report_says_why_test_and_validation_perplexities_differ() -> None:
+    """The closing lines of a run whose small held-out splits disagree (the main job: test 4.7x
+    validation) say why, and say nothing when they agree."""
+    from types import SimpleNamespace
+
+    from mcsd.train import _report
+
+    trainer = SimpleNamespace(overfit_batches=0, callback_metrics={}, checkpoint_callback=None)
+    data = {"data/val_documents": 6, "data/val_held_out": True, "data/test_documents": 2, "data/test_held_out": True}
+    apart = _report(trainer, [], [], 4.4039, 81.77, 1_228_800, test=(5.9616, 388.23), data=data).splitlines()
+    assert apart[2] == ("(test perplexity is 4.7x validation: the validation and test splits are 6 and 2 whole documents, "
+                        "so each reads what its few documents are like; data.val_documents / data.test_documents hold "
+                        "out more; docs/training.md reads the main job's)")
+    close = _report(trainer, [], [], 4.4039, 81.77, 1_228_800, test=(4.5, 90.0), data=data).splitlines()
+    assert len(close) == 2 and close[1].startswith("final test perplexity: 90.00")
