@@ -4,8 +4,9 @@ A benchmark on a machine that other work shares measures that work as much as it
 a 2-core machine at load 2.5-6, MCSD's batch-1 decoding came out 15-80x slower than alone,
 the reverse of the committed results). So ``mcsd-bench`` reads, from ``/proc/stat``, the CPU time
 that every process of the machine spent over an interval, less its own and its children's
-(``os.times``): what is left is other work, in cores (one fully busy core is 1). Unlike the load
-average it is exact for the interval and does not lag by a minute.
+(``os.times``) and those of every live descendant (``/proc/<pid>/stat``: the compiler's worker
+processes, a point's own process): what is left is other work, in cores (one fully busy core is
+1). Unlike the load average it is exact for the interval and does not lag by a minute.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ SPREAD_LIMIT = 0.2
 @dataclasses.dataclass(frozen=True)
 class CpuClock:
     """A reading: the wall clock, the CPU seconds every core spent busy since boot, and this
-    process's own CPU seconds with those of its children that have finished."""
+    process's own CPU seconds with those of its descendants, live or finished."""
 
     wall: float
     busy: float
@@ -43,7 +44,36 @@ def read_clock() -> CpuClock | None:
     ticks = [int(value) for value in fields[1:9]]
     busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
     times = os.times()
-    return CpuClock(time.monotonic(), busy, times.user + times.system + times.children_user + times.children_system)
+    own = times.user + times.system + times.children_user + times.children_system
+    return CpuClock(time.monotonic(), busy, own + descendants_cpu_seconds(os.getpid()))
+
+
+def descendants_cpu_seconds(pid: int) -> float:
+    """The CPU seconds of every live descendant of ``pid`` (with those of their own finished
+    children): a process that finishes moves its time into its parent's, so a reading stays
+    whole. 0 where ``/proc`` cannot be read."""
+    children: dict[int, list[int]] = {}
+    seconds: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return 0.0
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except (OSError, IndexError):
+            continue  # gone since the listing
+        parent = int(fields[1])  # fields[0] is the state; then ppid, ..., utime stime cutime cstime at 11-14
+        children.setdefault(parent, []).append(int(entry))
+        seconds[int(entry)] = sum(int(value) for value in fields[11:15]) / tick
+    total, pending = 0.0, list(children.get(pid, []))
+    while pending:
+        child = pending.pop()
+        total += seconds.get(child, 0.0)
+        pending += children.get(child, [])
+    return total
 
 
 def other_cores(start: CpuClock | None, end: CpuClock | None) -> float | None:

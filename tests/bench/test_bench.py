@@ -506,29 +506,39 @@ def test_spread_is_the_range_over_the_median() -> None:
 
 @pytest.fixture
 def busy_core():
-    """Another process keeping one core busy (a loop in Python), for as long as the test runs."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """Another process keeping one core busy (a loop in Python), for as long as the test runs:
+    started through a shell that exits at once, so not a descendant of this process (whose own
+    children are its own work), as another user's job would be."""
+    shell = subprocess.run(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True, check=True)
+    spinner = int(shell.stdout)
     time.sleep(0.5)
     yield spinner
-    spinner.kill()
-    spinner.wait()
+    os.kill(spinner, signal.SIGKILL)
 
 
 @pytest.mark.slow
-def test_other_work_is_measured_in_cores(busy_core: subprocess.Popen) -> None:
+def test_other_work_is_measured_in_cores(busy_core: int) -> None:
     """A process spinning on one core is other work of about one core (the suite's other worker
-    may add to it); this process's own work is not counted."""
+    may add to it); this process's own work is not counted, nor its children's (a compiler's
+    worker processes), live or finished."""
     assert sample_other_cores(1.0) >= 0.8
     start = read_clock()
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:  # this process busy too: its own time is left out
         pass
     assert 0.8 <= other_cores(start, read_clock()) < 1.9
+    start = read_clock()
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"])
+    time.sleep(1.0)
+    assert 0.8 <= other_cores(start, read_clock()) < 1.3  # the child, live and spinning, is not other work
+    child.wait()
+    assert 0.8 <= other_cores(start, read_clock()) < 1.3  # nor once it has finished
 
 
 @pytest.mark.slow
 def test_a_busy_machine_is_refused_in_one_line_before_anything_is_written(
-        tmp_path: Path, busy_core: subprocess.Popen) -> None:
+        tmp_path: Path, busy_core: int) -> None:
     with pytest.raises(MCSDError, match=r"other work keeps \d+\.\d of this machine's \d+ cores busy \(more than "
                                         r"busy_cores=0.5\).*busy_machine=wait waits for it\), or busy_machine=measure"):
         run_bench(tmp_path / "refused", *TINY_INFERENCE, "models=[mcsd]", "busy_machine=refuse")
@@ -537,7 +547,7 @@ def test_a_busy_machine_is_refused_in_one_line_before_anything_is_written(
 
 @pytest.mark.slow
 def test_busy_machine_measure_marks_the_points_that_shared_the_cores(
-        tmp_path: Path, busy_core: subprocess.Popen, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, busy_core: int, caplog: pytest.LogCaptureFixture) -> None:
     """``busy_machine=measure``: every point records the cores other work took while it ran
     (``other_cores``: at least the spinning one) and is ``shared``; one warning says how many; the
     repeats' spread is in its columns (min <= median <= max; ``unsteady`` past SPREAD_LIMIT), and
