@@ -20,8 +20,10 @@ its version: the project runs on the GPU image's torch as on the one pinned here
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -96,12 +98,38 @@ def fetch(requirement: Requirement, folder: Path, python_version: str, arch: str
     return wheel
 
 
+PACKAGED = ("mcsd", "conf", "hydra_plugins", "setup.py", "pyproject.toml", "README.md")  # what the wheel is built from
+CARRY_LIMIT_MIB = 64  # what the device tool carries to the GPU machine: the working tree and the wheels
+
+
 def build_project(folder: Path) -> Path:
-    """The project's own wheel, built from this checkout."""
+    """The project's own wheel, built from a temporary copy of what it packages (a build in the
+    checkout would leave build/ and mcsd.egg-info there, which would travel with it)."""
     before = set(folder.glob("*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(folder), str(ROOT)], check=True)
+    with tempfile.TemporaryDirectory() as copy:
+        for name in PACKAGED:
+            source = ROOT / name
+            if source.is_dir():
+                shutil.copytree(source, Path(copy) / name, ignore=shutil.ignore_patterns("__pycache__"))
+            elif source.is_file():
+                shutil.copy2(source, Path(copy) / name)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--wheel-dir", str(folder.absolute()), copy], check=True)
     return new_wheel(folder, before)
+
+
+def travelling_mib(folder: Path) -> tuple[float, dict[str, float]]:
+    """What travels to the GPU machine with the wheels in ``folder``: the checkout's files that git
+    tracks or would (untracked, not ignored), in MiB, and the largest top-level folders of it."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    by_top: dict[str, float] = {}
+    for name in filter(None, listed):
+        path = ROOT / name
+        if path.is_file() and folder.absolute() not in path.absolute().parents:
+            top = name.split("/", 1)[0]
+            by_top[top] = by_top.get(top, 0.0) + path.stat().st_size / 2**20
+    return sum(by_top.values()), dict(sorted(by_top.items(), key=lambda item: -item[1]))
 
 
 def fill(folder: Path, python_version: str, arch: str, have: set[str]) -> list[Path]:
@@ -146,6 +174,14 @@ def main() -> None:
     wheels = fill(arguments.folder, arguments.python_version, arguments.arch, have)
     size = sum(wheel.stat().st_size for wheel in wheels) / 2**20
     print(f"{len(wheels)} wheels, {size:.1f} MiB, in {arguments.folder}")
+    checkout, by_top = travelling_mib(arguments.folder)
+    largest = ", ".join(f"{name} {mib:.1f}" for name, mib in list(by_top.items())[:4])
+    print(f"travels to the GPU machine: {checkout + size:.1f} MiB of {CARRY_LIMIT_MIB} (the checkout's files "
+          f"{checkout:.1f} MiB: {largest}; the wheels {size:.1f} MiB)")
+    if checkout + size > CARRY_LIMIT_MIB:
+        raise SystemExit(f"that is over the {CARRY_LIMIT_MIB} MiB the device tool carries: run the kit from a copy "
+                         "of the checkout without the committed results (git clone, then remove experiments/*/ "
+                         "but gpu_check/), or fill fewer wheels (--have)")
 
 
 if __name__ == "__main__":

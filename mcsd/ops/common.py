@@ -17,3 +17,9 @@ def check_form(form: str) -> None:
 def state_dtype(x: torch.Tensor) -> torch.dtype:
     """States and carries are kept in fp32 (fp64 when the input is fp64, for gradcheck)."""
     return torch.promote_types(x.dtype, torch.float32)
+
+
+def in_state_dtype(device: torch.device) -> torch.autocast:
+    """A region whose products run in the dtype of their inputs, which the forms make fp32
+    (:func:`state_dtype`) for states and carries: autocast would run them in bf16/fp16."""
+    return torch.autocast(device.type, enabled=False)

@@ -202,3 +202,18 @@ def test_mcsd_decay_filter_is_the_special_case(form: str) -> None:
 def test_unknown_form_is_refused() -> None:
     with pytest.raises(ValueError, match="form='fast' is unknown"):
         decayed_attention(*inputs(4, False)[:4], form="fast")
+
+
+def test_the_chunk_forms_carries_stay_fp32_under_autocast() -> None:
+    """Under bf16 autocast the products over states (chunk ends and what a chunk reads of its
+    starting state) run in fp32, as they do for a bf16 model without autocast: the two give the
+    same outputs and state, bit for bit (autocast ran them in bf16 before)."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 200, 8, generator=generator).to(torch.bfloat16) for _ in range(3))
+    log_decay = -torch.rand(2, 2, 200, generator=generator) * 0.1
+    initial = torch.randn(2, 2, 8, 8, generator=generator)
+    plain = chunk_decayed_attention(q, k, v, log_decay, initial, chunk_size=32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = chunk_decayed_attention(q, k, v, log_decay, initial, chunk_size=32)
+    assert autocast[1].dtype == torch.float32
+    assert torch.equal(autocast[0], plain[0]) and torch.equal(autocast[1], plain[1])

@@ -106,3 +106,17 @@ def test_strong_decays_and_long_chunks_stay_finite() -> None:
 def test_unknown_form_is_refused() -> None:
     with pytest.raises(ValueError, match="form='fast' is unknown"):
         exp_filter(torch.zeros(1, 1, 2, 1), LOG_DECAY[:1], form="fast")
+
+
+def test_the_chunk_forms_carry_stays_fp32_under_autocast() -> None:
+    """Under bf16 autocast the carry across chunks (an einsum of fp32 states) runs in fp32, as it
+    does for a bf16 model without autocast: the two give the same outputs and state, bit for bit
+    (autocast ran the carry in bf16 before)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 317, 8, generator=generator).to(torch.bfloat16)
+    initial = torch.randn(2, 3, 8, generator=generator)
+    plain = chunk_exp_filter(x, LOG_DECAY, initial, chunk_size=16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = chunk_exp_filter(x, LOG_DECAY, initial, chunk_size=16)
+    assert autocast[1].dtype == torch.float32
+    assert torch.equal(autocast[0], plain[0]) and torch.equal(autocast[1], plain[1])

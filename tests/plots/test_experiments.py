@@ -14,11 +14,9 @@ import time
 from pathlib import Path
 
 import matplotlib
-import nbformat
 import pandas as pd
 import pytest
 import yaml
-from nbclient import NotebookClient
 
 from helpers import ROOT, FIXTURES
 from helpers.runs import TINY_SWEEP, sweep_dir, run_here
@@ -206,6 +204,7 @@ def test_plot_errors_are_one_line(tmp_path: Path) -> None:
 
 
 def test_committed_notebook_has_no_outputs() -> None:
+    nbformat = pytest.importorskip("nbformat", reason="the notebook's tests need nbformat (the dev extra)")
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
@@ -231,6 +230,8 @@ def test_notebook_rewrites_the_committed_results_byte_for_byte(tmp_path: Path, m
     (experiments / "table2_downstream" / "tiny" / "results.json").write_text(json.dumps(
         {"params": 164288, "results": {"arc_easy": {"acc,none": 0.3, "acc_norm,none": 0.35}}}))
     monkeypatch.setenv("MCSD_EXPERIMENTS", str(experiments))
+    nbformat = pytest.importorskip("nbformat", reason="the notebook's tests need nbformat (the dev extra)")
+    NotebookClient = pytest.importorskip("nbclient", reason="the notebook's tests need nbclient").NotebookClient
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()

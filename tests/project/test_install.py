@@ -116,7 +116,9 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
     environment holding only that image, run.sh installs the folder offline (two --target folders
     on PYTHONPATH, their bin/ on PATH) and runs every step: the installed project (not the
     checkout's) reports the device, the GPU tests are collected and skipped without a GPU, and
-    the benchmarks refuse in one line that device=cuda has no GPU."""
+    the benchmarks refuse in one line that device=cuda has no GPU; every test module is collected.
+    The image keeps this environment's torch: the GPU image's 2.11 is on the index only as its CUDA
+    build (with its nvidia-* wheels, gigabytes), so no test may assume the local pin instead."""
     from importlib.metadata import distributions
 
     from packaging.utils import canonicalize_name
@@ -140,7 +142,8 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
     # The image: a fresh environment that sees this one's packages less the missing ones.
     image_packages = tmp_path / "image_packages"
     image_packages.mkdir()
-    prefixes = ("hydra", "omegaconf", "antlr4", "mcsd", "__editable__")
+    # Nor the notebook's test packages, which the GPU image lacks too (test modules that need them skip).
+    prefixes = ("hydra", "omegaconf", "antlr4", "mcsd", "__editable__", "nbformat", "nbclient")
     for entry in Path(site.getsitepackages()[0]).iterdir():
         if not entry.name.startswith(prefixes) and "mcsd" not in entry.name:
             (image_packages / entry.name).symlink_to(entry)
@@ -179,3 +182,9 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
     assert composed.returncode == 0, composed.stderr[-3000:]
     assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in composed.stdout
     assert "_target_: hydra_plugins.mcsd_arms_sweeper.ArmsSweeper" in composed.stdout
+    # Every test module imports in the image (what it lacks, a module skips for), as pytest -m gpu needs.
+    collected = subprocess.run(
+        ["bash", "-c", f"source {ROOT / 'experiments/gpu_check/install.sh'} {wheels} {install_site} && cd {ROOT} && "
+         "python3 -P -m pytest --collect-only -q -p no:cacheprovider -o addopts='' tests"],
+        env=environment, capture_output=True, text=True, timeout=600)
+    assert collected.returncode == 0 and " error" not in collected.stdout, collected.stdout[-3000:]

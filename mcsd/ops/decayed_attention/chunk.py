@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mcsd.ops.common import state_dtype
+from mcsd.ops.common import in_state_dtype, state_dtype
 from mcsd.ops.decayed_attention.naive import per_token_log_decay, segment_log_decays
 
 
@@ -52,7 +52,9 @@ def chunk_decayed_attention(
     within = log_decay.cumsum(-1)  # [B, H, nc, L]: how much of the chunk's starting state is left at t
     chunk_log_decay = within[..., -1]  # [B, H, nc]
     across = torch.exp(segment_log_decays(chunk_log_decay)).to(accumulate)  # [B, H, nc, nc]
-    ends = torch.matmul(across, added.flatten(-2))  # [B, H, nc, Dk * Dv]
+    carry_in_fp32 = in_state_dtype(q.device)  # the carries stay fp32 under autocast too
+    with carry_in_fp32:
+        ends = torch.matmul(across, added.flatten(-2))  # [B, H, nc, Dk * Dv]
     if initial_state is None:
         initial = torch.zeros(batch, heads, key_width * value_width, device=q.device, dtype=accumulate)
     else:
@@ -62,7 +64,8 @@ def chunk_decayed_attention(
     starts = starts.view(batch, heads, num_chunks, key_width, value_width)
 
     # The state a chunk starts from reaches its token t decayed by exp(g_start + ... + g_t).
-    output = output + torch.exp(within)[..., None] * torch.matmul(q_chunks.to(accumulate), starts)
+    with carry_in_fp32:
+        output = output + torch.exp(within)[..., None] * torch.matmul(q_chunks.to(accumulate), starts)
     # A tensor of its own, not a view of the padded one: compiled with the length symbolic, the
     # view's strides (in chunks) and those inductor gives it (in tokens) differ, and the
     # backward's compilation would then fix the length (torch 2.13).

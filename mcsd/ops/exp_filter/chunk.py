@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mcsd.ops.common import in_state_dtype
 from mcsd.ops.exp_filter.naive import (
     decay_powers,
     exp_filter_matrix,
@@ -53,7 +54,8 @@ def chunk_exp_filter(
     # Channels last, [nc, nc, C]: no stride of nc^2, on which inductor's value ranges fail when
     # nc is symbolic (torch 2.13; a product's backward reads the matrix transposed).
     carry = masked_powers(chunk_log_decay, distance, keep=distance >= 0).permute(1, 2, 0).contiguous()
-    starts = torch.einsum("ijc,bcjd->bcid", carry.to(accumulate), local)  # [B, C, nc, D]
+    with in_state_dtype(x.device):  # the carry stays fp32 under autocast too
+        starts = torch.einsum("ijc,bcjd->bcid", carry.to(accumulate), local)  # [B, C, nc, D]
     if initial_state is not None:
         to_start = decay_powers(chunk_log_decay, num_chunks).to(accumulate)
         starts = starts + to_start[None, :, :, None] * initial_state.to(accumulate)[:, :, None, :]
