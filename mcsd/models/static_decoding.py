@@ -197,21 +197,50 @@ class StaticStep:
             return self.run(buffers.tokens, layers, buffers.position)
 
         saved = [tensor.clone() for tensor in buffers.recurrent_tensors()]
+
+        def put_back() -> None:
+            for tensor, value in zip(buffers.recurrent_tensors(), saved):
+                tensor.copy_(value)
+
         side = torch.cuda.Stream() if self.record == "cuda" else None
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            for _ in range(WARMUP_STEPS):
-                logits = step()
-        if side is not None:
-            torch.cuda.current_stream().wait_stream(side)
-        for tensor, value in zip(buffers.recurrent_tensors(), saved):
-            tensor.copy_(value)
+        try:  # whatever fails, the states are put back and no capture is left open: the next call records anew
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                for _ in range(WARMUP_STEPS):
+                    logits = step()
+                if side is not None:
+                    torch.cuda.current_stream().wait_stream(side)
+            put_back()
+            if self.record == "call":
+                output = torch.empty_like(logits)
+                recording = _Recording(lambda: output.copy_(step()), output)
+            else:
+                graph = torch.cuda.CUDAGraph()
+                recording = _Recording(graph.replay, capture(graph, step))
+        except BaseException:
+            put_back()
+            raise
         self.recorded += 1
-        if self.record == "call":
-            output = torch.empty_like(logits)
-            return _Recording(lambda: output.copy_(step()), output)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits = step()
-        return _Recording(graph.replay, logits)
+        return recording
+
+
+def capture(graph: torch.cuda.CUDAGraph, step: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Record ``step`` into ``graph`` on a side stream (as ``torch.cuda.graph`` does); an error
+    inside ends the capture and drops it before it is raised (``torch.cuda.graph``'s exit would
+    raise capture_end's own error instead, and leave the stream switched)."""
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            output = step()
+        except BaseException:
+            with contextlib.suppress(Exception):  # an invalidated capture refuses to end cleanly
+                graph.capture_end()
+            graph.reset()
+            raise
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    return output

@@ -81,6 +81,39 @@ def test_cuda_graph_decoding_records_once_and_replays_64_positions(name: str, co
     assert_recurrent_states_stay_fp32(model, state)
 
 
+@torch.no_grad()
+def test_an_error_inside_a_cuda_graph_capture_ends_the_capture() -> None:
+    """An error raised while a step is being captured (not in its warm-up) is raised as itself;
+    the capture is ended and dropped, so the device takes work again and the next call records
+    and replays as the eager step decodes (tests/models/test_static_decoding.py: the same path
+    on the CPU)."""
+    model = tiny_model("mcsd", hidden_size=64, num_channels=4, mlp_hidden_size=96).to(CUDA, torch.bfloat16)
+    input_ids = torch.randint(0, 101, (2, 24), device=CUDA)
+    expected = decode_with_state(model, input_ids, split=8)[0]
+    prefill, step = model.decoding(cuda_graphs=True)
+    run, calls = step.run, []
+
+    def failing(*arguments: object) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == WARMUP_STEPS + 1:  # the captured call
+            raise RuntimeError("injected failure in the capture")
+        return run(*arguments)
+
+    step.run = failing
+    logits, state = prefill(input_ids[:, :8], max_new_tokens=16)
+    with pytest.raises(RuntimeError, match="injected failure in the capture"):
+        step(input_ids[:, 8].clone(), state)
+    assert not torch.cuda.is_current_stream_capturing()
+    torch.ones(4, device=CUDA).sum().item()  # the device takes work again
+    step.run = run
+    outputs = [logits]
+    for position in range(8, 24):
+        logits, state = step(input_ids[:, position].clone(), state)
+        outputs.append(logits)
+    assert step.recorded == 1
+    assert relative_rms_error(torch.stack(outputs, dim=1).float(), expected.float()) < 1e-2
+
+
 def test_a_paper_shaped_grid_keeps_every_point(tmp_path: Path) -> None:
     """``bench=paper`` at ``size=small`` (bf16, in this process): MCSD and the Transformer, an
     allocation far past the GPU's memory (a batch of a million prompts) recorded as ``oom`` and

@@ -19,7 +19,7 @@ from helpers.models import (
 
 from mcsd.models import CausalLM, ConfigError, DecodingState, registry
 from mcsd.models.modules.state import CapacityState, tensors_of
-from mcsd.models.static_decoding import StaticStep, capacity_bucket
+from mcsd.models.static_decoding import StaticStep, _parts, capacity_bucket
 
 PROMPT, LENGTH = 3, 23  # 20 steps, at positions 3..22: KV-cache buckets 4, 8, 16 and 32 with min_capacity=4
 
@@ -140,3 +140,39 @@ def test_the_static_step_needs_a_prefilled_state_and_cuda_graphs_a_gpu() -> None
         model.decoding(cuda_graphs=True)
     with pytest.raises(ValueError, match="record='cuda' needs a model on a CUDA device"):
         StaticStep(model)
+
+
+@pytest.mark.parametrize("case", ["mcsd/full", "transformer/default"])
+def test_an_error_while_recording_leaves_the_step_as_it_was(case: str) -> None:
+    """An error inside a recording (here in its second warm-up step, after the first has moved the
+    recurrent states on) is raised as itself; the states are put back and nothing is kept of the
+    recording, so that the next call records anew and decodes exactly as the eager step does (on
+    a GPU the capture is ended and dropped too: an in-process grid goes on to its next point)."""
+    model = tiny_model(case).double()
+    step = StaticStep(model, record="call", min_capacity=4)
+    input_ids = torch.randint(0, model.config.vocab_size, (2, LENGTH))
+    expected, _ = decode_with_state_of(model, input_ids)
+    run, calls = step.run, []
+
+    def failing(*arguments: object) -> torch.Tensor:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected failure in the recording")
+        return run(*arguments)
+
+    step.run = failing
+    logits, state = step.prefill(input_ids[:, :PROMPT])
+    with pytest.raises(RuntimeError, match="injected failure in the recording"):
+        step(input_ids[:, PROMPT].clone(), state)
+    assert step.recorded == 0 and len(calls) == 2
+    buffers = step.buffers[2]
+    assert not buffers.recordings
+    given = [part for part in _parts(state.layers) if isinstance(part, torch.Tensor)]  # as recurrent_tensors
+    assert len(given) == len(buffers.recurrent_tensors())
+    for kept, value in zip(buffers.recurrent_tensors(), given):
+        assert torch.equal(kept, value)  # put back after the warm-up step that ran
+    outputs = [logits]
+    for position in range(PROMPT, LENGTH):
+        logits, state = step(input_ids[:, position].clone(), state)
+        outputs.append(logits)
+    torch.testing.assert_close(torch.stack(outputs, dim=1), expected, rtol=1e-12, atol=1e-12)
