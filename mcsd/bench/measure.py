@@ -24,6 +24,7 @@ from mcsd.checkpoint.saved_model import load
 from mcsd.models.build import build_model
 from mcsd.models.modeling import CausalLM
 from mcsd.models.modules.attention import KVCache
+from mcsd.models.static_decoding import StaticStep, capacity_bucket
 from mcsd.precision import DTYPES
 
 
@@ -92,6 +93,17 @@ def state_bytes(state: Any, kv_positions: float | None = None) -> int | float:
                     "dataclass, tuple, list or dict of tensors")
 
 
+def kv_positions_read(step: Any, batch_size: int, prompt_len: int, length: int) -> float:
+    """The KV-cache positions an average decoding step reads: the eager step at position ``p``
+    reads its ``p + 1``; a step recorded at fixed addresses (:class:`StaticStep`) attends over its
+    whole capacity bucket, up to twice that, and reads all of it."""
+    if not isinstance(step, StaticStep) or batch_size not in step.buffers or not step.buffers[batch_size].capacity:
+        return prompt_len + (length + 1) / 2
+    capacity = step.buffers[batch_size].capacity
+    return statistics.fmean(min(capacity_bucket(position + 1, step.min_capacity), capacity)
+                            for position in range(prompt_len, prompt_len + length))
+
+
 def build(model_cfg: dict[str, Any] | str, device: torch.device, dtype: torch.dtype, seed: int) -> CausalLM:
     """A model node built with seeded random weights, or a saved model (a path) loaded."""
     if isinstance(model_cfg, str):
@@ -150,7 +162,8 @@ def inference_point(
 
         decode_s, final_state = timed(decode, device_)
         return (prefill_s, decode_s, state_bytes(final_state) / batch_size,
-                state_bytes(final_state, kv_positions=prompt_len + (length + 1) / 2) / batch_size)
+                state_bytes(final_state, kv_positions=kv_positions_read(step, batch_size, prompt_len, length))
+                / batch_size)
 
     graphs = compiled_graphs()
     with no_eager_fallback(compile):

@@ -28,12 +28,14 @@ def _peaks(fp32: float, bf16: float, fp16: float | None = None) -> dict[str, flo
     return {"float32": fp32 * TERA, "bfloat16": bf16 * TERA, "float16": (fp16 or bf16) * TERA}
 
 
-# In matching order: a more specific name before one it contains (H100 PCIe before H100, L40S before L4).
+# In matching order: a more specific name before one it contains (H100 PCIe before H100, H200 NVL before H200,
+# L40S before L4): the variants of one chip differ in clocks and power, and so in peak.
 KNOWN_GPUS = (
     GPUPeak("H100 PCIe", ("H100 PCIe",), _peaks(51, 756), "NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
     GPUPeak("H100 NVL", ("H100 NVL",), _peaks(60, 835), "NVIDIA H100 Tensor Core GPU datasheet (NVL)"),
     GPUPeak("H100 SXM", ("H100",), _peaks(67, 989.4), "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"),
-    GPUPeak("H200", ("H200",), _peaks(67, 989.4), "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+    GPUPeak("H200 NVL", ("H200 NVL",), _peaks(60, 835.5), "NVIDIA H200 Tensor Core GPU datasheet (H200 NVL)"),
+    GPUPeak("H200 SXM", ("H200",), _peaks(67, 989.4), "NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)"),
     GPUPeak("A100", ("A100",), _peaks(19.5, 312), "NVIDIA A100 Tensor Core GPU datasheet"),
     GPUPeak("L40S", ("L40S",), _peaks(91.6, 362.05), "NVIDIA L40S datasheet"),
     GPUPeak("L4", ("L4",), _peaks(30.3, 121), "NVIDIA L4 Tensor Core GPU datasheet"),

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 from helpers import ROOT
-from helpers.models import tiny_config
+from helpers.models import tiny_config, tiny_model
 from helpers.runs import TINY_INFERENCE, command, run_bench, run_here
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
@@ -25,9 +25,11 @@ from omegaconf import OmegaConf
 import mcsd
 from mcsd.bench import measure
 from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores, spread
+from mcsd.bench.measure import kv_positions_read
 from mcsd.bench.run import model_source, run_point
 from mcsd.errors import MCSDError
 from mcsd.models import registry
+from mcsd.models.static_decoding import StaticStep
 from mcsd.plots.cost import HOLLOW_NOTE, model_label, plot_inference, plot_train
 
 
@@ -472,6 +474,8 @@ def test_mfu_on_a_known_gpu_is_over_its_dense_datasheet_peak() -> None:
         989.4e12, "H100 SXM dense bfloat16 peak (NVIDIA H100 Tensor Core GPU datasheet (SXM5))")
     assert mfu_peak("cuda", "NVIDIA H100 PCIe", "bfloat16", 4e14)[0] == 756e12
     assert mfu_peak("cuda", "NVIDIA H200", "float32", 4e13)[0] == 67e12
+    assert known_gpu("NVIDIA H200").name == "H200 SXM" and known_gpu("NVIDIA H200 NVL").name == "H200 NVL"
+    assert mfu_peak("cuda", "NVIDIA H200 NVL", "bfloat16", 4e14)[0] == 835.5e12  # not the SXM's 989.4
     assert mfu_peak("cuda", "NVIDIA A100-SXM4-80GB", "float16", 1e14)[0] == 312e12
     assert known_gpu("NVIDIA L40S").name == "L40S" and known_gpu("NVIDIA L4").name == "L4"
     assert known_gpu("NVIDIA GeForce RTX 4090").flops["bfloat16"] == 165.2e12
@@ -604,3 +608,18 @@ def test_points_taken_on_a_shared_machine_or_unsteady_are_drawn_hollow(tmp_path:
     assert HOLLOW_NOTE in [text.get_text() for text in ax.get_legend().get_texts()]
     title = ax.get_title() if kind == "inference" else figures[0]._suptitle.get_text()
     assert "2 of 6 points hollow: shared machine or unsteady repeats" in title
+
+
+@torch.no_grad()
+def test_a_recorded_steps_reads_are_its_whole_capacity_bucket() -> None:
+    """The bandwidth limit of a step replayed at fixed addresses counts what it reads: a
+    Transformer's recorded step attends over its whole KV-cache bucket (a power of two up to twice
+    the positions so far), the eager step over the positions so far."""
+    model = tiny_model("transformer")
+    step = StaticStep(model, record="call", min_capacity=4)
+    input_ids = torch.randint(0, model.config.vocab_size, (2, 23))
+    logits, state = step.prefill(input_ids[:, :3])
+    for position in range(3, 23):  # positions 3..22: buckets 4 (once), 8 (4 times), 16 (8), 32 (7)
+        logits, state = step(input_ids[:, position].clone(), state)
+    assert kv_positions_read(step, 2, 3, 20) == pytest.approx((4 + 4 * 8 + 8 * 16 + 7 * 32) / 20)
+    assert kv_positions_read(model.step, 2, 3, 20) == 3 + 21 / 2
