@@ -38,13 +38,26 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, Python {platform.p
 PYTHON
 cat "$results/device.txt"
 
+# pytest: 4 workers sharing the GPU and 120 s a test where the image has pytest-xdist and pytest-timeout (it
+# has both); PYTEST_OPTIONS replaces these (PYTEST_OPTIONS="" runs the tests one after another, unlimited).
+default_options=()
+python3 -P -c "import xdist" 2>/dev/null && default_options+=(-n 4 --dist load)
+python3 -P -c "import pytest_timeout" 2>/dev/null && default_options+=(--timeout=120)
+if [ -n "${PYTEST_OPTIONS+set}" ]; then read -r -a pytest_options <<< "$PYTEST_OPTIONS"; else pytest_options=("${default_options[@]}"); fi
 step "pytest -m gpu" "${PYTEST_S:-150}" "$results/pytest_gpu.txt" \
-    python3 -P -m pytest -m gpu tests/gpu/test_gpu.py -p no:cacheprovider -v -o addopts="" --durations=10
-step "decoding (bench=paper_quick)" "${INFERENCE_S:-170}" "$results/inference/log.txt" \
-    mcsd-bench bench=paper_quick wandb.enabled=false output_dir="$results/inference"
+    python3 -P -m pytest -m gpu tests/gpu/test_gpu.py -p no:cacheprovider -v -o addopts="" --durations=10 \
+    ${pytest_options[@]+"${pytest_options[@]}"}
+# The benchmarks stop starting points 15 s before their step's limit (time_budget_s: each point's estimate from
+# the latest point of its model), so they end by themselves with what they measured; their grids measure every
+# pair the figures compare, the shortest lengths first.
+inference_s=${INFERENCE_S:-170}
+step "decoding (bench=paper_quick)" "$inference_s" "$results/inference/log.txt" \
+    mcsd-bench bench=paper_quick wandb.enabled=false output_dir="$results/inference" time_budget_s=$((inference_s - 15))
 # Training runs eagerly: a compile per point (a 1.6B model's forward and backward) would take the run's time.
-step "training (bench=paper_quick mode=train)" "${TRAIN_S:-110}" "$results/train/log.txt" \
-    mcsd-bench bench=paper_quick mode=train models=null compile=false wandb.enabled=false output_dir="$results/train"
+train_s=${TRAIN_S:-110}
+step "training (bench=paper_quick mode=train)" "$train_s" "$results/train/log.txt" \
+    mcsd-bench bench=paper_quick mode=train models=null compile=false wandb.enabled=false output_dir="$results/train" \
+    time_budget_s=$((train_s - 15))
 for mode in inference train; do
     if [ -f "$results/$mode/results.csv" ]; then
         step "figures ($mode)" 20 "$results/$mode/plot_log.txt" mcsd-plot "$mode" "$results/$mode/results.csv"

@@ -51,10 +51,10 @@ COLUMNS = {
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
                   "read_bandwidth_bytes_per_s", "limit_ratio", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
-                  "threads", "other_cores", "shared", "compiled", "graphs_recorded_timed", "status", "reason"],
+                  "threads", "other_cores", "shared", "compiled", "graphs_recorded_timed", "point_s", "status", "reason"],
     "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
-              "step_s_min", "step_s_max", "unsteady", "threads", "other_cores", "shared", "compiled", "status", "reason"],
+              "step_s_min", "step_s_max", "unsteady", "threads", "other_cores", "shared", "compiled", "point_s", "status", "reason"],
 }
 # How an allocation failure reads, on a CPU and on a GPU (the caching allocator's OutOfMemoryError,
 # or a library that allocates for itself: cuBLAS, cuDNN, cuFFT, or CUDA's own error).
@@ -177,14 +177,16 @@ def _size_label(cfg: DictConfig, name: str, arch: str) -> str:
 
 
 def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The points in their run order: (row labels, measurement arguments)."""
+    """The points in their run order, (row labels, measurement arguments): the shortest lengths
+    first, and at each length and batch size every model and form one after another, so that a
+    grid cut short (a time limit, Ctrl-C) has measured the comparisons its figures draw."""
     common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
     models = models_of(cfg)
     sources = {entry: model_source(entry, cfg.model_size, cfg.mcsd_ablation) for entry in models}
     points = []
     if cfg.mode == "inference":
         grid_cfg = cfg.inference
-        for name, batch, gen_len in itertools.product(models, grid_cfg.batch_sizes, grid_cfg.gen_lengths):
+        for gen_len, batch, name in itertools.product(sorted(grid_cfg.gen_lengths), grid_cfg.batch_sizes, models):
             arch, variant, source = sources[name]
             labels = {"model": name, "arch": arch, "variant": variant, "size": _size_label(cfg, name, arch),
                       "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
@@ -195,7 +197,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     else:
         grid_cfg = cfg.train
         variants = [(name, form) for name in models for form in train_forms(cfg, sources[name][0])]
-        for (name, form), seq_len in itertools.product(variants, grid_cfg.seq_lens):
+        for seq_len, (name, form) in itertools.product(sorted(grid_cfg.seq_lens), variants):
             arch, variant, source = sources[name]
             for batch, checkpointing in train_batches(grid_cfg, seq_len):
                 labels = {"model": name, "arch": arch, "variant": variant, "form": form,
@@ -258,6 +260,9 @@ def _check(cfg: DictConfig) -> None:
         raise MCSDError("\n".join(problems))
     if cfg.busy_machine not in BUSY_MACHINE:
         raise MCSDError(f"busy_machine={cfg.busy_machine!r} is unknown: use {', '.join(BUSY_MACHINE)}")
+    budget = cfg.get("time_budget_s")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
+        raise MCSDError(f"time_budget_s={budget} must be a number of seconds above 0, or null (no budget)")
     if cfg.mode == "train" and cfg.train.batch_size is None and not cfg.train.tokens_per_step:
         raise MCSDError("train.batch_size=null and train.tokens_per_step=null leave no training point: set either")
     if cfg.dtype not in measure.DTYPES:
@@ -354,17 +359,27 @@ def bench(cfg: DictConfig) -> Path:
     rows = []
     output_dir = Path(cfg.output_dir)
     head = {**header(cfg), "complete": False, "points_planned": len(points), "other_cores_before": others_before}
+    budget = PointBudget(cfg.time_budget_s)
     bar = tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point")
     # Ctrl-C: stop after the point under way (again: at once); the points measured are kept.
     with StopAfterCurrent(lambda: bar.set_description(f"mcsd-bench {cfg.mode} (Ctrl-C: stopping after this point)")
                           ) as stop:
         for labels, arguments in bar:
+            if not budget.allows(arguments):
+                log.warning("time_budget_s=%s: the next point (%s) would end past it (about %.0f s more after %.0f s): "
+                            "the grid stops here, %d of %d points measured (complete=false)", cfg.time_budget_s,
+                            " ".join(f"{key}={value}" for key, value in labels.items()), budget.estimate(arguments),
+                            budget.elapsed(), len(rows), len(points))
+                break
             # The machine's limit right before each point (this process is idle while a point runs):
             # on a shared machine it moves by a third between minutes, so each point has its own.
             limit = (measure.matmul_peak_flops(cfg.device, cfg.dtype, cfg.train.peak_matmul_size) if cfg.mode == "train"
                      else measure.read_bandwidth_bytes_per_s(cfg.device))
             start = read_clock()
+            began = time.monotonic()
             result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
+            result = {**result, "point_s": time.monotonic() - began}
+            budget.record(arguments, result["point_s"])
             others = other_cores(start, read_clock())  # the point's own process and its children left out
             if others is not None:
                 result = {**result, "other_cores": others, "shared": others > cfg.busy_cores}
@@ -391,6 +406,45 @@ def bench(cfg: DictConfig) -> Path:
                     "them again", len(unsteady), len(rows), 100 * SPREAD_LIMIT)
     print(f"results: {csv_path} and {json_path}\nplot: mcsd-plot {cfg.mode} {csv_path}", flush=True)
     return csv_path
+
+
+def point_work(arguments: dict[str, Any]) -> float:
+    """A point's work in the units its time grows with: the tokens it decodes (warm-up passes,
+    which with CUDA graphs decode the whole length, and repeats; each row of a batch in step) or
+    trains on (warm-up and repeated steps of batch x seq_len)."""
+    if "gen_len" in arguments:
+        warmup = arguments["gen_len"] if arguments.get("cuda_graphs") else min(arguments["gen_len"], 16)
+        passes = max(arguments["warmup"], 1 if arguments.get("compile") or arguments.get("cuda_graphs") else 0)
+        return arguments["prompt_len"] + passes * warmup + arguments["repeats"] * arguments["gen_len"]
+    return (max(arguments["warmup"], 1) + arguments["repeats"]) * arguments["batch_size"] * arguments["seq_len"]
+
+
+class PointBudget:
+    """``time_budget_s``: the grid starts a point only when the time spent so far and the point's
+    estimate fit in it. The estimate scales the seconds per unit of :func:`point_work` of the
+    latest point of the same model (else of any model) to this point's work; the first point of
+    all is always run. ``None``: no budget."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds, self.started = seconds, time.monotonic()
+        self.rates: dict[str, float] = {}  # seconds per unit of work, by model
+
+    @staticmethod
+    def _model(arguments: dict[str, Any]) -> str:
+        return json.dumps(arguments["model_cfg"], sort_keys=True, default=str)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def estimate(self, arguments: dict[str, Any]) -> float:
+        rate = self.rates.get(self._model(arguments), max(self.rates.values(), default=0.0))
+        return rate * point_work(arguments)
+
+    def allows(self, arguments: dict[str, Any]) -> bool:
+        return self.seconds is None or not self.rates or self.elapsed() + self.estimate(arguments) <= self.seconds
+
+    def record(self, arguments: dict[str, Any], seconds: float) -> None:
+        self.rates[self._model(arguments)] = seconds / point_work(arguments)
 
 
 def device_name(device: str) -> str:

@@ -54,10 +54,11 @@ def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> No
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "isolate=false")
     frame = pd.read_csv(csv_path)
     names = registry.architectures()
-    assert len(frame) == len(names) * 2 * 2  # models x batch sizes x lengths, in grid order
-    assert list(frame["model"]) == [name for name in names for _ in range(4)] and frame["model"].equals(frame["arch"])
-    assert list(frame["gen_len"]) == [4, 8] * 2 * len(names) and list(frame["batch"]) == [1, 1, 2, 2] * len(names)
-    assert list(frame["variant"]) == [next(iter(registry.get(name).variants)) for name in names for _ in range(4)]
+    assert len(frame) == len(names) * 2 * 2  # lengths x batch sizes x models, in grid order: every model side by side
+    assert list(frame["model"]) == names * 4 and frame["model"].equals(frame["arch"])
+    assert list(frame["gen_len"]) == [4] * 2 * len(names) + [8] * 2 * len(names)
+    assert list(frame["batch"]) == ([1] * len(names) + [2] * len(names)) * 2
+    assert list(frame["variant"]) == [next(iter(registry.get(name).variants)) for name in names] * 4
     assert (frame["status"] == "ok").all()
     assert (frame["tokens_per_s"] == frame["batch"] * frame["gen_len"] / frame["latency_s"]).all()
     assert (frame["decode_s_per_token"] * frame["gen_len"] < frame["latency_s"]).all()
@@ -249,9 +250,10 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
                          "train.peak_matmul_size=256",
                          "train.warmup=1", "isolate=false")
     frame = pd.read_csv(csv_path)
-    assert list(zip(frame["model"], frame["form"])) == [  # each architecture's parallel form, then its training form
-        (name, form) for name in registry.architectures()
-        for form in dict.fromkeys(["parallel", registry.get(name).train_form]) for _ in range(2)]
+    # At each length, each architecture's parallel form, then its training form.
+    assert list(zip(frame["seq_len"], frame["model"], frame["form"])) == [
+        (seq_len, name, form) for seq_len in (32, 64) for name in registry.architectures()
+        for form in dict.fromkeys(["parallel", registry.get(name).train_form])]
     assert (frame["tokens_per_s"] == frame["seq_len"] / frame["step_s"]).all()
     # MFU against the matmul peak measured right before each point (each its own measurement).
     assert (frame["matmul_peak_flops"] > 1e8).all() and frame["matmul_peak_flops"].nunique() > 1
@@ -326,7 +328,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
             run_bench(tmp_path / "stopped", *grid)
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the app leaves Ctrl-C ignored as it exits
-    assert stopped.value.code == 130 and measured == [4, 8]  # 4 points planned, the third never started
+    assert stopped.value.code == 130 and measured == [4, 4]  # 4 points planned, the third never started
     head = json.loads((tmp_path / "stopped" / "results.json").read_text())["header"]
     assert head["complete"] is False and head["points_planned"] == 4
     kept = pd.read_csv(tmp_path / "stopped" / "results.csv")
@@ -336,7 +338,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     timings = ["prefill_s", "decode_s_per_token", "latency_s", "tokens_per_s", "peak_mem_bytes",
                "peak_mem_minus_weights_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "complete",
                "points_planned", "git_commit", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
-               "other_cores", "shared"]
+               "other_cores", "shared", "point_s"]
     pd.testing.assert_frame_equal(kept.drop(columns=timings), whole.head(2).drop(columns=timings))
     figures = plot_inference(tmp_path / "stopped" / "results.csv")
     assert figures and all(path.stat().st_size > 0 for path in figures)
@@ -497,10 +499,12 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
         train = grid(cfg)
     assert (cfg.model_size, cfg.dtype, cfg.device, cfg.compile, cfg.cuda_graphs) == ("1.6b", "bfloat16", "cuda", True, True)
     assert {(arguments["compile"], arguments["cuda_graphs"]) for _, arguments in inference} == {(True, True)}
+    # Each pair the figures compare side by side, the shortest lengths first (a run cut short has compared some).
     assert [(labels["model"], labels["batch"], labels["gen_len"]) for labels, _ in inference] == [
-        (model, batch, length) for model in ("mcsd", "transformer") for batch in (1, 16, 64) for length in (1024, 8192)]
-    assert [(labels["batch"], labels["seq_len"], labels["activation_checkpointing"]) for labels, _ in train] == [
-        step for _ in registry.architectures() for step in ((16, 2048, True), (4, 8192, True), (2, 16384, True))]
+        (model, batch, length) for length in (1024, 8192) for batch in (1, 16, 64) for model in ("mcsd", "transformer")]
+    assert [(labels["model"], labels["batch"], labels["seq_len"], labels["activation_checkpointing"])
+            for labels, _ in train] == [(name, *step) for step in ((16, 2048, True), (4, 8192, True), (2, 16384, True))
+                                        for name in registry.architectures()]
 
 
 def test_spread_is_the_range_over_the_median() -> None:
@@ -623,3 +627,38 @@ def test_a_recorded_steps_reads_are_its_whole_capacity_bucket() -> None:
         logits, state = step(input_ids[:, position].clone(), state)
     assert kv_positions_read(step, 2, 3, 20) == pytest.approx((4 + 4 * 8 + 8 * 16 + 7 * 32) / 20)
     assert kv_positions_read(model.step, 2, 3, 20) == 3 + 21 / 2
+
+
+def test_a_time_budget_starts_only_the_points_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time_budget_s: a point starts when the time so far and its estimate fit; the estimate is
+    the latest point of its model (else the slowest rate seen) scaled by the tokens it decodes
+    (warm-up passes with CUDA graphs: the whole length; repeats)."""
+    from mcsd.bench.run import PointBudget, point_work
+
+    clock = [0.0]
+    monkeypatch.setattr("mcsd.bench.run.time.monotonic", lambda: clock[0])
+    budget = PointBudget(100)
+    short = {"model_cfg": {"name": "a"}, "prompt_len": 16, "gen_len": 4, "warmup": 1, "repeats": 2}
+    assert point_work(short) == 16 + 4 + 2 * 4 and point_work({**short, "cuda_graphs": True, "gen_len": 32}) == 16 + 32 + 64
+    assert budget.allows(short)  # nothing measured yet: the first point runs
+    clock[0] = 28.0
+    budget.record(short, 28.0)  # 1 s per token
+    longer = {**short, "gen_len": 8}
+    assert budget.estimate(longer) == 40 and budget.allows(longer)  # 28 + 40 <= 100
+    clock[0] = 68.0
+    budget.record(longer, 40.0)
+    assert not budget.allows({**short, "gen_len": 16})  # 68 + 64 > 100
+    assert budget.estimate({**short, "model_cfg": {"name": "b"}}) == 28  # another model: the slowest rate seen
+    assert PointBudget(None).allows(longer)
+    training = {"model_cfg": {"name": "a"}, "batch_size": 4, "seq_len": 64, "warmup": 1, "repeats": 3}
+    assert point_work(training) == 4 * 4 * 64
+
+
+def test_a_grid_past_its_time_budget_keeps_what_it_measured(tmp_path: Path) -> None:
+    """A budget the first point already uses up: that point is measured, no other starts, the
+    results say complete=false of the 4 planned, and every row records its point's seconds."""
+    csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd,transformer]",
+                         "isolate=false", "time_budget_s=0.001")
+    frame = pd.read_csv(csv_path)
+    assert len(frame) == 1 and (frame["point_s"] > 0).all() and not frame["complete"].any()
+    assert json.loads((tmp_path / "results.json").read_text())["header"]["points_planned"] == 4

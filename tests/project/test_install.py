@@ -158,7 +158,7 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
 
     results, install_site = tmp_path / "results", tmp_path / "site"
     environment = {**os.environ, "PATH": f"{image / 'bin'}:{os.environ['PATH']}", "WHEELS": str(wheels),
-                   "SITE": str(install_site), "PYTHONPATH": "", "VIRTUAL_ENV": str(image)}
+                   "SITE": str(install_site), "PYTHONPATH": "", "VIRTUAL_ENV": str(image), "PYTEST_OPTIONS": "-n 2"}
     run = subprocess.run(["bash", str(ROOT / "experiments/gpu_check/run.sh"), str(results)], env=environment,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]  # the benchmarks' refusal (exit 2)
@@ -170,6 +170,7 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
         "hydra_joblib_launcher", "hydra_submitit_launcher"}
     tests = (results / "pytest_gpu.txt").read_text()
     assert re.search(r"\b\d+ skipped\b", tests) and not re.search(r"\b(failed|error)", tests), tests[-2000:]
+    assert "2 workers" in tests  # PYTEST_OPTIONS reached pytest
     for mode in ("inference", "train"):
         log = (results / mode / "log.txt").read_text()
         assert "device=cuda but no GPU is visible: use device=cpu" in log and "Traceback" not in log, log[-2000:]
