@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 FORMS = ("parallel", "chunk", "recurrent")
@@ -19,7 +21,10 @@ def state_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 
-def in_state_dtype(device: torch.device) -> torch.autocast:
+def in_state_dtype(device: torch.device) -> contextlib.AbstractContextManager:
     """A region whose products run in the dtype of their inputs, which the forms make fp32
-    (:func:`state_dtype`) for states and carries: autocast would run them in bf16/fp16."""
-    return torch.autocast(device.type, enabled=False)
+    (:func:`state_dtype`) for states and carries: autocast, where it is on, would run them in
+    bf16/fp16. (The dtype is named: asking autocast for its own fails in some processes.)"""
+    if device.type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type), enabled=False)
