@@ -139,7 +139,8 @@ def test_bad_sharded_input_fails_in_one_line(runs: tuple[Path, Path, Path], tmp_
         ([f"ckpt_path={truncated}"], f"{truncated} is not a whole sharded checkpoint (__0_0.distcp is truncated: 100 of"),
         ([f"ckpt_path={source}", "size=small"], "the overrides change the model (embed.weight: (512, 64) in the "
                                                 "checkpoint, (4096, 128) now)"),
-        ([f"ckpt_path={source}", "model=transformer"], "the overrides change the model"),
+        ([f"ckpt_path={source}", "model=transformer"], "that run trained MCSD (model=mcsd), and model=transformer asks "
+                                                       "for Transformer; a resumed run keeps its model"),
         ([f"init_from={missing}", *RUN], f"{missing} is not a whole sharded checkpoint (__1_0.distcp is missing)"),
     ]
     for number, (overrides, message) in enumerate(cases):

@@ -130,9 +130,11 @@ def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_pa
     # Past the 64 tokens of the run's data.seq_len: a warning, from the model folder and from a checkpoint alike.
     assert json.loads((run_dir / "model" / "training.json").read_text()) == {"seq_len": 64}
     for ckpt in (run_dir, run_dir / "checkpoints" / "last.ckpt"):
-        result = run_here("mcsd-generate", f"ckpt={ckpt}", "prompt=" + "The for statement " * 20, "max_new_tokens=4",
+        long_prompt = " ".join(["The for statement"] * 25)
+        result = run_here("mcsd-generate", f"ckpt={ckpt}", f"prompt={long_prompt}", "max_new_tokens=4",
                           "temperature=0", cwd=tmp_path)
-        prompt_tokens = len(tokenizer.encode("The for statement " * 20).ids)
+        prompt_tokens = len(tokenizer.encode(long_prompt).ids)
+        assert prompt_tokens + 4 > 64
         assert result.returncode == 0 and (
             f"mcsd-generate: warning: the prompt ({prompt_tokens} tokens) and max_new_tokens=4 reach past the 64 tokens "
             "a sequence had in training (data.seq_len)") in result.stderr, result.stderr
