@@ -27,7 +27,6 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict
-
 from tokenizers import Tokenizer
 
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
