@@ -458,10 +458,11 @@ def _remove_empty_run_dir(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
     if run_dir == Path.cwd() or run_dir in Path.cwd().parents:
         return  # a command that writes where it runs (mcsd-export)
+    hydra_log = f"{HydraConfig.get().job.name}.log"  # what Hydra itself writes there, with .hydra/
     written = [path for path in run_dir.rglob("*") if path.is_file()
-               and ".hydra" not in path.relative_to(run_dir).parts and path.suffix != ".log"]
+               and ".hydra" not in path.relative_to(run_dir).parts and path.relative_to(run_dir) != Path(hydra_log)]
     if not run_dir.is_dir() or written:
-        return
+        return  # a folder holding anything else (a user's files: hydra.run.dir=THEIR_FOLDER) is left whole
     shutil.rmtree(run_dir)
     # A sweep whose jobs all failed so leaves no folder either (Hydra's multirun.yaml does not count).
     sweep_dir = run_dir.parent

@@ -17,6 +17,7 @@ import csv
 import math
 import re
 import shutil
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -222,21 +223,25 @@ def export(cfg: DictConfig) -> Path:
     out = Path(cfg.out).expanduser().resolve()
     check_out(str(cfg.out), out, saved, cfg.overwrite)
     model, tokenizer = load(saved.path), load_tokenizer(saved.path)
-    staging = out.parent / f".{out.name}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    # A folder of our own beside out (a fresh name: nothing there but what this export puts in it) holds
+    # the new export while it is written and the earlier one while the new one moves into place.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging, earlier = work / "new", work / "earlier"
     try:
+        staging.mkdir()
         write_export(model, tokenizer, staging, model_card(model, saved, describe_training(saved)))
         give_default_permissions(staging)  # the weights are written 0600
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    earlier = out.parent / f".{out.name}.replaced"
-    if out.is_dir():  # an earlier export (check_out): moved aside, then removed once the new one is in place
-        shutil.rmtree(earlier, ignore_errors=True)
-        out.rename(earlier)
-    staging.rename(out)
-    shutil.rmtree(earlier, ignore_errors=True)
+        if out.is_dir():  # an earlier export (check_out)
+            out.rename(earlier)
+        try:
+            staging.rename(out)
+        except BaseException:
+            if earlier.is_dir():
+                earlier.rename(out)  # the earlier export back in its place
+            raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     print(f"exported {saved.name} to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)",
           flush=True)
     if cfg.push_to_hub:

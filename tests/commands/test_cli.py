@@ -392,6 +392,17 @@ def test_the_projects_error_inside_hydras_wrappers_is_its_one_line(capsys: pytes
         run_or_exit("mcsd-train", lambda: (_ for _ in ()).throw(InstantiationException("not ours")))
 
 
+def test_a_refused_run_in_a_users_folder_removes_none_of_its_files(tmp_path: Path) -> None:
+    """hydra.run.dir naming a user's folder that holds only a .log file of theirs: the refused run
+    cleans up after itself without taking that file (any *.log counted as Hydra's before)."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.log").write_text("a user's own log\n")
+    result = run_here("mcsd-train", *FAST, "hydra.run.dir=mine", "optimizer.lr=-1e-3", cwd=tmp_path)
+    assert result.returncode == 2 and "optimizer.lr=-0.001 must be 0 or more" in result.stderr
+    assert (folder / "notes.log").read_text() == "a user's own log\n"
+
+
 def test_a_file_this_user_may_not_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """A PermissionError anywhere in a command (a file it may not read or write) ends it in one
     line naming the file (as root, chmod cannot make a file unreadable, so it is raised here)."""
