@@ -44,6 +44,7 @@ from mcsd.data.tokenizer import load_tokenizer as load_tokenizer_file
 from mcsd.errors import MCSDError
 from mcsd.models.build import make_config
 from mcsd.models.config import LMConfig
+from mcsd.ops.kernels import KERNELS, kernels_problem
 from mcsd.training.callbacks import DivergedError, SaveFinalModel, StopOnDivergence
 from mcsd.training.fsdp import FSDP2Strategy
 from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, plan_memory
@@ -102,6 +103,10 @@ def _problems(cfg: DictConfig) -> Iterator[str]:
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         yield (f"trainer.accelerator={accelerator} needs a CUDA GPU, and none is visible here: train on the CPU "
                "(trainer=default, or trainer=cpu), or run on a machine with one")
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    kernels = cfg.model.get("kernels", "auto")
+    if kernels in KERNELS and (problem := kernels_problem(kernels, "cuda" if gpu else "cpu")):
+        yield problem
     max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
     if cfg.data.get("token_budget") is None:
         by_epochs = max_steps == -1 and isinstance(max_epochs, int) and max_epochs >= 1

@@ -123,7 +123,7 @@ def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = N
     directory.mkdir(parents=True, exist_ok=True)
     save_model(model, str(directory / WEIGHTS_FILE))
     give_default_permissions(directory / WEIGHTS_FILE)  # safetensors writes it 0600
-    (directory / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    (directory / CONFIG_FILE).write_text(json.dumps(model.config.to_portable_dict(), indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))
     if seq_len is not None:

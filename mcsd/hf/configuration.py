@@ -34,7 +34,7 @@ class MCSDHFConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs: Any) -> None:
         if self.mcsd_model is not None:
             config = make_config(self.mcsd_model)
-            self.mcsd_model = config.to_dict()
+            self.mcsd_model = config.to_portable_dict()
             self.architecture = registry.of_config(config).name
             self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
             self.num_hidden_layers = config.num_layers

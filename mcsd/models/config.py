@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcsd.errors import MCSDError
+from mcsd.ops.kernels import KERNELS
 
 
 class ConfigError(MCSDError):
@@ -22,6 +23,13 @@ class ConfigError(MCSDError):
 def require_positive_int(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"model.{name}={value!r} must be a positive integer")
+
+
+def check_kernels(kernels: Any) -> None:
+    """Refuse a ``model.kernels`` that is not one of :data:`mcsd.ops.kernels.KERNELS`."""
+    if kernels not in KERNELS:
+        raise ConfigError(f"model.kernels={kernels!r} is unknown: use one of {', '.join(KERNELS)} (auto: "
+                          "flash-linear-attention's kernels on a CUDA GPU, PyTorch elsewhere)")
 
 
 def class_path(cls: type) -> str:
@@ -41,6 +49,10 @@ class LMConfig:
     matches. ``mlp_hidden_size`` is then that architecture's MLP width at the same
     skeleton, and this architecture's own width is chosen (a multiple of 8) so that the two
     parameter counts are as close as they can be; the resolved config holds the chosen width.
+
+    ``kernels``: what runs the mixers' chunk and recurrent forms (:mod:`mcsd.ops.kernels`):
+    ``auto`` (flash-linear-attention's kernels on a CUDA GPU where fla imports, PyTorch
+    elsewhere), ``torch`` or ``fla``. It changes how, never what, a model computes.
     """
 
     vocab_size: int
@@ -53,6 +65,7 @@ class LMConfig:
     tie_embeddings: bool = False
     init_std: float = 0.02
     activation_checkpointing: bool = False
+    kernels: str = "auto"
     equal_params_to: str | None = None
 
     def __post_init__(self) -> None:
@@ -64,6 +77,7 @@ class LMConfig:
         if width == 0 and self.equal_params_to is not None:
             raise ConfigError(f"model.mlp_hidden_size=0 (no MLP) leaves nothing to size for model.equal_params_to="
                               f"{self.equal_params_to}: set model.equal_params_to=null")
+        check_kernels(self.kernels)
         if self.hidden_size % self.num_channels:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} is not divisible by model.num_channels="
@@ -95,6 +109,11 @@ class LMConfig:
     def to_dict(self) -> dict[str, Any]:
         """The config as a plain dict with its ``_target_``, as saved beside checkpoints."""
         return {"_target_": class_path(type(self)), **dataclasses.asdict(self)}
+
+    def to_portable_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` as a model folder holds it: ``kernels: auto``, since which kernels run
+        is the choice of the machine that loads it (as ``model.kernels`` is of a run)."""
+        return {**self.to_dict(), "kernels": "auto"}
 
 
 SKELETON_FIELDS = tuple(field.name for field in dataclasses.fields(LMConfig) if field.name != "equal_params_to")

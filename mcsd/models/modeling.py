@@ -11,6 +11,7 @@ skeleton only scales the projections that write into the residual stream.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import weakref
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from mcsd.models.config import ConfigError, LMConfig
+from mcsd.models.config import ConfigError, LMConfig, check_kernels
 from mcsd.models.modules.compiled import compiled_method
 from mcsd.models.modules.layers import GatedMLP, OneStream, weight_flops_per_token
 from mcsd.models.modules.mixer import TokenMixer
@@ -180,6 +181,16 @@ class CausalLM(nn.Module):
                 ("final_norm", functools.partial(nn.RMSNorm, config.hidden_size, eps=config.norm_eps)),
                 ("streams", functools.partial(cls.make_streams, config)),
                 ("lm_head", functools.partial(nn.Linear, config.hidden_size, config.vocab_size, bias=False))]
+
+    def use_kernels(self, kernels: str) -> None:
+        """Run the mixers' chunk and recurrent forms through ``kernels`` (``model.kernels``:
+        :mod:`mcsd.ops.kernels`) from now on: each mixer that calls an op reads its own
+        ``kernels``; the config says the same. What the model computes does not change."""
+        check_kernels(kernels)
+        self.config = dataclasses.replace(self.config, kernels=kernels)
+        for module in self.modules():
+            if hasattr(module, "kernels"):
+                module.kernels = kernels
 
     @property
     def default_form(self) -> str:

@@ -88,6 +88,7 @@ class Section(torch.nn.Module):
         self.kind = kind
         self.num_channels = config.num_channels
         self.chunk_size = config.chunk_size
+        self.kernels = config.kernels
         width = config.channel_width
         self.norm = (ChannelRMSNorm(config.num_channels, width, config.norm_eps, config.decay_norm_gain_init)
                      if kind == "decay" and config.decay_norm == "rmsnorm" else None)
@@ -120,7 +121,8 @@ class Section(torch.nn.Module):
             return torch.stack(outputs, dim=1), state
         channels_first = values.transpose(1, 2)  # [B, C, N, Dc]
         log_decay = self.log_decay(values.device)
-        filtered, final = exp_filter(channels_first, log_decay, self.filter_state(state, position), form, self.chunk_size)
+        filtered, final = exp_filter(channels_first, log_decay, self.filter_state(state, position), form, self.chunk_size,
+                                     self.kernels)
         return self.finish(filtered, final, channels_first, position)
 
     def filter_state(self, state: torch.Tensor | None, position: int) -> torch.Tensor | None:
@@ -301,7 +303,8 @@ class MCSDBlock(TokenMixer):
         if states[0] is not None:
             initial = torch.cat([section.filter_state(state, position) for section, state in zip(self.sections, states)],
                                 dim=1)
-        filtered, final = exp_filter(channels_first, log_decay, initial, form, self.sections[0].chunk_size)
+        filtered, final = exp_filter(channels_first, log_decay, initial, form, self.sections[0].chunk_size,
+                                     self.sections[0].kernels)
         # Slices, not split(): finish() may add token 0's row in place, which autograd allows on a view
         # of one slice but not on one of split()'s several. Each state a tensor of its own: decoding
         # advances them in place, and a compiled step given views of one base (two decay sections'

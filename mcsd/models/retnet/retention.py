@@ -40,6 +40,7 @@ class MultiScaleRetention(TokenMixer):
         self.key_width = config.channel_width
         self.value_width = config.value_expansion * config.channel_width
         self.chunk_size = config.chunk_size
+        self.kernels = config.kernels
         self.rope_base = config.rope_base
         self.init_std = config.init_std
         value_total = self.num_heads * self.value_width
@@ -66,7 +67,7 @@ class MultiScaleRetention(TokenMixer):
         key = rotary(key, position, self.rope_base) / math.sqrt(self.key_width)
         value = value.transpose(1, 2)
         log_decay = section_log_decay("decay", self.num_heads, x.device, state_dtype(value))  # log(1 - 2^(-5-h))
-        retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size)
+        retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size, self.kernels)
         mixed = self.norm(retained.transpose(1, 2)) * F.silu(gate)  # [B, N, H, dv]
         return self.out_proj(mixed.reshape(batch, length, -1)), state
 
@@ -84,6 +85,7 @@ class MultiScaleRetention(TokenMixer):
         if state is None:
             state = x.new_zeros(batch, self.num_heads, self.key_width, self.value_width, dtype=state_dtype(value))
         log_decay = section_log_decay("decay", self.num_heads, x.device, state_dtype(value))[None, :].expand(batch, -1)
-        retained, state = decayed_attention_step(query, key / math.sqrt(self.key_width), value, log_decay, state)
+        retained, state = decayed_attention_step(query, key / math.sqrt(self.key_width), value, log_decay, state,
+                                                 self.kernels)
         mixed = self.norm(retained) * F.silu(gate)  # [B, H, dv]
         return self.out_proj(mixed.reshape(batch, -1)), state

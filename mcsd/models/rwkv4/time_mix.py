@@ -46,7 +46,7 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         super().__init__()
         width = config.hidden_size
         self.layer_index, self.num_layers = layer_index, config.num_layers
-        self.init_std, self.chunk_size = config.init_std, config.chunk_size
+        self.init_std, self.chunk_size, self.kernels = config.init_std, config.chunk_size, config.kernels
         self.time_decay = nn.Parameter(torch.empty(width))
         self.time_first = nn.Parameter(torch.empty(width))
         self.mix_k, self.mix_v, self.mix_r = mixing_coefficients(config.perspectives, width, 3)
@@ -84,7 +84,7 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         v = self.value(mix(shifted, x, self.mix_v))
         r = self.receptance(mix(shifted, x, self.mix_r))
         mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, form=form,
-                               chunk_size=self.chunk_size)
+                               chunk_size=self.chunk_size, kernels=self.kernels)
         return self.output(torch.sigmoid(r) * mixed), (x[:, -1].to(state_dtype(x)), wkv_state)
 
     def step(self, x: torch.Tensor, state, position: int | torch.Tensor):
@@ -96,7 +96,7 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         r = self.receptance(mix(shifted, x, self.mix_r))
         if wkv_state is None:
             wkv_state = empty_wkv_state(x.shape[0], x.shape[1], x.device, state_dtype(v))
-        mixed, wkv_state = wkv_step(torch.exp(self.time_decay), self.time_first, k, v, wkv_state)
+        mixed, wkv_state = wkv_step(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, self.kernels)
         return self.output(torch.sigmoid(r) * mixed), (x.to(state_dtype(x)), wkv_state)
 
 

@@ -40,6 +40,7 @@ class StateSpaceDuality(TokenMixer):
         self.head_width = self.inner_width // self.num_heads
         self.state_size = config.state_size
         self.chunk_size = config.chunk_size
+        self.kernels = config.kernels
         self.rope_base = config.rope_base
         self.init_std = config.init_std
         self.dt_range = (config.dt_min, config.dt_max)
@@ -80,7 +81,7 @@ class StateSpaceDuality(TokenMixer):
         log_decay = dt * -torch.exp(self.A_log.to(accumulate))[:, None]  # dt A
         inner = inner.view(batch, length, self.num_heads, self.head_width).transpose(1, 2)  # [B, H, N, P]
         values = inner * dt[..., None].to(inner.dtype)
-        mixed, state = decayed_attention(queries, keys, values, log_decay, state, form, self.chunk_size)
+        mixed, state = decayed_attention(queries, keys, values, log_decay, state, form, self.chunk_size, self.kernels)
         mixed = mixed + self.skip[:, None, None].to(inner.dtype) * inner
         gated = self.gated_norm(mixed.transpose(1, 2).reshape(batch, length, self.inner_width), gate)
         return self.out_proj(gated), state
@@ -104,7 +105,8 @@ class StateSpaceDuality(TokenMixer):
         inner = inner.view(batch, self.num_heads, self.head_width)  # [B, H, P]
         if state is None:
             state = x.new_zeros(batch, self.num_heads, self.state_size, self.head_width, dtype=accumulate)
-        mixed, state = decayed_attention_step(queries, keys, inner * dt[..., None].to(inner.dtype), log_decay, state)
+        mixed, state = decayed_attention_step(queries, keys, inner * dt[..., None].to(inner.dtype), log_decay, state,
+                                              self.kernels)
         mixed = mixed + self.skip[:, None].to(inner.dtype) * inner
         return self.out_proj(self.gated_norm(mixed.reshape(batch, self.inner_width), gate)), state
 

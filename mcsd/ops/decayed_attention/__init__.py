@@ -6,7 +6,9 @@ state-space duality of Mamba-2 (SSD), in three forms that compute the same funct
 carried state across them: the training form) and ``recurrent`` (one token at a time).
 All take an initial state and return the final state, fp32, with decays in log-space.
 MCSD's decay section is its special case ``Dk = 1``, ``q = k = 1`` without the diagonal:
-``exp_filter(x) = decayed_attention(1, 1, x) - x``.
+``exp_filter(x) = decayed_attention(1, 1, x) - x``. ``kernels`` (:mod:`mcsd.ops.kernels`) runs
+the chunk and recurrent forms and the decoding step through flash-linear-attention's simple GLA
+kernels (:mod:`mcsd.ops.decayed_attention.fla_backend`) on a GPU.
 """
 
 from __future__ import annotations
@@ -15,16 +17,21 @@ import torch
 
 from mcsd.ops.common import FORMS, check_form
 from mcsd.ops.decayed_attention.chunk import chunk_decayed_attention
+from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention
 from mcsd.ops.decayed_attention.naive import parallel_decayed_attention, per_token_log_decay, segment_log_decays
 from mcsd.ops.decayed_attention.recurrent import decayed_attention_step, recurrent_decayed_attention
+from mcsd.ops.kernels import uses_fla
 
 
 def decayed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64, kernels: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to one form; returns ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``."""
+    """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
+    ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``."""
     check_form(form)
+    if uses_fla(kernels, q.device, form):
+        return fla_decayed_attention(q, k, v, log_decay, initial_state, form)
     if form == "chunk":
         return chunk_decayed_attention(q, k, v, log_decay, initial_state, chunk_size)
     if form == "parallel":
@@ -37,6 +44,7 @@ __all__ = [
     "chunk_decayed_attention",
     "decayed_attention",
     "decayed_attention_step",
+    "fla_decayed_attention",
     "parallel_decayed_attention",
     "per_token_log_decay",
     "recurrent_decayed_attention",

@@ -8,14 +8,20 @@ from __future__ import annotations
 import torch
 
 from mcsd.ops.common import state_dtype
+from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention_step
 from mcsd.ops.decayed_attention.naive import per_token_log_decay
+from mcsd.ops.kernels import uses_fla
 
 
 def decayed_attention_step(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, state: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, state: torch.Tensor,
+    kernels: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token: ``q``, ``k`` ``[B, H, Dk]``, ``v`` ``[B, H, Dv]``, ``log_decay`` ``[B, H]``,
-    ``state`` ``[B, H, Dk, Dv]`` -> (output ``[B, H, Dv]``, new state)."""
+    ``state`` ``[B, H, Dk, Dv]`` -> (output ``[B, H, Dv]``, new state); through fla's fused
+    recurrent kernel where ``kernels`` says so."""
+    if uses_fla(kernels, q.device, "recurrent"):
+        return fla_decayed_attention_step(q, k, v, log_decay, state)
     decay = torch.exp(log_decay.to(state.dtype))[..., None, None]
     state = decay * state + k.to(state.dtype)[..., :, None] * v.to(state.dtype)[..., None, :]
     return torch.einsum("bhk,bhkv->bhv", q.to(state.dtype), state).to(v.dtype), state

@@ -3,7 +3,9 @@
 ``y[n] = sum_{j<n} a^(n-j) x[j] + a^n h0`` for each channel's decay ``a = exp(log_decay)``,
 in three forms that compute the same function: ``parallel`` (N x N matrix, the reference),
 ``chunk`` (intra-chunk matrix + carried state, the training default) and ``recurrent``
-(one token at a time). All take an initial state and return the final state.
+(one token at a time). All take an initial state and return the final state. ``kernels`` (:mod:`mcsd.ops.kernels`)
+runs the chunk and recurrent forms through flash-linear-attention's HGRN kernels
+(:mod:`mcsd.ops.exp_filter.fla_backend`) on a GPU.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import torch
 
 from mcsd.ops.common import FORMS, check_form
 from mcsd.ops.exp_filter.chunk import chunk_exp_filter
+from mcsd.ops.exp_filter.fla_backend import fla_exp_filter
 from mcsd.ops.exp_filter.naive import decay_powers, exp_filter_matrix, parallel_exp_filter
 from mcsd.ops.exp_filter.recurrent import exp_filter_step, recurrent_exp_filter
+from mcsd.ops.kernels import uses_fla
 
 
 def exp_filter(
@@ -22,9 +26,13 @@ def exp_filter(
     initial_state: torch.Tensor | None = None,
     form: str = "chunk",
     chunk_size: int = 64,
+    kernels: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to one form; returns ``(output [B, C, N, D], final_state [B, C, D] fp32)``."""
+    """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
+    ``(output [B, C, N, D], final_state [B, C, D] fp32)``."""
     check_form(form)
+    if uses_fla(kernels, x.device, form):
+        return fla_exp_filter(x, log_decay, initial_state, form)
     if form == "chunk":
         return chunk_exp_filter(x, log_decay, initial_state, chunk_size)
     if form == "parallel":
@@ -39,6 +47,7 @@ __all__ = [
     "exp_filter",
     "exp_filter_matrix",
     "exp_filter_step",
+    "fla_exp_filter",
     "parallel_exp_filter",
     "recurrent_exp_filter",
 ]

@@ -3,7 +3,9 @@
 function: ``parallel`` (all logits of a row at once, the reference), ``chunk`` (parallel
 inside chunks, the state carried across them: the training form) and ``recurrent`` (one
 token at a time with the max trick: decoding). The state ``(a, b, p)`` ``[B, 3, D]`` is fp32;
-no form exponentiates a key unguarded.
+no form exponentiates a key unguarded. ``kernels`` (:mod:`mcsd.ops.kernels`) runs the chunk and
+recurrent forms and the decoding step through flash-linear-attention's fused RWKV-4 kernel
+(:mod:`mcsd.ops.wkv.fla_backend`) on a GPU.
 """
 
 from __future__ import annotations
@@ -11,17 +13,22 @@ from __future__ import annotations
 import torch
 
 from mcsd.ops.common import FORMS, check_form
+from mcsd.ops.kernels import uses_fla
 from mcsd.ops.wkv.chunk import chunk_wkv
+from mcsd.ops.wkv.fla_backend import fla_wkv
 from mcsd.ops.wkv.naive import EMPTY_LOG_SCALE, empty_wkv_state, parallel_wkv
 from mcsd.ops.wkv.recurrent import recurrent_wkv, wkv_step
 
 
 def wkv(
     w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64, kernels: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to one form; returns ``(wkv [B, N, D], final_state [B, 3, D] fp32)``."""
+    """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
+    ``(wkv [B, N, D], final_state [B, 3, D] fp32)``."""
     check_form(form)
+    if uses_fla(kernels, k.device, form):
+        return fla_wkv(w, u, k, v, initial_state, form)
     if form == "chunk":
         return chunk_wkv(w, u, k, v, initial_state, chunk_size)
     if form == "parallel":
@@ -34,6 +41,7 @@ __all__ = [
     "FORMS",
     "chunk_wkv",
     "empty_wkv_state",
+    "fla_wkv",
     "parallel_wkv",
     "recurrent_wkv",
     "wkv",

@@ -11,12 +11,17 @@ from __future__ import annotations
 import torch
 
 from mcsd.ops.common import state_dtype
+from mcsd.ops.kernels import uses_fla
+from mcsd.ops.wkv.fla_backend import fla_wkv_step
 from mcsd.ops.wkv.naive import empty_wkv_state
 
 
 def wkv_step(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token: ``k``, ``v`` ``[B, D]``, ``state`` ``[B, 3, D]`` -> (``wkv [B, D]``, new state)."""
+             state: torch.Tensor, kernels: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: ``k``, ``v`` ``[B, D]``, ``state`` ``[B, 3, D]`` -> (``wkv [B, D]``, new state);
+    through fla's fused kernel where ``kernels`` says so."""
+    if uses_fla(kernels, k.device, "recurrent"):
+        return fla_wkv_step(w, u, k, v, state)
     dtype = state.dtype
     w, u, k, v32 = w.to(dtype), u.to(dtype), k.to(dtype), v.to(dtype)
     a, b, p = state.unbind(1)

@@ -1,0 +1,93 @@
+"""Which implementation runs an op's chunk and recurrent forms: this project's PyTorch forms
+(the reference, on every device) or flash-linear-attention's fused Triton kernels (``fla``, on
+a CUDA GPU). The setting is ``model.kernels``:
+
+- ``torch``: the PyTorch forms everywhere;
+- ``fla``: fla's kernels for the forms it has (an error, in one line, where it cannot run);
+- ``auto``: fla on a CUDA GPU when it imports, PyTorch otherwise.
+
+The parallel forms are always PyTorch's: they are the reference. Each op's adapter (the
+shapes, the shift and the state conventions that map it onto fla's op) lives beside the op,
+in ``fla_backend.py``; this module only decides and loads.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+
+import torch
+
+from mcsd.errors import MCSDError
+
+KERNELS = ("auto", "torch", "fla")
+"""The values of ``model.kernels``."""
+
+INSTALL_HINT = "pip install 'mcsd[gpu]' (fla-core and einops; Triton comes with CUDA PyTorch)"
+
+FLA_KERNELS: dict[tuple[str, str], tuple[str, str]] = {
+    ("exp_filter", "chunk"): ("fla.ops.hgrn", "chunk_hgrn"),
+    ("exp_filter", "recurrent"): ("fla.ops.hgrn", "fused_recurrent_hgrn"),
+    ("decayed_attention", "chunk"): ("fla.ops.simple_gla", "chunk_simple_gla"),
+    ("decayed_attention", "recurrent"): ("fla.ops.simple_gla", "fused_recurrent_simple_gla"),
+    ("wkv", "chunk"): ("fla.ops.rwkv4", "fused_recurrent_rwkv4"),  # fla has only the fused recurrence
+    ("wkv", "recurrent"): ("fla.ops.rwkv4", "fused_recurrent_rwkv4"),
+}
+"""``(op, form)`` -> ``(module, function)`` of the fla kernel that serves it."""
+
+
+class KernelsUnavailable(MCSDError):
+    """``model.kernels=fla`` where fla's kernels cannot run."""
+
+
+@functools.cache
+def fla_import_problem() -> str | None:
+    """Why fla's ops do not import here (``None`` when they do); tried once per process."""
+    try:
+        for module in {module for module, _ in FLA_KERNELS.values()}:
+            importlib.import_module(module)
+    except Exception as error:  # noqa: BLE001 - a missing package, or a Triton that does not fit this torch
+        return f"{type(error).__name__}: {error}".splitlines()[0]
+    return None
+
+
+def fla_runs_on(device: torch.device) -> bool:
+    """Whether fla's Triton kernels run on ``device``: a CUDA GPU."""
+    return device.type == "cuda"
+
+
+def kernels_problem(kernels: str, device: torch.device | str) -> str | None:
+    """Why ``kernels`` cannot run on ``device`` (one line naming the setting and the fix), or
+    ``None``: what the commands check before anything runs."""
+    if kernels != "fla":
+        return None
+    problem = fla_import_problem()
+    if problem is not None:
+        return (f"model.kernels=fla needs flash-linear-attention's kernels, which do not import here ({problem}): "
+                f"{INSTALL_HINT}, or use model.kernels=auto (PyTorch where fla cannot run) or model.kernels=torch")
+    device = torch.device(device)
+    if not fla_runs_on(device):
+        return (f"model.kernels=fla runs Triton kernels on a CUDA GPU, and this model runs on {device.type}: "
+                "use model.kernels=auto (fla on a GPU, PyTorch elsewhere) or model.kernels=torch")
+    return None
+
+
+def uses_fla(kernels: str, device: torch.device, form: str) -> bool:
+    """Whether an op's ``form`` on ``device`` runs through fla's kernels under ``kernels``."""
+    if kernels == "torch" or form == "parallel":
+        return False
+    if kernels == "auto":
+        return fla_runs_on(device) and fla_import_problem() is None
+    problem = kernels_problem(kernels, device)
+    if problem is not None:
+        raise KernelsUnavailable(problem)
+    return True
+
+
+@functools.cache
+def fla_kernel(op: str, form: str) -> Callable:
+    """The fla function that serves ``op``'s ``form`` (:data:`FLA_KERNELS`), out of reach of
+    ``torch.compile`` (a graph breaks around it: its Triton kernels are compiled already)."""
+    module, name = FLA_KERNELS[(op, form)]
+    return torch.compiler.disable(getattr(importlib.import_module(module), name))

@@ -1,0 +1,31 @@
+"""flash-linear-attention's RWKV-4 kernel (``fla.ops.rwkv4.fused_recurrent_rwkv4``, which has no
+naive reference of its own) written out in PyTorch from its Triton source, in its conventions:
+the decay is ``exp(-exp(w))``, the state ``[B, 3, 1, D]`` holds ``(alpha, beta, eps)``. The CPU
+tests route models through it where a GPU would run the kernel; the interpreter test checks it
+against the kernel itself."""
+
+from __future__ import annotations
+
+import torch
+
+
+def naive_recurrent_rwkv4(
+    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w``, ``u`` ``[D]``, ``k``, ``v`` ``[B, T, D]``, ``state`` ``[B, 3, 1, D]`` -> (wkv ``[B, T, D]``,
+    the state after the last token ``[B, 3, 1, D]``), in the dtype of ``k``."""
+    decay = -torch.exp(w.float())
+    alpha, beta, eps = (part[:, 0].float() for part in state.unbind(1))
+    outputs = []
+    for t in range(k.shape[1]):
+        key, value = k[:, t].float(), v[:, t].float()
+        bonus = u.float() + key
+        tau = torch.maximum(bonus, eps)
+        old, new = torch.exp(eps - tau), torch.exp(bonus - tau)
+        outputs.append((old * alpha + new * value) / (old * beta + new))
+        decayed = decay + eps
+        eps = torch.maximum(decayed, key)
+        old, new = torch.exp(decayed - eps), torch.exp(key - eps)
+        alpha, beta = old * alpha + new * value, old * beta + new
+    final = torch.stack([alpha, beta, eps], dim=1)[:, :, None]
+    return torch.stack(outputs, dim=1).to(k.dtype), final.to(k.dtype)

@@ -1,0 +1,290 @@
+"""The fla backend (``mcsd/ops/*/fla_backend.py``, :mod:`mcsd.ops.kernels`): each adapter, run over
+flash-linear-attention's own pure-PyTorch references, equals this project's parallel form (outputs,
+final states, gradients; initial states, odd lengths, per-head and per-token decays, the filter's
+strict causality); fla's kernels take the arguments the adapters pass them; ``model.kernels``
+decides where they run. Every architecture with ``kernels=fla`` routed through the references
+equals itself with ``kernels=torch``. fla's Triton kernels run on a GPU (``tests/gpu/``) and, its
+fused recurrences, in Triton's interpreter here (the slow test at the end).
+
+fla's references compute in fp32 whatever they are given, so the inputs are fp32 and the
+parallel forms they are held to run in fp64."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.fla_references import naive_recurrent_rwkv4
+from helpers.models import TINY, relative_rms_error, tiny_model
+from mcsd.models import registry
+from mcsd.ops import kernels
+from mcsd.ops.decayed_attention import decayed_attention_step, fla_decayed_attention, parallel_decayed_attention
+from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention_step
+from mcsd.ops.exp_filter import fla_exp_filter, parallel_exp_filter
+from mcsd.ops.kernels import FLA_KERNELS, KernelsUnavailable, uses_fla
+from mcsd.ops.wkv import fla_wkv, parallel_wkv, wkv_step
+from mcsd.ops.wkv.fla_backend import fla_wkv_step
+
+hgrn_naive = pytest.importorskip("fla.ops.hgrn.naive", reason="flash-linear-attention (fla-core: the dev extra)")
+simple_gla_naive = pytest.importorskip("fla.ops.simple_gla.naive")
+naive_recurrent_hgrn = hgrn_naive.naive_recurrent_hgrn
+naive_chunk_simple_gla, naive_recurrent_simple_gla = (simple_gla_naive.naive_chunk_simple_gla,
+                                                      simple_gla_naive.naive_recurrent_simple_gla)
+
+LENGTHS = [1, 63, 64, 65, 301]
+TOLERANCE = 1e-5  # relative RMS: fp32 references against fp64 parallel forms
+REFERENCES = {"chunk": naive_chunk_simple_gla, "recurrent": naive_recurrent_simple_gla}
+
+
+def generator(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def assert_close(actual: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> None:
+    for got, want in zip(actual, expected, strict=True):
+        assert got.shape == want.shape
+        if not want.any():  # length 1 from no state (or a decay's gradient there): nothing to relate to
+            assert got.abs().max() < 1e-6
+            continue
+        assert relative_rms_error(got, want) < TOLERANCE
+
+
+def gradients(outputs: tuple[torch.Tensor, torch.Tensor], inputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """The gradients of a fixed random projection of (output, final state) with respect to ``inputs``."""
+    weights = [torch.randn(tensor.shape, generator=generator(1)).to(tensor.dtype) for tensor in outputs]
+    loss = sum((tensor * weight).sum() for tensor, weight in zip(outputs, weights))
+    return torch.autograd.grad(loss, inputs)
+
+
+def fp64(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    return [None if tensor is None else tensor.detach().double().requires_grad_(tensor.requires_grad)
+            for tensor in tensors]
+
+
+# The exponential filter through HGRN
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("with_initial_state", [False, True])
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_exp_filter_over_hgrn_is_the_parallel_form(length: int, with_initial_state: bool, form: str) -> None:
+    x = torch.randn(2, 3, length, 4, generator=generator()).requires_grad_()
+    log_decay = torch.log(torch.tensor([0.5, 0.9, 0.999]))
+    initial = torch.randn(2, 3, 4, generator=generator(2)).requires_grad_() if with_initial_state else None
+    got = fla_exp_filter(x, log_decay, initial, form, kernel=naive_recurrent_hgrn)
+    x64, initial64 = fp64(x, initial)
+    expected = parallel_exp_filter(x64, log_decay.double(), initial64)
+    assert got[0].dtype == x.dtype and got[1].dtype == torch.float32
+    assert_close(got, expected)
+    leaves = [x] + ([initial] if with_initial_state else [])
+    assert_close(gradients(got, leaves), gradients(expected, [x64] + ([initial64] if with_initial_state else [])))
+
+
+def test_exp_filter_over_hgrn_is_strictly_causal() -> None:
+    """Position 0 reads the initial state alone and position n nothing of token n: the shift."""
+    x = torch.randn(1, 2, 10, 3, generator=generator())
+    log_decay = torch.log(torch.tensor([0.8, 0.95]))
+    initial = torch.randn(1, 2, 3, generator=generator(2))
+    output, _ = fla_exp_filter(x, log_decay, initial, kernel=naive_recurrent_hgrn)
+    assert torch.equal(output[:, :, 0], initial)
+    changed = x.clone()
+    changed[:, :, 5] += 1.0
+    moved, _ = fla_exp_filter(changed, log_decay, initial, kernel=naive_recurrent_hgrn)
+    assert torch.equal(moved[:, :, :6], output[:, :, :6]) and not torch.allclose(moved[:, :, 6], output[:, :, 6])
+
+
+def test_exp_filter_adapter_reads_channels_last_memory_as_a_view() -> None:
+    """The MCSD block hands the filter a channels-first view of ``[B, N, C, D]``: fla reads it as it is."""
+    seen = []
+
+    def kernel(features, g, initial_state, output_final_state):
+        seen.append(features)
+        return naive_recurrent_hgrn(features, g, initial_state, output_final_state)
+
+    channels_last = torch.randn(2, 7, 3, 4, generator=generator())
+    fla_exp_filter(channels_last.transpose(1, 2), torch.full((3,), -0.1), kernel=kernel)
+    assert seen[0].data_ptr() == channels_last.data_ptr()
+
+
+# Decayed attention through simple GLA
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("with_initial_state", [False, True])
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_decayed_attention_over_simple_gla_is_the_parallel_form(
+    length: int, with_initial_state: bool, per_token: bool, form: str
+) -> None:
+    q, k = (torch.randn(2, 3, length, 4, generator=generator(seed)).requires_grad_() for seed in (0, 1))
+    v = torch.randn(2, 3, length, 5, generator=generator(2)).requires_grad_()
+    log_decay = (-torch.rand(2, 3, length, generator=generator(3)) * 0.5 if per_token
+                 else torch.log1p(-(2.0 ** -torch.arange(5.0, 8.0)))).requires_grad_(per_token)
+    initial = torch.randn(2, 3, 4, 5, generator=generator(4)).requires_grad_() if with_initial_state else None
+    got = fla_decayed_attention(q, k, v, log_decay, initial, form, kernel=REFERENCES[form])
+    q64, k64, v64, log_decay64, initial64 = fp64(q, k, v, log_decay, initial)
+    expected = parallel_decayed_attention(q64, k64, v64, log_decay64, initial64)
+    assert got[0].dtype == v.dtype and got[1].dtype == torch.float32
+    assert_close(got, expected)
+    leaves = [q, k, v] + ([log_decay] if per_token else [])
+    leaves64 = [q64, k64, v64] + ([log_decay64] if per_token else [])
+    if form == "recurrent" and with_initial_state:  # the chunk reference starts from its state in place: no gradient
+        leaves, leaves64 = leaves + [initial], leaves64 + [initial64]
+    assert_close(gradients(got, leaves), gradients(expected, leaves64))
+
+
+def test_decayed_attention_step_over_simple_gla_is_the_step() -> None:
+    q, k = (torch.randn(2, 3, 4, generator=generator(seed)) for seed in (0, 1))
+    v = torch.randn(2, 3, 5, generator=generator(2))
+    log_decay = -torch.rand(2, 3, generator=generator(3))
+    state = torch.randn(2, 3, 4, 5, generator=generator(4))
+    got = fla_decayed_attention_step(q, k, v, log_decay, state, kernel=naive_recurrent_simple_gla)
+    assert_close(got, decayed_attention_step(*fp64(q, k, v, log_decay, state)))
+
+
+# RWKV-4's WKV through fla's fused recurrence, as its Triton source reads
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("with_initial_state", [False, True])
+def test_wkv_over_rwkv4_is_the_parallel_form(length: int, with_initial_state: bool) -> None:
+    w = torch.rand(6, generator=generator()) + 0.05
+    u = torch.randn(6, generator=generator(1))
+    k, v = (torch.randn(2, length, 6, generator=generator(seed)).requires_grad_() for seed in (2, 3))
+    initial = (parallel_wkv(w, u, torch.randn(2, 5, 6, generator=generator(4)), torch.randn(2, 5, 6))[1]
+               if with_initial_state else None)
+    got = fla_wkv(w, u, k, v, initial, kernel=naive_recurrent_rwkv4)
+    w64, u64, k64, v64, initial64 = fp64(w, u, k, v, initial)
+    expected = parallel_wkv(w64, u64, k64, v64, initial64)
+    assert got[0].dtype == v.dtype and got[1].dtype == torch.float32
+    assert_close(got[0:1], expected[0:1])
+    assert_close(got[1][:, :2] * torch.exp(got[1][:, 2:] - expected[1][:, 2:]), expected[1][:, :2])  # (a, b) at one scale
+    assert_close(gradients(got[0:1], [k, v]), gradients(expected[0:1], [k64, v64]))
+
+
+def test_wkv_step_over_rwkv4_is_the_step() -> None:
+    w, u = torch.rand(6, generator=generator()) + 0.05, torch.randn(6, generator=generator(1))
+    k, v = (torch.randn(2, 6, generator=generator(seed)) for seed in (2, 3))
+    state = parallel_wkv(w, u, torch.randn(2, 5, 6, generator=generator(4)), torch.randn(2, 5, 6))[1]
+    output, got = fla_wkv_step(w, u, k, v, state, kernel=naive_recurrent_rwkv4)
+    expected_output, expected = wkv_step(*fp64(w, u, k, v, state))
+    assert_close((output, got), (expected_output, expected))
+
+
+# fla's conventions
+
+
+@pytest.mark.parametrize(("op", "form"), list(FLA_KERNELS))
+def test_fla_kernels_take_the_arguments_the_adapters_pass(op: str, form: str) -> None:
+    """The adapters call HGRN and RWKV-4 positionally, simple GLA by keyword: a rename or a new
+    order in fla fails here, before a GPU sees it."""
+    parameters = list(inspect.signature(kernels.fla_kernel(op, form)).parameters)
+    expected = {"exp_filter": ["x", "g", "initial_state", "output_final_state"],
+                "wkv": ["w", "u", "k", "v", "state"]}
+    if op in expected:
+        assert parameters[:len(expected[op])] == expected[op]
+    else:
+        assert {"q", "k", "v", "g", "scale", "initial_state", "output_final_state"} <= set(parameters)
+
+
+# Where the kernels run
+
+
+def test_kernels_setting_decides_where_fla_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not uses_fla("torch", cuda, "chunk") and not uses_fla("fla", cuda, "parallel")
+    assert uses_fla("auto", cuda, "chunk") and uses_fla("fla", cuda, "recurrent")
+    assert not uses_fla("auto", cpu, "chunk")
+    with pytest.raises(KernelsUnavailable, match=r"model.kernels=fla runs Triton kernels on a CUDA GPU.*on cpu.*"
+                                                 r"model.kernels=auto"):
+        uses_fla("fla", cpu, "chunk")
+    monkeypatch.setattr(kernels, "fla_import_problem", lambda: "ModuleNotFoundError: No module named 'fla'")
+    assert not uses_fla("auto", cuda, "chunk")
+    with pytest.raises(KernelsUnavailable, match=r"do not import here \(ModuleNotFoundError.*pip install 'mcsd\[gpu\]'"):
+        uses_fla("fla", cuda, "chunk")
+
+
+def test_unknown_kernels_are_refused_in_one_line() -> None:
+    from mcsd.models.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.kernels='triton' is unknown: use one of auto, torch, fla"):
+        tiny_model("retnet", kernels="triton")
+    model = tiny_model("retnet")
+    with pytest.raises(ConfigError, match="model.kernels='cuda' is unknown"):
+        model.use_kernels("cuda")
+
+
+REFERENCE_KERNELS = {
+    ("exp_filter", "chunk"): naive_recurrent_hgrn,
+    ("exp_filter", "recurrent"): naive_recurrent_hgrn,
+    ("decayed_attention", "chunk"): naive_chunk_simple_gla,
+    ("decayed_attention", "recurrent"): naive_recurrent_simple_gla,
+    ("wkv", "chunk"): naive_recurrent_rwkv4,
+    ("wkv", "recurrent"): naive_recurrent_rwkv4,
+}
+
+
+@pytest.fixture
+def fla_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """fla's kernels replaced by its references (and the CPU taken for a device they run on);
+    returns the list that records each (op, form) served."""
+    served = []
+
+    def fla_kernel(op: str, form: str):
+        def kernel(*args, **kwargs):
+            served.append((op, form))
+            return REFERENCE_KERNELS[(op, form)](*args, **kwargs)
+        return kernel
+
+    for module in ("exp_filter", "decayed_attention", "wkv"):
+        monkeypatch.setattr(f"mcsd.ops.{module}.fla_backend.fla_kernel", fla_kernel)
+    monkeypatch.setattr(kernels, "fla_runs_on", lambda device: True)
+    return served
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+def test_every_architecture_with_fla_kernels_is_itself(name: str, fla_on_the_cpu: list) -> None:
+    """Each architecture's default variant: logits of every form it has and greedy decoding
+    after a prompt, with ``kernels=fla`` (fla's references standing in for its kernels) and
+    with ``kernels=torch``; the mixers that have an fla op did route through it."""
+    model = tiny_model(name, kernels="torch").eval()
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 70), generator=generator())
+    with torch.no_grad():
+        expected = {form: model(tokens, form=form) for form in model.architecture.forms}
+        expected_decoded = model.generate(tokens[:, :9], max_new_tokens=6)
+        model.use_kernels("fla")
+        assert model.config.kernels == "fla"
+        for form, logits in expected.items():
+            assert relative_rms_error(model(tokens, form=form), logits) < TOLERANCE, form
+        assert torch.equal(model.generate(tokens[:, :9], max_new_tokens=6), expected_decoded)
+    uses = {"mcsd": {"exp_filter"}, "retnet": {"decayed_attention"}, "wonderful_matrices": {"decayed_attention"},
+            "rwkv4": {"wkv"}, "transformer": set()}[model.architecture.name]
+    assert {op for op, _ in fla_on_the_cpu} == uses
+
+
+# fla's own kernels, in Triton's interpreter
+
+
+@pytest.mark.slow
+def test_fla_fused_recurrences_in_the_triton_interpreter() -> None:
+    """fla's fused recurrent kernels (HGRN, simple GLA, RWKV-4: forward and backward) run on the
+    CPU in Triton's interpreter, through the adapters, and equal the parallel forms; the RWKV-4
+    reference the tests above use equals fla's kernel. (Its chunk kernels use what the
+    interpreter lacks: the GPU tests hold them.)"""
+    tests = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get(
+        "PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-m", "helpers.fla_interpreter"], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(errors) == {"exp_filter", "exp_filter gradient", "decayed_attention", "decayed_attention gradient",
+                           "wkv", "wkv gradient", "rwkv4 reference"}
+    assert all(error < TOLERANCE for error in errors.values()), errors
