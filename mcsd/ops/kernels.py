@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from collections.abc import Callable
 
 import torch
@@ -23,6 +24,8 @@ from mcsd.errors import MCSDError
 
 KERNELS = ("auto", "torch", "fla")
 """The values of ``model.kernels``."""
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'mcsd[gpu]' (fla-core and einops; Triton comes with CUDA PyTorch)"
 
@@ -91,3 +94,18 @@ def fla_kernel(op: str, form: str) -> Callable:
     ``torch.compile`` (a graph breaks around it: its Triton kernels are compiled already)."""
     module, name = FLA_KERNELS[(op, form)]
     return torch.compiler.disable(getattr(importlib.import_module(module), name))
+
+
+def fall_back(kernels: str, problem: str) -> None:
+    """fla cannot serve one call, for ``problem`` (what it refuses, and the fix): under
+    ``kernels=fla`` an error, in one line; under ``auto`` that call runs the PyTorch form (said
+    once per problem)."""
+    if kernels == "fla":
+        raise KernelsUnavailable(f"model.kernels=fla: {problem}; or use model.kernels=auto (the PyTorch form "
+                                 "where fla cannot serve)")
+    _say_once(problem)
+
+
+@functools.cache
+def _say_once(problem: str) -> None:
+    log.warning("model.kernels=auto: %s; the PyTorch form runs there", problem)

@@ -4,6 +4,7 @@ a run: tests/training/test_train.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -20,6 +21,18 @@ def test_tied_embeddings_stay_tied(tmp_path: Path) -> None:
     mcsd.save(mcsd.build_model(config), tmp_path)
     loaded = mcsd.load(tmp_path)
     assert loaded.lm_head.weight is loaded.embed.weight
+
+
+def test_a_saved_model_runs_the_kernels_of_the_machine_that_loads_it(tmp_path: Path) -> None:
+    """model.kernels is a choice of the run: a model trained with kernels=fla is saved as auto
+    (fla on a GPU where it imports, PyTorch elsewhere), and a config of before the setting loads as auto."""
+    model = mcsd.build_model(tiny_config("retnet", kernels="fla"))
+    assert model.config.kernels == "fla" and model.layers[0].mixer.kernels == "fla"
+    mcsd.save(model, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["kernels"] == "auto"
+    assert mcsd.load(tmp_path).layers[0].mixer.kernels == "auto"
+    legacy = {key: value for key, value in tiny_config("retnet").items() if key != "kernels"}
+    assert mcsd.build_model(legacy).config.kernels == "auto"
 
 
 def test_a_path_without_a_model_is_named(tmp_path: Path) -> None:

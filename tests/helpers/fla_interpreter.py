@@ -57,6 +57,10 @@ def main() -> None:
     expected = parallel_decayed_attention(*leaves64, state.double())
     errors["decayed_attention"] = max(relative_rms_error(a, b) for a, b in zip(got, expected))
     errors["decayed_attention gradient"] = gradient_error(got[0], expected[0], [q, k, v, per_token], leaves64)
+    head_decay = torch.log1p(-(2.0 ** -torch.arange(5.0, 8.0)))  # RetNet's, through fla's g_gamma
+    got = fla_decayed_attention(q, k, v, head_decay, state, "recurrent", kernel=fused_recurrent_simple_gla)
+    expected = parallel_decayed_attention(*leaves64[:3], head_decay.double(), state.double())
+    errors["decayed_attention per head"] = max(relative_rms_error(a, b) for a, b in zip(got, expected))
 
     w, u = torch.rand(8) + 0.05, torch.randn(8)
     k, v = torch.randn(2, length, 8, requires_grad=True), torch.randn(2, length, 8, requires_grad=True)

@@ -1,10 +1,13 @@
-"""flash-linear-attention's RWKV-4 kernel (``fla.ops.rwkv4.fused_recurrent_rwkv4``, which has no
-naive reference of its own) written out in PyTorch from its Triton source, in its conventions:
-the decay is ``exp(-exp(w))``, the state ``[B, 3, 1, D]`` holds ``(alpha, beta, eps)``. The CPU
-tests route models through it where a GPU would run the kernel; the interpreter test checks it
-against the kernel itself."""
+"""What fla's references lack for the CPU tests: its RWKV-4 kernel (``fla.ops.rwkv4.fused_recurrent_rwkv4``,
+which has no naive reference of its own) written out in PyTorch from its Triton source, in its
+conventions (the decay is ``exp(-exp(w))``, the state ``[B, 3, 1, D]`` holds ``(alpha, beta, eps)``;
+the interpreter test checks it against the kernel itself), and its simple GLA references given
+the per-head decay ``g_gamma`` that its kernels take."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -29,3 +32,14 @@ def naive_recurrent_rwkv4(
         alpha, beta = old * alpha + new * value, old * beta + new
     final = torch.stack([alpha, beta, eps], dim=1)[:, :, None]
     return torch.stack(outputs, dim=1).to(k.dtype), final.to(k.dtype)
+
+
+def with_head_decay(reference: Callable) -> Callable:
+    """fla's simple GLA reference given ``g_gamma`` (a log-decay per head ``[H]``, which its kernels
+    take and its references do not) as the per-token ``g`` it stands for."""
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
+               g_gamma: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if g_gamma is not None:
+            g = g_gamma.expand(q.shape[0], q.shape[1], -1)
+        return reference(q, k, v, g=g, **kwargs)
+    return kernel

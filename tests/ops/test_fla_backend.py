@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.fla_references import naive_recurrent_rwkv4
+from helpers.fla_references import naive_recurrent_rwkv4, with_head_decay
 from helpers.models import TINY, relative_rms_error, tiny_model
 from mcsd.models import registry
 from mcsd.ops import kernels
@@ -40,7 +40,7 @@ naive_chunk_simple_gla, naive_recurrent_simple_gla = (simple_gla_naive.naive_chu
 
 LENGTHS = [1, 63, 64, 65, 301]
 TOLERANCE = 1e-5  # relative RMS: fp32 references against fp64 parallel forms
-REFERENCES = {"chunk": naive_chunk_simple_gla, "recurrent": naive_recurrent_simple_gla}
+REFERENCES = {"chunk": with_head_decay(naive_chunk_simple_gla), "recurrent": with_head_decay(naive_recurrent_simple_gla)}
 
 
 def generator(seed: int = 0) -> torch.Generator:
@@ -145,7 +145,7 @@ def test_decayed_attention_step_over_simple_gla_is_the_step() -> None:
     v = torch.randn(2, 3, 5, generator=generator(2))
     log_decay = -torch.rand(2, 3, generator=generator(3))
     state = torch.randn(2, 3, 4, 5, generator=generator(4))
-    got = fla_decayed_attention_step(q, k, v, log_decay, state, kernel=naive_recurrent_simple_gla)
+    got = fla_decayed_attention_step(q, k, v, log_decay, state, kernel=REFERENCES["recurrent"])
     assert_close(got, decayed_attention_step(*fp64(q, k, v, log_decay, state)))
 
 
@@ -191,7 +191,7 @@ def test_fla_kernels_take_the_arguments_the_adapters_pass(op: str, form: str) ->
     if op in expected:
         assert parameters[:len(expected[op])] == expected[op]
     else:
-        assert {"q", "k", "v", "g", "scale", "initial_state", "output_final_state"} <= set(parameters)
+        assert {"q", "k", "v", "g", "g_gamma", "scale", "initial_state", "output_final_state"} <= set(parameters)
 
 
 # Where the kernels run
@@ -224,8 +224,8 @@ def test_unknown_kernels_are_refused_in_one_line() -> None:
 REFERENCE_KERNELS = {
     ("exp_filter", "chunk"): naive_recurrent_hgrn,
     ("exp_filter", "recurrent"): naive_recurrent_hgrn,
-    ("decayed_attention", "chunk"): naive_chunk_simple_gla,
-    ("decayed_attention", "recurrent"): naive_recurrent_simple_gla,
+    ("decayed_attention", "chunk"): with_head_decay(naive_chunk_simple_gla),
+    ("decayed_attention", "recurrent"): with_head_decay(naive_recurrent_simple_gla),
     ("wkv", "chunk"): naive_recurrent_rwkv4,
     ("wkv", "recurrent"): naive_recurrent_rwkv4,
 }
@@ -269,6 +269,34 @@ def test_every_architecture_with_fla_kernels_is_itself(name: str, fla_on_the_cpu
     assert {op for op, _ in fla_on_the_cpu} == uses
 
 
+def test_what_fla_refuses_runs_the_pytorch_form_under_auto(fla_on_the_cpu: list, monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A per-token decay's chunk backward on a GPU where fla refuses it (Hopper, Triton 3.4 to
+    3.7.0), or 16-bit keys of odd width that will be differentiated: under auto the PyTorch form,
+    said once; under fla one line with the fix. Without gradients, or with a per-head decay, fla serves."""
+    from mcsd.ops import decayed_attention as package
+
+    monkeypatch.setattr(package.fla_backend, "gated_chunk_backward_refused", lambda: True)
+    q, k = (torch.randn(1, 2, 9, 4, generator=generator(seed)).requires_grad_() for seed in (0, 1))
+    v = torch.randn(1, 2, 9, 4, generator=generator(2))
+    per_token = -torch.rand(1, 2, 9, generator=generator(3))
+    expected = parallel_decayed_attention(q, k, v, per_token)[0]
+    with caplog.at_level("WARNING", logger="mcsd.ops.kernels"):
+        got = package.decayed_attention(q, k, v, per_token, kernels="auto")[0]
+    assert fla_on_the_cpu == [] and relative_rms_error(got, expected) < TOLERANCE
+    assert "Triton" in caplog.text and "upgrade Triton to 3.7.1" in caplog.text
+    with pytest.raises(KernelsUnavailable, match=r"model.kernels=fla: fla refuses the backward .* per-token decay .*"
+                                                 r"upgrade Triton to 3.7.1 or later; or use model.kernels=auto"):
+        package.decayed_attention(q, k, v, per_token, kernels="fla")
+    with torch.no_grad():
+        package.decayed_attention(q, k, v, per_token, kernels="fla")
+    package.decayed_attention(q, k, v, torch.full((2,), -0.1), kernels="fla")
+    assert fla_on_the_cpu == [("decayed_attention", "chunk")] * 2
+    odd = torch.randn(1, 2, 9, 3, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(KernelsUnavailable, match="even key and value widths in 16-bit, and these are 3 and 3"):
+        package.decayed_attention(odd, odd, odd, torch.full((2,), -0.1), kernels="fla")
+
+
 # fla's own kernels, in Triton's interpreter
 
 
@@ -286,5 +314,5 @@ def test_fla_fused_recurrences_in_the_triton_interpreter() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     errors = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(errors) == {"exp_filter", "exp_filter gradient", "decayed_attention", "decayed_attention gradient",
-                           "wkv", "wkv gradient", "rwkv4 reference"}
+                           "decayed_attention per head", "wkv", "wkv gradient", "rwkv4 reference"}
     assert all(error < TOLERANCE for error in errors.values()), errors

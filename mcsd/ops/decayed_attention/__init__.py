@@ -17,10 +17,10 @@ import torch
 
 from mcsd.ops.common import FORMS, check_form
 from mcsd.ops.decayed_attention.chunk import chunk_decayed_attention
-from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention
+from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention, fla_problem
 from mcsd.ops.decayed_attention.naive import parallel_decayed_attention, per_token_log_decay, segment_log_decays
 from mcsd.ops.decayed_attention.recurrent import decayed_attention_step, recurrent_decayed_attention
-from mcsd.ops.kernels import uses_fla
+from mcsd.ops.kernels import fall_back, uses_fla
 
 
 def decayed_attention(
@@ -31,7 +31,10 @@ def decayed_attention(
     ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``."""
     check_form(form)
     if uses_fla(kernels, q.device, form):
-        return fla_decayed_attention(q, k, v, log_decay, initial_state, form)
+        problem = fla_problem(q, k, v, log_decay, form)
+        if problem is None:
+            return fla_decayed_attention(q, k, v, log_decay, initial_state, form)
+        fall_back(kernels, problem)
     if form == "chunk":
         return chunk_decayed_attention(q, k, v, log_decay, initial_state, chunk_size)
     if form == "parallel":

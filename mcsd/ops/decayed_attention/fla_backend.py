@@ -1,15 +1,21 @@
 """Decayed linear attention through flash-linear-attention's simple GLA kernels
 (``chunk_simple_gla``, ``fused_recurrent_simple_gla``): ``S_t = exp(g_t) S_{t-1} + k_t^T v_t``,
-``o_t = scale * q_t S_t`` with a per-head log-decay ``g`` ``[B, T, H]``: ours exactly, with
-``scale = 1`` (the callers scale their keys), the heads moved behind the positions
-(``[B, T, H, D]``: a view when the caller's ``[B, H, N, D]`` is one of ``[B, N, H, D]``) and a
-per-head constant decay broadcast over the batch and the positions. States are fp32
-``[B, H, Dk, Dv]`` on both sides.
+``o_t = scale * q_t S_t`` with a per-token log-decay ``g`` ``[B, T, H]`` (SSD) or a constant one per
+head ``g_gamma`` ``[H]`` (RetNet): ours exactly, with ``scale = 1`` (the callers scale their keys)
+and the heads moved behind the positions (``[B, T, H, D]``: a view when the caller's
+``[B, H, N, D]`` is one of ``[B, N, H, D]``). States are fp32 ``[B, H, Dk, Dv]`` on both sides.
+
+fla refuses two backwards of its chunk kernel (:func:`fla_problem`): 16-bit keys or values of
+odd width, and a per-token decay's on Hopper GPUs with Triton 3.4 to 3.7.0 (wrong results
+there, fla issue 640: the GPU image's Triton 3.6 is one), where ``auto`` trains with the
+PyTorch form instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import importlib
 
 import torch
 
@@ -28,8 +34,9 @@ def fla_decayed_attention(
     kernel = kernel if kernel is not None else fla_kernel("decayed_attention", form)
     batch, _, length, _ = q.shape
     accumulate = state_dtype(v)
-    g = per_token_log_decay(log_decay, batch, length).transpose(1, 2)  # [B, N, H]
-    output, final = kernel(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2), g=g, scale=1.0,
+    decay = ({"g_gamma": log_decay.to(accumulate)} if log_decay.dim() == 1
+             else {"g": per_token_log_decay(log_decay, batch, length).transpose(1, 2)})  # [B, N, H]
+    output, final = kernel(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2), **decay, scale=1.0,
                            initial_state=None if initial_state is None else initial_state.to(accumulate),
                            output_final_state=True)
     return output.transpose(1, 2).to(v.dtype), final.to(accumulate)
@@ -44,3 +51,30 @@ def fla_decayed_attention_step(
     output, state = fla_decayed_attention(q[:, :, None], k[:, :, None], v[:, :, None], log_decay[..., None], state,
                                           form="recurrent", kernel=kernel)
     return output[:, :, 0], state
+
+
+def gated_chunk_backward_refused() -> bool:
+    """Whether fla refuses the backward of its chunk kernel with a per-token decay here: on a
+    Hopper GPU with Triton >= 3.4, < 3.7.1 (its own test, read from its flags)."""
+    flags = importlib.import_module("fla.ops.common.chunk_o")
+    return bool(getattr(flags, "IS_NVIDIA_HOPPER", False) and getattr(flags, "TRITON_ABOVE_3_4_0", False)
+                and not getattr(flags, "TRITON_ABOVE_3_7_1", True))
+
+
+def fla_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, form: str) -> str | None:
+    """Why fla's kernel cannot serve this call (what it would refuse in the backward, and the
+    fix), or ``None``."""
+    if form != "chunk" or not torch.is_grad_enabled() or not any(
+            tensor.requires_grad for tensor in (q, k, v, log_decay)):
+        return None
+    key_width, value_width = q.shape[-1], v.shape[-1]
+    if q.dtype in (torch.float16, torch.bfloat16) and (key_width % 2 or value_width % 2):
+        return (f"fla's chunk backward needs even key and value widths in 16-bit, and these are {key_width} and "
+                f"{value_width}: choose even head widths")
+    if log_decay.dim() > 1 and gated_chunk_backward_refused():
+        import triton  # fla imported it
+
+        return (f"fla refuses the backward of its chunk kernel with a per-token decay (SSD) on Hopper GPUs with "
+                f"Triton {triton.__version__} (3.4 to 3.7.0 give wrong results, fla issue 640): upgrade Triton to 3.7.1 "
+                "or later")
+    return None
