@@ -4,8 +4,8 @@
     python experiments/gpu_check/fill_wheels.py .whl --python-version 3.11 --have their_pip_freeze.txt
 
 Run it on a machine with a package index (a checkout of the project with its build
-dependency, setuptools). It builds the project's own wheel, then walks its dependencies (and
-theirs) and fetches a wheel of each one the GPU machine does not have (``--have``: one package
+dependency, setuptools). It builds the project's own wheel, then walks its dependencies with
+its ``--extras`` (``gpu`` by default: flash-linear-attention's kernels, fla-core and einops; and theirs) and fetches a wheel of each one the GPU machine does not have (``--have``: one package
 a line, ``name`` or ``name==version``, as ``pip freeze`` writes; by default
 ``gpu_image_packages.txt`` beside this file, the packages of this workplace's GPU image), each
 for the given Python version and platform, within the versions the requirement allows. A package
@@ -132,14 +132,15 @@ def travelling_mib(folder: Path) -> tuple[float, dict[str, float]]:
     return sum(by_top.values()), dict(sorted(by_top.items(), key=lambda item: -item[1]))
 
 
-def fill(folder: Path, python_version: str, arch: str, have: set[str]) -> list[Path]:
-    """Build the project's wheel into ``folder`` and fetch every dependency not in ``have``; returns the wheels."""
+def fill(folder: Path, python_version: str, arch: str, have: set[str], extras: set[str]) -> list[Path]:
+    """Build the project's wheel into ``folder`` and fetch every dependency (with the project's
+    ``extras``) not in ``have``; returns the wheels."""
     folder.mkdir(parents=True, exist_ok=True)
     project = build_project(folder)
     name, requirements = wheel_requirements(project)
-    requirements = [requirement for requirement in requirements if needed(requirement, set(), python_version, arch)]
+    requirements = [requirement for requirement in requirements if needed(requirement, extras, python_version, arch)]
     fetched: dict[str, Path] = {name: project}
-    extras_read: dict[str, set[str]] = {name: set()}
+    extras_read: dict[str, set[str]] = {name: set(extras)}
     queue = list(requirements)
     while queue:
         requirement = queue.pop(0)
@@ -167,11 +168,14 @@ def main() -> None:
     parser.add_argument("--arch", default="x86_64", help="its machine architecture (x86_64)")
     parser.add_argument("--have", type=Path, default=DEFAULT_HAVE,
                         help=f"its installed packages, pip freeze style (default: {DEFAULT_HAVE.relative_to(ROOT)})")
+    parser.add_argument("--extras", default="gpu",
+                        help="the project's extras to fill, comma-separated (default gpu: fla-core, einops; '' for none)")
     arguments = parser.parse_args()
     have = read_have(arguments.have)
     print(f"Wheels for Python {arguments.python_version} on Linux {arguments.arch} into {arguments.folder}, "
           f"leaving out the {len(have)} packages of {arguments.have}:", flush=True)
-    wheels = fill(arguments.folder, arguments.python_version, arguments.arch, have)
+    extras = {extra.strip() for extra in arguments.extras.split(",") if extra.strip()}
+    wheels = fill(arguments.folder, arguments.python_version, arguments.arch, have, extras)
     size = sum(wheel.stat().st_size for wheel in wheels) / 2**20
     print(f"{len(wheels)} wheels, {size:.1f} MiB, in {arguments.folder}")
     checkout, by_top = travelling_mib(arguments.folder)

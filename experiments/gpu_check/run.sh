@@ -4,12 +4,14 @@
 #   python experiments/gpu_check/fill_wheels.py .whl        # Python 3.12, Linux x86_64 (see --help)
 # then, in the checkout's root on the GPU machine:
 #   bash experiments/gpu_check/run.sh [RESULTS=experiments/gpu_check/results]
-# It installs the project from .whl (WHEELS=...) into /tmp/mcsd_site (SITE=...), runs the GPU tests
-# (pytest -m gpu), the short paper grid (bench=paper_quick: 1.6B in bf16, decoding through CUDA
-# graphs, training at 32768 tokens a step) and draws the figures, every result in RESULTS:
+# It installs the project from .whl (WHEELS=...) into /tmp/mcsd_site (SITE=...), with fla's kernels
+# (the gpu extra), runs the GPU tests (pytest -m gpu tests/gpu: fla's kernels among them), the short
+# paper grid (bench=paper_quick: 1.6B in bf16, the PyTorch forms and fla's kernels side by side,
+# decoding through CUDA graphs, MCSD and the Transformer training at 32768 tokens a step) and draws
+# the figures, every result in RESULTS:
 #   device.txt, pytest_gpu.txt, inference/ and train/ (results.csv/.json, log.txt, figures).
-# Each step has its own time limit (seconds, from the environment), 450 s in all by default, so the
-# whole run ends within 8 minutes; the benchmarks write their results after every point, so a step
+# Each step has its own time limit (seconds, from the environment), 520 s in all by default, so the
+# whole run ends within 9 minutes; the benchmarks write their results after every point, so a step
 # cut short keeps what it measured. The exit status is the first failing step's.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,23 +46,25 @@ default_options=()
 python3 -P -c "import xdist" 2>/dev/null && default_options+=(-n 4 --dist load)
 python3 -P -c "import pytest_timeout" 2>/dev/null && default_options+=(--timeout=120)
 if [ -n "${PYTEST_OPTIONS+set}" ]; then read -r -a pytest_options <<< "$PYTEST_OPTIONS"; else pytest_options=("${default_options[@]}"); fi
-step "pytest -m gpu" "${PYTEST_S:-150}" "$results/pytest_gpu.txt" \
-    python3 -P -m pytest -m gpu tests/gpu/test_gpu.py -p no:cacheprovider -v -o addopts="" --durations=10 \
+step "pytest -m gpu" "${PYTEST_S:-220}" "$results/pytest_gpu.txt" \
+    python3 -P -m pytest -m gpu tests/gpu -p no:cacheprovider -v -o addopts="" --durations=10 \
     ${pytest_options[@]+"${pytest_options[@]}"}
 # The benchmarks stop starting points 15 s before their step's limit (time_budget_s: each point's estimate from
 # the latest point of its model), so they end by themselves with what they measured; their grids measure every
 # pair the figures compare, the shortest lengths first.
-inference_s=${INFERENCE_S:-170}
+inference_s=${INFERENCE_S:-140}
 step "decoding (bench=paper_quick)" "$inference_s" "$results/inference/log.txt" \
     mcsd-bench bench=paper_quick wandb.enabled=false output_dir="$results/inference" time_budget_s=$((inference_s - 15))
-# Training runs eagerly: a compile per point (a 1.6B model's forward and backward) would take the run's time.
-train_s=${TRAIN_S:-110}
+# Training runs eagerly: a compile per point (a 1.6B model's forward and backward) would take the run's time. MCSD
+# and the Transformer (TRAIN_MODELS), the pair issue 63's targets compare, at every length; models=null (every
+# architecture, each with both kernels) is bench=paper_quick's own and takes longer than a step has.
+train_s=${TRAIN_S:-130}
 step "training (bench=paper_quick mode=train)" "$train_s" "$results/train/log.txt" \
-    mcsd-bench bench=paper_quick mode=train models=null compile=false wandb.enabled=false output_dir="$results/train" \
-    time_budget_s=$((train_s - 15))
+    mcsd-bench bench=paper_quick mode=train "models=${TRAIN_MODELS:-[mcsd,transformer]}" compile=false \
+    wandb.enabled=false output_dir="$results/train" time_budget_s=$((train_s - 15))
 for mode in inference train; do
     if [ -f "$results/$mode/results.csv" ]; then
-        step "figures ($mode)" 20 "$results/$mode/plot_log.txt" mcsd-plot "$mode" "$results/$mode/results.csv"
+        step "figures ($mode)" 15 "$results/$mode/plot_log.txt" mcsd-plot "$mode" "$results/$mode/results.csv"
     fi
 done
 exit $status

@@ -131,7 +131,7 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 def inference_point(
     model_cfg: dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
-    device: str, dtype: str, seed: int, compile: bool = False, cuda_graphs: bool = False,
+    device: str, dtype: str, seed: int, compile: bool = False, cuda_graphs: bool = False, kernels: str = "auto",
 ) -> dict[str, Any]:
     """Median prefill time, decode time per token, latency, throughput, peak memory, the
     bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens, and the bytes
@@ -140,9 +140,10 @@ def inference_point(
     once); with ``cuda_graphs`` through the step replayed as CUDA graphs
     (:meth:`CausalLM.decoding`), recorded by a warm-up over the whole length (every KV-cache
     bucket), which then runs at least once: ``graphs_recorded_timed`` counts the recordings
-    made while timed (0 when every step replayed)."""
+    made while timed (0 when every step replayed). ``kernels``: ``model.kernels`` of the point."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     model = build(model_cfg, device_, dtype_, seed).eval()
+    model.use_kernels(kernels)
     prefill, step = model.decoding(compile, cuda_graphs)
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=generator).to(device_)
@@ -253,15 +254,17 @@ def counted_training_flops(model: CausalLM, batch_size: int, seq_len: int, form:
 
 def train_point(
     model_cfg: dict[str, Any] | str, form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
-    dtype: str, seed: int, compile: bool = False, activation_checkpointing: bool = False,
+    dtype: str, seed: int, compile: bool = False, activation_checkpointing: bool = False, kernels: str = "auto",
 ) -> dict[str, Any]:
     """Tokens/s and peak memory of forward + backward + AdamW step in one form; with ``compile``
     through the compiled loss that training uses (:meth:`CausalLM.loss_function`; compiled by the
     warm-up, which then runs at least once: ``first_step_s`` is its first step, compiling
     included); with ``activation_checkpointing`` each layer keeps only its input for the backward
-    (the model FLOPs do not count the recomputation)."""
+    (the model FLOPs do not count the recomputation). ``kernels``: ``model.kernels`` of the point
+    (the FLOPs counted are the same either way)."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     model = build(model_cfg, device_, torch.float32, seed).train()
+    model.use_kernels(kernels)
     for layer in model.layers:
         layer.activation_checkpointing = activation_checkpointing
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

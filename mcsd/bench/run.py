@@ -43,16 +43,17 @@ from mcsd.cli import StopAfterCurrent, apply_threads, git_commit, hydra_app, int
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.build import make_config
+from mcsd.ops.kernels import KERNELS, kernels_problem
 
 log = logging.getLogger("mcsd.bench")
 MODES = ("inference", "train")
 COLUMNS = {
-    "inference": ["model", "arch", "variant", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
+    "inference": ["model", "arch", "variant", "kernels", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
                   "read_bandwidth_bytes_per_s", "limit_ratio", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
                   "threads", "other_cores", "shared", "compiled", "graphs_recorded_timed", "point_s", "status", "reason"],
-    "train": ["model", "arch", "variant", "form", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
+    "train": ["model", "arch", "variant", "kernels", "form", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
               "step_s_min", "step_s_max", "unsteady", "threads", "other_cores", "shared", "compiled", "point_s", "status", "reason"],
 }
@@ -176,36 +177,47 @@ def _size_label(cfg: DictConfig, name: str, arch: str) -> str:
     return cfg.model_size if name == arch else "config" if is_run_config(name) else "saved"
 
 
+def kernels_of(cfg: DictConfig, arch: str) -> list[str]:
+    """The ``kernels`` an entry of architecture ``arch`` is measured with: each of the list where
+    its mixers run ops that fla serves (:attr:`Architecture.ops`), else the first alone (the
+    Transformer computes the same whatever it says)."""
+    return list(cfg.kernels) if registry.get(arch).ops else list(cfg.kernels)[:1]
+
+
 def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The points in their run order, (row labels, measurement arguments): the shortest lengths
-    first, and at each length and batch size every model and form one after another, so that a
-    grid cut short (a time limit, Ctrl-C) has measured the comparisons its figures draw."""
+    first, and at each length and batch size every model, kernel backend and form one after
+    another, so that a grid cut short (a time limit, Ctrl-C) has measured the comparisons its
+    figures draw."""
     common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
     models = models_of(cfg)
     sources = {entry: model_source(entry, cfg.model_size, cfg.mcsd_ablation) for entry in models}
+    with_kernels = [(name, kernels) for name in models for kernels in kernels_of(cfg, sources[name][0])]
     points = []
     if cfg.mode == "inference":
         grid_cfg = cfg.inference
-        for gen_len, batch, name in itertools.product(sorted(grid_cfg.gen_lengths), grid_cfg.batch_sizes, models):
+        for gen_len, batch, (name, kernels) in itertools.product(sorted(grid_cfg.gen_lengths), grid_cfg.batch_sizes,
+                                                                 with_kernels):
             arch, variant, source = sources[name]
-            labels = {"model": name, "arch": arch, "variant": variant, "size": _size_label(cfg, name, arch),
-                      "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
+            labels = {"model": name, "arch": arch, "variant": variant, "kernels": kernels,
+                      "size": _size_label(cfg, name, arch), "batch": batch, "prompt_len": grid_cfg.prompt_len,
+                      "gen_len": gen_len}
             arguments = {"model_cfg": source, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
                          "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup,
-                         "compile": cfg.compile, "cuda_graphs": cfg.cuda_graphs, **common}
+                         "compile": cfg.compile, "cuda_graphs": cfg.cuda_graphs, "kernels": kernels, **common}
             points.append((labels, arguments))
     else:
         grid_cfg = cfg.train
-        variants = [(name, form) for name in models for form in train_forms(cfg, sources[name][0])]
-        for seq_len, (name, form) in itertools.product(sorted(grid_cfg.seq_lens), variants):
+        variants = [(name, kernels, form) for name, kernels in with_kernels for form in train_forms(cfg, sources[name][0])]
+        for seq_len, (name, kernels, form) in itertools.product(sorted(grid_cfg.seq_lens), variants):
             arch, variant, source = sources[name]
             for batch, checkpointing in train_batches(grid_cfg, seq_len):
-                labels = {"model": name, "arch": arch, "variant": variant, "form": form,
+                labels = {"model": name, "arch": arch, "variant": variant, "kernels": kernels, "form": form,
                           "size": _size_label(cfg, name, arch), "batch": batch, "seq_len": seq_len,
                           "activation_checkpointing": checkpointing}
                 arguments = {"model_cfg": source, "form": form, "batch_size": batch, "seq_len": seq_len,
                              "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, "compile": cfg.compile,
-                             "activation_checkpointing": checkpointing, **common}
+                             "activation_checkpointing": checkpointing, "kernels": kernels, **common}
                 points.append((labels, arguments))
     return points
 
@@ -228,9 +240,16 @@ def _whole(value: Any, least: int) -> bool:
 
 
 def grid_problems(cfg: DictConfig) -> list[str]:
-    """What in the grid of ``cfg.mode`` cannot be measured: an empty list of models or of
-    lengths or batch sizes, a length or a batch below 1, repeats below 1, a negative warm-up."""
+    """What in the grid of ``cfg.mode`` cannot be measured: an empty list of models, of kernel
+    backends (or one that cannot run on ``device``) or of lengths or batch sizes, a length or a
+    batch below 1, repeats below 1, a negative warm-up."""
     problems = []
+    kernels = cfg.get("kernels")
+    if kernels is None or isinstance(kernels, str) or len(kernels) == 0 or any(value not in KERNELS for value in kernels):
+        problems.append(f"kernels={kernels if kernels is None or isinstance(kernels, str) else list(kernels)} must be a "
+                        f"list of some of {', '.join(KERNELS)}, e.g. kernels=[torch,fla] (each model measured with each)")
+    else:
+        problems += [problem for value in dict.fromkeys(kernels) if (problem := kernels_problem(value, cfg.device))]
     if cfg.models is not None and len(cfg.models) == 0:
         problems.append("models=[] names no model: list some (models=[mcsd,transformer]) or models=null for every "
                         "registered architecture")

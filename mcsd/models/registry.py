@@ -21,6 +21,7 @@ from omegaconf import ListConfig
 from mcsd.models.config import ConfigError, LMConfig, class_path
 from mcsd.models.modeling import CausalLM
 from mcsd.ops.common import FORMS
+from mcsd.ops.kernels import FLA_KERNELS
 
 ROLES = ("subject", "anchor", "related")
 """The roles an architecture plays in the comparison, in the order they are listed."""
@@ -44,6 +45,9 @@ class Architecture:
       slope and decay weights), which bounds how closely its forms agree in an fp64 model;
       otherwise every computation follows the input's dtype and its forms agree to fp64
       round-off (the conformance tests check it).
+    - ``ops``: the ops of :mod:`mcsd.ops` its mixers run over positions, which ``model.kernels``
+      hands to flash-linear-attention's kernels (:data:`mcsd.ops.kernels.FLA_KERNELS`); none for
+      attention alone (SDPA's fused kernel runs it whatever ``kernels`` says).
     """
 
     name: str
@@ -57,10 +61,15 @@ class Architecture:
     setting_cases: tuple[Mapping[str, Any], ...] = ()
     fp32_constants: bool = False
     role: str = "related"
+    ops: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ConfigError(f"architecture {self.name}: role={self.role!r} is unknown: use one of {', '.join(ROLES)}")
+        unknown_ops = sorted(set(self.ops) - {op for op, _ in FLA_KERNELS})
+        if unknown_ops:
+            raise ConfigError(f"architecture {self.name}: ops {unknown_ops} are not ops of mcsd.ops: use some of "
+                              f"{', '.join(sorted({op for op, _ in FLA_KERNELS}))}")
         unknown = [form for form in (*self.forms, self.train_form) if form not in FORMS]
         if unknown or self.train_form not in self.forms:
             raise ConfigError(f"architecture {self.name}: forms {self.forms} / train_form {self.train_form!r} "

@@ -59,6 +59,9 @@ def read_results(path: str | Path, kind: str | None = None) -> tuple[dict, pd.Da
                         "or results.json") from None
     if kind is not None:
         _check_results(path, frame, kind)
+    if "kernels" in frame and len(frame):  # a model measured with several kernel backends: a series for each
+        several = frame.groupby("model")["kernels"].transform("nunique") > 1
+        frame.loc[several, "model"] = frame.loc[several, "model"] + KERNELS_MARK + frame.loc[several, "kernels"]
     return head, frame
 
 
@@ -96,10 +99,16 @@ def _color(arch: str) -> str:
     return registry.get(arch).color if arch in registry.architectures() else "tab:gray"
 
 
+KERNELS_MARK = " kernels="  # in a model entry: the series of one kernel backend (read_results)
+
+
 def model_label(arch: str, model: str) -> str:
-    """The registry's label of ``arch``; a saved model adds its file or folder name."""
+    """The registry's label of ``arch``; a saved model adds its file or folder name; a series of
+    one kernel backend, its name (``MCSD, fla kernels``)."""
+    model, _, kernels = model.partition(KERNELS_MARK)
     label = registry.get(arch).label if arch in registry.architectures() else arch
-    return label if model == arch else f"{label} ({Path(model).name})"
+    label = label if model == arch else f"{label} ({Path(model).name})"
+    return f"{label}, {kernels} kernels" if kernels else label
 
 
 def flagged(frame: pd.DataFrame) -> pd.Series:

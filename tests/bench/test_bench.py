@@ -290,6 +290,23 @@ def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) 
     assert (frame["step_s"] < 0.5).all() and (frame["first_step_s"] > 10 * frame["step_s"]).all()
 
 
+def test_kernels_are_a_grid_axis_recorded_per_row_and_drawn_apart(tmp_path: Path) -> None:
+    """``kernels=[torch,auto]`` (auto is torch on a CPU): each model whose mixers run an op is
+    measured with each, side by side at every point, the Transformer once; each row says its
+    backend, and the figures draw a series per backend."""
+    csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "models=[mcsd,transformer]", "kernels=[torch,auto]",
+                         "train.seq_lens=[32]", "train.forms=[training]", "train.repeats=1", "train.warmup=0",
+                         "train.peak_matmul_size=256", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(zip(frame["model"], frame["kernels"])) == [("mcsd", "torch"), ("mcsd", "auto"), ("transformer", "torch")]
+    assert (frame["status"] == "ok").all()
+    from mcsd.plots.cost import read_results
+
+    labels = [model_label(arch, model) for arch, model in zip(*[read_results(csv_path)[1][key] for key in ("arch", "model")])]
+    assert labels == ["MCSD, torch kernels", "MCSD, auto kernels", "Transformer"]
+    assert plot_train(csv_path)[0].stat().st_size > 5000
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [(["mode=serve"], "mode='serve' is unknown"),
@@ -299,7 +316,10 @@ def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) 
      (["models=[mcsd,retnet9]"], "models: 'retnet9' is neither a registered architecture \\(mcsd, transformer"),
      (["mode=train", "train.forms=[sparse]"], "train.forms: mcsd has no form 'sparse'"),
      (["mode=train", "train.batch_size=null"], "train.batch_size=null and train.tokens_per_step=null leave no training"),
-     (["busy_machine=sometimes"], "busy_machine='sometimes' is unknown: use refuse, wait, measure")],
+     (["busy_machine=sometimes"], "busy_machine='sometimes' is unknown: use refuse, wait, measure"),
+     (["kernels=[]"], r"kernels=\[\] must be a list of some of auto, torch, fla, e.g. kernels=\[torch,fla\]"),
+     (["kernels=fla"], "kernels=fla must be a list of some of auto, torch, fla"),
+     (["kernels=[torch,fla]"], "model.kernels=fla runs Triton kernels on a CUDA GPU, and this model runs on cpu")],
 )
 def test_bad_bench_settings_fail_in_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
     with pytest.raises(MCSDError, match=message):
@@ -489,7 +509,8 @@ def test_mfu_on_a_known_gpu_is_over_its_dense_datasheet_peak() -> None:
 def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> None:
     """``bench=paper_quick``: 1.6B in bf16 on a GPU; MCSD and the Transformer decoding at batch 1,
     16 and 64 and 1,024 and 8,192 new tokens, compiled and replayed as CUDA graphs; training forms at 2048-16384 tokens,
-    in a 32768-token step each (activation-checkpointed), no batch-1 point."""
+    in a 32768-token step each (activation-checkpointed), no batch-1 point; every model whose mixers run an op
+    with the PyTorch forms and fla's kernels (the Transformer once)."""
     from mcsd.bench.run import grid
 
     with initialize_config_module("mcsd.conf", version_base="1.3"):
@@ -500,11 +521,17 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
     assert (cfg.model_size, cfg.dtype, cfg.device, cfg.compile, cfg.cuda_graphs) == ("1.6b", "bfloat16", "cuda", True, True)
     assert {(arguments["compile"], arguments["cuda_graphs"]) for _, arguments in inference} == {(True, True)}
     # Each pair the figures compare side by side, the shortest lengths first (a run cut short has compared some).
-    assert [(labels["model"], labels["batch"], labels["gen_len"]) for labels, _ in inference] == [
-        (model, batch, length) for length in (1024, 8192) for batch in (1, 16, 64) for model in ("mcsd", "transformer")]
-    assert [(labels["model"], labels["batch"], labels["seq_len"], labels["activation_checkpointing"])
-            for labels, _ in train] == [(name, *step) for step in ((16, 2048, True), (4, 8192, True), (2, 16384, True))
-                                        for name in registry.architectures()]
+    def backends(name: str) -> list[str]:
+        return ["torch", "fla"] if registry.get(name).ops else ["torch"]
+
+    assert [(labels["model"], labels["kernels"], labels["batch"], labels["gen_len"]) for labels, _ in inference] == [
+        (model, kernels, batch, length) for length in (1024, 8192) for batch in (1, 16, 64)
+        for model in ("mcsd", "transformer") for kernels in backends(model)]
+    assert all(labels["kernels"] == arguments["kernels"] for labels, arguments in inference + train)
+    assert [(labels["model"], labels["kernels"], labels["batch"], labels["seq_len"], labels["activation_checkpointing"])
+            for labels, _ in train] == [(name, kernels, *step)
+                                        for step in ((16, 2048, True), (4, 8192, True), (2, 16384, True))
+                                        for name in registry.architectures() for kernels in backends(name)]
 
 
 def test_spread_is_the_range_over_the_median() -> None:

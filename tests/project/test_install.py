@@ -104,9 +104,10 @@ def test_the_editable_install_reads_conf_itself(tmp_path: Path, monkeypatch: pyt
 
 
 # What the simulated GPU image lacks (besides the project): the dependencies that share Hydra's
-# hydra_plugins/ namespace folder, and hydra-core's sdist-only antlr4 runtime.
+# hydra_plugins/ namespace folder, hydra-core's sdist-only antlr4 runtime, and fla-core (the gpu
+# extra, which the real image lacks too).
 MISSING_ON_THE_IMAGE = ("hydra-core", "omegaconf", "antlr4-python3-runtime", "hydra-joblib-launcher",
-                        "hydra-submitit-launcher")
+                        "hydra-submitit-launcher", "fla-core")
 
 
 @pytest.mark.slow
@@ -143,7 +144,7 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
     image_packages = tmp_path / "image_packages"
     image_packages.mkdir()
     # Nor the notebook's test packages, which the GPU image lacks too (test modules that need them skip).
-    prefixes = ("hydra", "omegaconf", "antlr4", "mcsd", "__editable__", "nbformat", "nbclient")
+    prefixes = ("hydra", "omegaconf", "antlr4", "mcsd", "__editable__", "nbformat", "nbclient", "fla")
     for entry in Path(site.getsitepackages()[0]).iterdir():
         if not entry.name.startswith(prefixes) and "mcsd" not in entry.name:
             (image_packages / entry.name).symlink_to(entry)
@@ -166,6 +167,7 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
     assert "device: no CUDA device" in device
     assert f"mcsd from {install_site}/project/mcsd/__init__.py" in device
     assert (install_site / "project" / "bin" / "mcsd-bench").is_file()
+    assert (install_site / "dependencies" / "fla" / "ops" / "hgrn").is_dir()  # the gpu extra: fla's kernels travel
     assert {path.name for path in (install_site / "dependencies" / "hydra_plugins").iterdir()} >= {
         "hydra_joblib_launcher", "hydra_submitit_launcher"}
     tests = (results / "pytest_gpu.txt").read_text()

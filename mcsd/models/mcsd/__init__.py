@@ -14,6 +14,7 @@ register(Architecture(
     role="subject",
     color="tab:blue",
     train_form="chunk",
+    ops=("exp_filter",),  # model.kernels: its chunk and recurrent forms through fla's kernels
     fp32_constants=True,  # the slope and decay weights and normalisers (the spec: fp32 whatever the model's dtype)
     variants={  # Section 3.5's ablations (conf/ablation/) and Eq. 20's fusion
         "full": {},

@@ -12,6 +12,7 @@ register(Architecture(
     label="RetNet",
     color="tab:red",
     train_form="chunk",
+    ops=("decayed_attention",),  # model.kernels: its chunk and recurrent forms through fla's kernels
 ))
 
 __all__ = ["MultiScaleRetention", "RetNetConfig", "RetNetForCausalLM"]

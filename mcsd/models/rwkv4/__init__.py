@@ -13,6 +13,7 @@ register(Architecture(
     label="RWKV-4",
     color="tab:green",
     train_form="chunk",
+    ops=("wkv",),  # model.kernels: its chunk and recurrent forms through fla's kernels
     setting_cases=({"perspectives": 2},),
 ))
 

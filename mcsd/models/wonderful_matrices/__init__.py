@@ -15,6 +15,7 @@ register(Architecture(
     label="Wonderful Matrices",
     color="tab:purple",
     train_form="chunk",
+    ops=("decayed_attention",),  # model.kernels: its chunk and recurrent forms through fla's kernels
     setting_cases=({"attention_every": 2}, {"attention_every": 2, "dynamic_mask": False},
                    {"attention_every": 2, "mlp": "cdmoe"}, {"attention_every": 2, "ssd_norm": "gate_first"}),
 ))
