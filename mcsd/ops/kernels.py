@@ -65,14 +65,14 @@ def kernels_problem(kernels: str, device: torch.device | str) -> str | None:
     ``None``: what the commands check before anything runs."""
     if kernels != "fla":
         return None
+    device = torch.device(device)
+    if not fla_runs_on(device):  # said before fla is imported (seconds)
+        return (f"model.kernels=fla runs Triton kernels on a CUDA GPU, and this model runs on {device.type}: "
+                "use model.kernels=auto (fla on a GPU, PyTorch elsewhere) or model.kernels=torch")
     problem = fla_import_problem()
     if problem is not None:
         return (f"model.kernels=fla needs flash-linear-attention's kernels, which do not import here ({problem}): "
                 f"{INSTALL_HINT}, or use model.kernels=auto (PyTorch where fla cannot run) or model.kernels=torch")
-    device = torch.device(device)
-    if not fla_runs_on(device):
-        return (f"model.kernels=fla runs Triton kernels on a CUDA GPU, and this model runs on {device.type}: "
-                "use model.kernels=auto (fla on a GPU, PyTorch elsewhere) or model.kernels=torch")
     return None
 
 

@@ -140,6 +140,21 @@ def test_decayed_attention_over_simple_gla_is_the_parallel_form(
     assert_close(gradients(got, leaves), gradients(expected, leaves64))
 
 
+def test_decayed_attention_hands_fla_one_dtype() -> None:
+    """fla's kernels take q, k and v in one dtype: fp32 queries and keys beside bf16 values (an
+    SSD under autocast) reach it in bf16, as autocast's products would take them."""
+    seen = []
+
+    def kernel(q, k, v, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return REFERENCES["chunk"](q, k, v, **kwargs)
+
+    q, k = torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    v = torch.randn(1, 2, 5, 4).to(torch.bfloat16)
+    output, final = fla_decayed_attention(q, k, v, torch.full((2,), -0.1), kernel=kernel)
+    assert seen == [(torch.bfloat16,) * 3] and output.dtype == torch.bfloat16 and final.dtype == torch.float32
+
+
 def test_decayed_attention_step_over_simple_gla_is_the_step() -> None:
     q, k = (torch.randn(2, 3, 4, generator=generator(seed)) for seed in (0, 1))
     v = torch.randn(2, 3, 5, generator=generator(2))

@@ -36,6 +36,8 @@ def fla_decayed_attention(
     accumulate = state_dtype(v)
     decay = ({"g_gamma": log_decay.to(accumulate)} if log_decay.dim() == 1
              else {"g": per_token_log_decay(log_decay, batch, length).transpose(1, 2)})  # [B, N, H]
+    # fla's kernels take q, k and v in one dtype: the values' (what autocast's products would use)
+    q, k = q.to(v.dtype), k.to(v.dtype)
     output, final = kernel(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2), **decay, scale=1.0,
                            initial_state=None if initial_state is None else initial_state.to(accumulate),
                            output_final_state=True)
