@@ -266,16 +266,25 @@ def fla_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("name", registry.architectures())
 def test_every_architecture_with_fla_kernels_is_itself(name: str, fla_on_the_cpu: list) -> None:
-    """Each architecture's default variant: logits of every form it has and greedy decoding
-    after a prompt, with ``kernels=fla`` (fla's references standing in for its kernels) and
-    with ``kernels=torch``; the mixers that have an fla op did route through it."""
+    """Each architecture's default variant: logits of every form it has, the training loss's
+    gradients and greedy decoding after a prompt, with ``kernels=fla`` (fla's references standing
+    in for its kernels) and with ``kernels=torch``; the mixers that have an fla op did route through it."""
     model = tiny_model(name, kernels="torch").eval()
     tokens = torch.randint(0, TINY["vocab_size"], (2, 70), generator=generator())
+
+    def loss_gradients() -> torch.Tensor:
+        model.zero_grad()
+        model.loss(tokens[:, :-1], tokens[:, 1:])[0].backward()
+        return torch.cat([parameter.grad.flatten() for parameter in model.parameters() if parameter.grad is not None])
+
+    expected_gradients = loss_gradients()
     with torch.no_grad():
         expected = {form: model(tokens, form=form) for form in model.architecture.forms}
         expected_decoded = model.generate(tokens[:, :9], max_new_tokens=6)
-        model.use_kernels("fla")
-        assert model.config.kernels == "fla"
+    model.use_kernels("fla")
+    assert model.config.kernels == "fla"
+    assert relative_rms_error(loss_gradients(), expected_gradients) < TOLERANCE
+    with torch.no_grad():
         for form, logits in expected.items():
             assert relative_rms_error(model(tokens, form=form), logits) < TOLERANCE, form
         assert torch.equal(model.generate(tokens[:, :9], max_new_tokens=6), expected_decoded)

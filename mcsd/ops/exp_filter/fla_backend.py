@@ -9,6 +9,10 @@ Channels and their features are flattened onto fla's feature axis (``[B, N, C * 
 when ``x`` is a channels-first view of ``[B, N, C, D]``, as the MCSD block hands it), with the
 per-channel ``log(a)`` repeated over each channel's features as fla's per-token gate ``g``.
 
+Cost: fla's kernels read a gate per token and feature, so the per-channel decay is handed over
+as an fp32 ``[B, N, C * D]`` tensor (its kernels make an expanded one contiguous), written once
+and kept for the backward: at a 16-bit model, twice the bytes of the filter's input.
+
 Precision: fla's chunk kernel accumulates in fp32 and returns its final state in fp32; its
 fused recurrence returns the state in the input's dtype, so the recurrent form hands it fp32
 input. Gradients reach ``x``; fla's ``chunk_hgrn`` passes none to an initial state (training
