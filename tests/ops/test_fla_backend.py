@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from helpers.fla_references import naive_recurrent_rwkv4, with_head_decay
-from helpers.models import TINY, relative_rms_error, tiny_model
+from helpers.models import TINY, decode_with_state, relative_rms_error, tiny_model
 from mcsd.models import registry
 from mcsd.ops import kernels
 from mcsd.ops.decayed_attention import decayed_attention_step, fla_decayed_attention, parallel_decayed_attention
@@ -289,6 +289,28 @@ def test_every_architecture_with_fla_kernels_is_itself(name: str, fla_on_the_cpu
             assert relative_rms_error(model(tokens, form=form), logits) < TOLERANCE, form
         assert torch.equal(model.generate(tokens[:, :9], max_new_tokens=6), expected_decoded)
     assert {op for op, _ in fla_on_the_cpu} == set(model.architecture.ops)  # the ops it says it runs
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+@torch.no_grad()
+def test_the_step_at_fixed_addresses_runs_through_fla(name: str, fla_on_the_cpu: list) -> None:
+    """The step that CUDA graphs replay (here each replay a call: ``record="call"``), with
+    ``kernels=fla``, follows the eager step with ``kernels=torch`` along a fixed token path, its
+    recurrent states written where the recording reads them."""
+    from mcsd.models.static_decoding import StaticStep
+
+    model = tiny_model(name, kernels="torch").eval()
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 24), generator=generator())
+    expected = decode_with_state(model, tokens, split=8)[0]
+    model.use_kernels("fla")
+    step = StaticStep(model, record="call", min_capacity=4)
+    logits, state = step.prefill(tokens[:, :8], max_new_tokens=16)
+    outputs = [logits]
+    for position in range(8, 24):
+        logits, state = step(tokens[:, position].clone(), state)
+        outputs.append(logits)
+    assert relative_rms_error(torch.stack(outputs, dim=1), expected) < TOLERANCE
+    assert {op for op, _ in fla_on_the_cpu} == set(model.architecture.ops)
 
 
 def test_what_fla_refuses_runs_the_pytorch_form_under_auto(fla_on_the_cpu: list, monkeypatch: pytest.MonkeyPatch,
