@@ -76,24 +76,36 @@ def kernels_problem(kernels: str, device: torch.device | str) -> str | None:
     return None
 
 
+@torch.compiler.assume_constant_result
+def fla_imports() -> bool:
+    """Whether fla's ops import here: a constant of a compiled graph (asked while tracing, never
+    traced: the import is not a graph's work)."""
+    return fla_import_problem() is None
+
+
 def uses_fla(kernels: str, device: torch.device, form: str) -> bool:
     """Whether an op's ``form`` on ``device`` runs through fla's kernels under ``kernels``."""
     if kernels == "torch" or form == "parallel":
         return False
+    if fla_runs_on(device) and fla_imports():
+        return True
     if kernels == "auto":
-        return fla_runs_on(device) and fla_import_problem() is None
-    problem = kernels_problem(kernels, device)
-    if problem is not None:
-        raise KernelsUnavailable(problem)
-    return True
+        return False
+    raise KernelsUnavailable(kernels_problem(kernels, device))
 
 
 @functools.cache
 def fla_kernel(op: str, form: str) -> Callable:
-    """The fla function that serves ``op``'s ``form`` (:data:`FLA_KERNELS`), out of reach of
-    ``torch.compile`` (a graph breaks around it: its Triton kernels are compiled already)."""
+    """The fla function that serves ``op``'s ``form`` (:data:`FLA_KERNELS`). The adapters that
+    call it run outside ``torch.compile``'s graphs (:func:`outside_compiled_graphs`)."""
     module, name = FLA_KERNELS[(op, form)]
-    return torch.compiler.disable(getattr(importlib.import_module(module), name))
+    return getattr(importlib.import_module(module), name)
+
+
+def outside_compiled_graphs(adapter: Callable) -> Callable:
+    """An adapter that a compiled model calls eagerly, one graph break around it: fla's Triton
+    kernels are compiled already, and finding them (an import) is no graph's work."""
+    return torch.compiler.disable(adapter)
 
 
 def fall_back(kernels: str, problem: str) -> None:

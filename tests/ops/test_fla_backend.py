@@ -313,6 +313,20 @@ def test_the_step_at_fixed_addresses_runs_through_fla(name: str, fla_on_the_cpu:
     assert {op for op, _ in fla_on_the_cpu} == set(model.architecture.ops)
 
 
+@pytest.mark.slow
+def test_a_compiled_model_runs_fla_between_its_graphs(fla_on_the_cpu: list) -> None:
+    """``torch.compile`` leaves the adapters (and fla's kernels) out of its graphs, asks once
+    whether fla imports, and computes what the eager model does."""
+    model = tiny_model("retnet", kernels="fla", num_layers=1)
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 40), generator=generator())
+    expected = model.loss(tokens[:, :-1], tokens[:, 1:])[0]
+    torch._dynamo.reset()
+    compiled = torch.compile(model.loss)
+    for _ in range(2):
+        assert relative_rms_error(compiled(tokens[:, :-1], tokens[:, 1:])[0], expected) < TOLERANCE
+    assert fla_on_the_cpu.count(("decayed_attention", "chunk")) == 3  # eager once, compiled twice
+
+
 def test_what_fla_refuses_runs_the_pytorch_form_under_auto(fla_on_the_cpu: list, monkeypatch: pytest.MonkeyPatch,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     """A per-token decay's chunk backward on a GPU where fla refuses it (Hopper, Triton 3.4 to

@@ -21,9 +21,10 @@ import torch
 
 from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention.naive import per_token_log_decay
-from mcsd.ops.kernels import fla_kernel
+from mcsd.ops.kernels import fla_kernel, outside_compiled_graphs
 
 
+@outside_compiled_graphs
 def fla_decayed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
     initial_state: torch.Tensor | None = None, form: str = "chunk", kernel: Callable | None = None,
@@ -55,6 +56,7 @@ def fla_decayed_attention_step(
     return output[:, :, 0], state
 
 
+@torch.compiler.assume_constant_result
 def gated_chunk_backward_refused() -> bool:
     """Whether fla refuses the backward of its chunk kernel with a per-token decay here: on a
     Hopper GPU with Triton >= 3.4, < 3.7.1 (its own test, read from its flags)."""

@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from mcsd.ops.common import state_dtype
-from mcsd.ops.kernels import fla_kernel
+from mcsd.ops.kernels import fla_kernel, outside_compiled_graphs
 
 
+@outside_compiled_graphs
 def fla_exp_filter(
     x: torch.Tensor, log_decay: torch.Tensor, initial_state: torch.Tensor | None = None,
     form: str = "chunk", kernel: Callable | None = None,

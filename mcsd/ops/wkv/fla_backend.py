@@ -14,10 +14,11 @@ from collections.abc import Callable
 import torch
 
 from mcsd.ops.common import state_dtype
-from mcsd.ops.kernels import fla_kernel
+from mcsd.ops.kernels import fla_kernel, outside_compiled_graphs
 from mcsd.ops.wkv.naive import empty_wkv_state
 
 
+@outside_compiled_graphs
 def fla_wkv(
     w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     initial_state: torch.Tensor | None = None, form: str = "chunk", kernel: Callable | None = None,
