@@ -13,14 +13,16 @@ kernels (:mod:`mcsd.ops.decayed_attention.fla_backend`) on a GPU.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from mcsd.ops.common import FORMS, check_form
+from mcsd.ops.common import FORMS
 from mcsd.ops.decayed_attention.chunk import chunk_decayed_attention
 from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention, fla_problem
-from mcsd.ops.decayed_attention.naive import parallel_decayed_attention, per_token_log_decay, segment_log_decays
+from mcsd.ops.decayed_attention.parallel import parallel_decayed_attention, per_token_log_decay, segment_log_decays
 from mcsd.ops.decayed_attention.recurrent import decayed_attention_step, recurrent_decayed_attention
-from mcsd.ops.kernels import fall_back, uses_fla
+from mcsd.ops.dispatch import dispatch
 
 
 def decayed_attention(
@@ -29,17 +31,13 @@ def decayed_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
     ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``."""
-    check_form(form)
-    if uses_fla(kernels, q.device, form):
-        problem = fla_problem(q, k, v, log_decay, form)
-        if problem is None:
-            return fla_decayed_attention(q, k, v, log_decay, initial_state, form)
-        fall_back(kernels, problem)
-    if form == "chunk":
-        return chunk_decayed_attention(q, k, v, log_decay, initial_state, chunk_size)
-    if form == "parallel":
-        return parallel_decayed_attention(q, k, v, log_decay, initial_state)
-    return recurrent_decayed_attention(q, k, v, log_decay, initial_state)
+    inputs = (q, k, v, log_decay, initial_state)
+    return dispatch(form, kernels, q.device, {
+        "parallel": functools.partial(parallel_decayed_attention, *inputs),
+        "chunk": functools.partial(chunk_decayed_attention, *inputs, chunk_size),
+        "recurrent": functools.partial(recurrent_decayed_attention, *inputs),
+    }, fla=functools.partial(fla_decayed_attention, *inputs, form),
+        fla_problem=functools.partial(fla_problem, q, k, v, log_decay, form))
 
 
 __all__ = [

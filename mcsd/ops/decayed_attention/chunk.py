@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from mcsd.ops.common import in_state_dtype, state_dtype
-from mcsd.ops.decayed_attention.naive import per_token_log_decay, segment_log_decays
+from mcsd.ops.decayed_attention.parallel import per_token_log_decay, segment_log_decays
 
 
 def chunk_decayed_attention(

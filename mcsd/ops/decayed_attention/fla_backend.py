@@ -20,7 +20,7 @@ import importlib
 import torch
 
 from mcsd.ops.common import state_dtype
-from mcsd.ops.decayed_attention.naive import per_token_log_decay
+from mcsd.ops.decayed_attention.parallel import per_token_log_decay
 from mcsd.ops.kernels import fla_kernel, outside_compiled_graphs
 
 

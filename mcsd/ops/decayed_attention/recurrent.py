@@ -9,7 +9,7 @@ import torch
 
 from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention_step
-from mcsd.ops.decayed_attention.naive import per_token_log_decay
+from mcsd.ops.decayed_attention.parallel import per_token_log_decay
 from mcsd.ops.kernels import uses_fla
 
 

@@ -10,14 +10,16 @@ runs the chunk and recurrent forms through flash-linear-attention's HGRN kernels
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from mcsd.ops.common import FORMS, check_form
+from mcsd.ops.common import FORMS
+from mcsd.ops.dispatch import dispatch
 from mcsd.ops.exp_filter.chunk import chunk_exp_filter
 from mcsd.ops.exp_filter.fla_backend import fla_exp_filter
-from mcsd.ops.exp_filter.naive import decay_powers, exp_filter_matrix, parallel_exp_filter
+from mcsd.ops.exp_filter.parallel import decay_powers, exp_filter_matrix, parallel_exp_filter
 from mcsd.ops.exp_filter.recurrent import exp_filter_step, recurrent_exp_filter
-from mcsd.ops.kernels import uses_fla
 
 
 def exp_filter(
@@ -30,14 +32,11 @@ def exp_filter(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
     ``(output [B, C, N, D], final_state [B, C, D] fp32)``."""
-    check_form(form)
-    if uses_fla(kernels, x.device, form):
-        return fla_exp_filter(x, log_decay, initial_state, form)
-    if form == "chunk":
-        return chunk_exp_filter(x, log_decay, initial_state, chunk_size)
-    if form == "parallel":
-        return parallel_exp_filter(x, log_decay, initial_state)
-    return recurrent_exp_filter(x, log_decay, initial_state)
+    return dispatch(form, kernels, x.device, {
+        "parallel": functools.partial(parallel_exp_filter, x, log_decay, initial_state),
+        "chunk": functools.partial(chunk_exp_filter, x, log_decay, initial_state, chunk_size),
+        "recurrent": functools.partial(recurrent_exp_filter, x, log_decay, initial_state),
+    }, fla=functools.partial(fla_exp_filter, x, log_decay, initial_state, form))
 
 
 __all__ = [

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from mcsd.ops.common import in_state_dtype
-from mcsd.ops.exp_filter.naive import (
+from mcsd.ops.exp_filter.parallel import (
     decay_powers,
     exp_filter_matrix,
     masked_powers,

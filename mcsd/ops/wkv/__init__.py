@@ -10,13 +10,15 @@ recurrent forms and the decoding step through flash-linear-attention's fused RWK
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from mcsd.ops.common import FORMS, check_form
-from mcsd.ops.kernels import uses_fla
+from mcsd.ops.common import FORMS
+from mcsd.ops.dispatch import dispatch
 from mcsd.ops.wkv.chunk import chunk_wkv
 from mcsd.ops.wkv.fla_backend import fla_wkv
-from mcsd.ops.wkv.naive import EMPTY_LOG_SCALE, empty_wkv_state, parallel_wkv
+from mcsd.ops.wkv.parallel import EMPTY_LOG_SCALE, empty_wkv_state, parallel_wkv
 from mcsd.ops.wkv.recurrent import recurrent_wkv, wkv_step
 
 
@@ -26,14 +28,12 @@ def wkv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
     ``(wkv [B, N, D], final_state [B, 3, D] fp32)``."""
-    check_form(form)
-    if uses_fla(kernels, k.device, form):
-        return fla_wkv(w, u, k, v, initial_state, form)
-    if form == "chunk":
-        return chunk_wkv(w, u, k, v, initial_state, chunk_size)
-    if form == "parallel":
-        return parallel_wkv(w, u, k, v, initial_state)
-    return recurrent_wkv(w, u, k, v, initial_state)
+    inputs = (w, u, k, v, initial_state)
+    return dispatch(form, kernels, k.device, {
+        "parallel": functools.partial(parallel_wkv, *inputs),
+        "chunk": functools.partial(chunk_wkv, *inputs, chunk_size),
+        "recurrent": functools.partial(recurrent_wkv, *inputs),
+    }, fla=functools.partial(fla_wkv, *inputs, form))
 
 
 __all__ = [

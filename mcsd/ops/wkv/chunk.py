@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mcsd.ops.common import state_dtype
-from mcsd.ops.wkv.naive import EMPTY_LOG_SCALE, empty_wkv_state, wkv_outputs
+from mcsd.ops.wkv.parallel import EMPTY_LOG_SCALE, empty_wkv_state, wkv_outputs
 
 GROUP_CHUNKS = 32  # chunks per group of the two-level carry
 

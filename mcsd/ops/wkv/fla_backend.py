@@ -15,7 +15,7 @@ import torch
 
 from mcsd.ops.common import state_dtype
 from mcsd.ops.kernels import fla_kernel, outside_compiled_graphs
-from mcsd.ops.wkv.naive import empty_wkv_state
+from mcsd.ops.wkv.parallel import empty_wkv_state
 
 
 @outside_compiled_graphs

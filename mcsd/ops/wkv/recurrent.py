@@ -13,7 +13,7 @@ import torch
 from mcsd.ops.common import state_dtype
 from mcsd.ops.kernels import uses_fla
 from mcsd.ops.wkv.fla_backend import fla_wkv_step
-from mcsd.ops.wkv.naive import empty_wkv_state
+from mcsd.ops.wkv.parallel import empty_wkv_state
 
 
 def wkv_step(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
