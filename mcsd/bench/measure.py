@@ -24,7 +24,7 @@ from mcsd.checkpoint.saved_model import load
 from mcsd.models.build import build_model
 from mcsd.models.modeling import CausalLM
 from mcsd.models.modules.attention import KVCache
-from mcsd.models.static_decoding import StaticStep, capacity_bucket
+from mcsd.models.cuda_graphs import StaticStep, capacity_bucket
 from mcsd.precision import DTYPES
 
 

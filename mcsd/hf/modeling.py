@@ -27,7 +27,7 @@ from mcsd.hf.cache import CACHE_KEY, DecodingCache
 from mcsd.hf.configuration import MCSDHFConfig
 from mcsd.models import CausalLM
 from mcsd.models.build import build_model
-from mcsd.models.modeling import PREFILL_FORM
+from mcsd.models.decoding import PREFILL_FORM
 
 
 def check_right_padded(attention_mask: torch.Tensor | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -28,3 +29,19 @@ def in_state_dtype(device: torch.device) -> contextlib.AbstractContextManager:
     if device.type not in ("cpu", "cuda") or not torch.is_autocast_enabled(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type), enabled=False)
+
+
+def constant_tensor(values: tuple[float, ...], device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Fixed ``values`` (a decay per channel or head) as a tensor on ``device``, built from fp64 and
+    cast once: cached for eager calls (a step replayed at fixed addresses never copies from the
+    host), a constant of a compiled graph."""
+    if torch.compiler.is_compiling():
+        return _constant_tensor(values, device, dtype)
+    return _cached_constant_tensor(values, device, dtype)
+
+
+def _constant_tensor(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+_cached_constant_tensor = functools.lru_cache(maxsize=None)(_constant_tensor)

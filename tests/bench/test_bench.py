@@ -29,7 +29,7 @@ from mcsd.bench.measure import kv_positions_read
 from mcsd.bench.run import model_source, run_point
 from mcsd.errors import MCSDError
 from mcsd.models import registry
-from mcsd.models.static_decoding import StaticStep
+from mcsd.models.cuda_graphs import StaticStep
 from mcsd.plots.cost import HOLLOW_NOTE, model_label, plot_inference, plot_train
 
 
@@ -115,12 +115,12 @@ def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path) 
 def test_decoding_replayed_from_recordings_is_timed_after_every_recording(
         arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``cuda_graphs=true`` (its recordings here replayed by calls, as the CPU runs the static step:
-    :mod:`mcsd.models.static_decoding`): the warm-up decodes the whole length, recording every
+    :mod:`mcsd.models.cuda_graphs`): the warm-up decodes the whole length, recording every
     KV-cache bucket (a prompt of 3 and 8 new tokens: buckets 4, 8 and the prefill's 11), so the
     timed sequences, each read into the step's own buffers, record none."""
     from mcsd.models.modeling import CausalLM
     from mcsd.models.modules.state import Decoding
-    from mcsd.models.static_decoding import StaticStep
+    from mcsd.models.cuda_graphs import StaticStep
 
     steps = []
 

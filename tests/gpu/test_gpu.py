@@ -25,7 +25,7 @@ from helpers.models import SIXTEEN_BIT_TOLERANCE, assert_recurrent_states_stay_f
 from helpers.models import ONE_LAYER_OF_EACH_KIND, tiny_model, variant_cases
 from helpers.runs import FAST, compose_train, read_metrics, run_bench, run_cli, series
 from mcsd.models import registry
-from mcsd.models.static_decoding import WARMUP_STEPS
+from mcsd.models.cuda_graphs import WARMUP_STEPS
 from mcsd.train import train
 
 pytestmark = [pytest.mark.gpu,
@@ -85,7 +85,7 @@ def test_cuda_graph_decoding_records_once_and_replays_64_positions(name: str, co
 def test_an_error_inside_a_cuda_graph_capture_ends_the_capture() -> None:
     """An error raised while a step is being captured (not in its warm-up) is raised as itself;
     the capture is ended and dropped, so the device takes work again and the next call records
-    and replays as the eager step decodes (tests/models/test_static_decoding.py: the same path
+    and replays as the eager step decodes (tests/models/test_cuda_graphs.py: the same path
     on the CPU)."""
     model = tiny_model("mcsd", hidden_size=64, num_channels=4, mlp_hidden_size=96).to(CUDA, torch.bfloat16)
     input_ids = torch.randint(0, 101, (2, 24), device=CUDA)

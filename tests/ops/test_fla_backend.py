@@ -297,7 +297,7 @@ def test_the_step_at_fixed_addresses_runs_through_fla(name: str, fla_on_the_cpu:
     """The step that CUDA graphs replay (here each replay a call: ``record="call"``), with
     ``kernels=fla``, follows the eager step with ``kernels=torch`` along a fixed token path, its
     recurrent states written where the recording reads them."""
-    from mcsd.models.static_decoding import StaticStep
+    from mcsd.models.cuda_graphs import StaticStep
 
     model = tiny_model(name, kernels="torch").eval()
     tokens = torch.randint(0, TINY["vocab_size"], (2, 24), generator=generator())

@@ -8,12 +8,17 @@ Every import counts, at the top of a module or inside a function, except those u
 from __future__ import annotations
 
 import ast
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import pytest
+import torch
 
 import mcsd
-from mcsd.models import ARCHITECTURE_FOLDERS
+from helpers.models import TINY, tiny_model
+from mcsd.models import ARCHITECTURE_FOLDERS, registry
 
 PACKAGE = Path(mcsd.__file__).parent
 
@@ -23,7 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("data", ("mcsd.data",)),
     ("model config", ("mcsd.models.config",)),
     ("shared model pieces", ("mcsd.models.modules",)),
-    ("decoding at fixed addresses", ("mcsd.models.static_decoding",)),
+    ("decoding at fixed addresses", ("mcsd.models.cuda_graphs", "mcsd.models.static_decoding")),
+    ("decoding", ("mcsd.models.decoding",)),
     ("skeleton", ("mcsd.models.modeling",)),
     ("registry", ("mcsd.models.registry",)),
     ("architectures", tuple(f"mcsd.models.{name}" for name in ARCHITECTURE_FOLDERS)),
@@ -185,3 +191,36 @@ def test_the_checks_catch_an_upward_import_and_a_circle(edit: dict[str, set[str]
         assert len(upward_imports(graph)) == 1
     else:
         assert cycles(graph) == [["mcsd.training.fsdp", "mcsd.training.module"]]
+
+
+def ops_reached(call: Callable[[], object]) -> set[str]:
+    """The op packages (``mcsd/ops/<op>/``) whose functions ``call`` runs."""
+    ops = PACKAGE / "ops"
+    reached: set[str] = set()
+
+    def record(frame: FrameType, event: str, _: object) -> None:
+        if event == "call":
+            path = Path(frame.f_code.co_filename)
+            if path.parent.parent == ops:
+                reached.add(path.parent.name)
+
+    sys.setprofile(record)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return reached
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+@torch.no_grad()
+def test_every_form_and_the_step_run_through_the_architectures_ops(name: str) -> None:
+    """Each architecture computes every form, and its decoding step, through exactly the ops the
+    registry names for it (no mixer keeps a recurrence of its own beside its op)."""
+    model = tiny_model(name)
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 20))
+    expected = set(model.architecture.ops)
+    for form in model.architecture.forms:
+        assert ops_reached(lambda: model(tokens, form=form)) == expected, form
+    _, state = model.prefill(tokens, max_new_tokens=1)
+    assert ops_reached(lambda: model.step(tokens[:, -1], state)) == expected, "step"

@@ -14,8 +14,9 @@ and a current branch:
   (``decay_norm: rmsnorm | sum``) are settings: the paper specifies neither.
 
 Both history branches are the exponential filter of :mod:`mcsd.ops.exp_filter` with a
-fixed per-channel decay (``exp(-beta_i)`` resp. ``alpha_i``); the slope's softmax
-denominator is a known function of the absolute position. Sections are fused by
+fixed per-channel decay (``exp(-beta_i)`` resp. ``alpha_i``), read at absolute positions by
+:mod:`mcsd.ops.exp_filter.history` in every form (the slope's softmax denominator is a known
+function of the position); the block keeps the projections, the gates and the norm. Sections are fused by
 per-channel concatenation and the output projection (Eq. 13) or by summation (Eq. 20).
 
 Decoding state per section: ``[B, C, Dc]`` fp32. The slope keeps the normalised average
@@ -25,36 +26,15 @@ sum ``sum_j alpha^(n-j) E_j`` (Eq. 19).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
 from mcsd.models.mcsd.configuration_mcsd import MCSDConfig
-from mcsd.models.modules.decays import section_log_decay
+from mcsd.models.modules.decays import log_decay_values, section_log_decay
 from mcsd.models.modules.layers import ChannelRMSNorm, GroupedLinear
 from mcsd.models.modules.mixer import TokenMixer
-from mcsd.ops.exp_filter import exp_filter, exp_filter_matrix
+from mcsd.ops.exp_filter import History, exp_filter_matrix, filter_histories, history_step, history_weight_sum
 from mcsd.ops.flops import exp_filter_flops
-
-
-def geometric_sum(log_decay: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``sum_{k=0}^{count-1} a^k`` per channel and count, ``[C, len(count)]``, fp32.
-
-    ``expm1`` keeps it exact for decays close to 1.
-    """
-    log_decay = log_decay.float()[:, None]
-    return torch.expm1(count.float()[None, :] * log_decay) / torch.expm1(log_decay)
-
-
-def history_weight_sum(log_decay: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The sum of row n's history weights, ``sum_{k=1}^{n} a^k``: the softmax denominator of
-    Eq. 3 (slope), or the decay's divisor under ``decay_norm: sum``.
-
-    Position 0 (whose row is token 0 itself) gets 1 so that dividing there is harmless.
-    """
-    denominator = torch.exp(log_decay.float())[:, None] * geometric_sum(log_decay, positions)
-    return torch.where(positions[None, :] == 0, torch.ones_like(denominator), denominator)
 
 
 def slope_matrix(length: int, num_channels: int) -> torch.Tensor:
@@ -78,34 +58,34 @@ def decay_matrix(length: int, num_channels: int, decay_norm: str = "rmsnorm") ->
 
 
 class Section(torch.nn.Module):
-    """One slope or decay section: the history mixing of its branch (:meth:`mix`) and the gate
-    that makes ``Theta`` ``[B, N, C, Dc]`` of it (:meth:`gate`). Its projections are the block's
-    (one grouped projection for every section), and a block of several sections filters their
-    histories together (:meth:`filter_state`, :meth:`finish`)."""
+    """One slope or decay section: its history (how the exponential filter is read, a
+    :class:`~mcsd.ops.exp_filter.History`) and the gate that makes ``Theta`` ``[B, N, C, Dc]`` of
+    it (:meth:`gate`). Its projections are the block's (one grouped projection for every section),
+    and the block filters every section's history together."""
 
     def __init__(self, kind: str, config: MCSDConfig) -> None:
         super().__init__()
         self.kind = kind
-        self.num_channels = config.num_channels
         self.chunk_size = config.chunk_size
         self.kernels = config.kernels
-        width = config.channel_width
-        self.norm = (ChannelRMSNorm(config.num_channels, width, config.norm_eps, config.decay_norm_gain_init)
+        self.norm = (ChannelRMSNorm(config.num_channels, config.channel_width, config.norm_eps,
+                                    config.decay_norm_gain_init)
                      if kind == "decay" and config.decay_norm == "rmsnorm" else None)
-        self.average_decay = kind == "decay" and config.decay_norm == "sum"
+        # The slope: the softmax of Eq. 3 (outputs averaged) and Eq. 16's state (the average);
+        # the decay: Eq. 19's raw sum, its output averaged under decay_norm: sum.
+        average = kind == "slope" or config.decay_norm == "sum"
+        self.history = History(tuple(log_decay_values(kind, config.num_channels)), average_output=average,
+                               average_state=kind == "slope")
 
     def reset_parameters(self) -> None:
         if self.norm is not None:
             self.norm.reset_parameters()
 
-    def log_decay(self, device: torch.device) -> torch.Tensor:
-        return section_log_decay(self.kind, self.num_channels, device)
-
     def gate(self, mixed: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """Eq. 6 (slope) or Eq. 12 (decay) from the mixed history and the current branch."""
         if self.kind == "slope":
             return F.silu(mixed) * current
-        normalised = self.norm(mixed) if self.norm is not None else mixed  # averaged in mix() otherwise
+        normalised = self.norm(mixed) if self.norm is not None else mixed  # averaged by the history otherwise
         return normalised * torch.sigmoid(current)
 
     def mix(
@@ -113,118 +93,7 @@ class Section(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``W_s V`` or ``W_d E`` for ``values`` ``[B, N, C, Dc]`` at absolute positions
         ``position..``, continuing ``state``; returns the result and the new state."""
-        if form == "recurrent":
-            if state is None:
-                batch, _, channels, width = values.shape
-                state = values.new_zeros(batch, channels, width, dtype=torch.float32)
-            outputs = [self.mix_step(values[:, offset], state, position + offset) for offset in range(values.shape[1])]
-            return torch.stack(outputs, dim=1), state
-        channels_first = values.transpose(1, 2)  # [B, C, N, Dc]
-        log_decay = self.log_decay(values.device)
-        filtered, final = exp_filter(channels_first, log_decay, self.filter_state(state, position), form, self.chunk_size,
-                                     self.kernels)
-        return self.finish(filtered, final, channels_first, position)
-
-    def filter_state(self, state: torch.Tensor | None, position: int) -> torch.Tensor | None:
-        """The exponential filter's initial state from this section's state: the decay's raw sum
-        itself; the slope's normalised average times its weight sum (the filter carries raw sums)."""
-        if self.kind != "slope" or state is None:
-            return state
-        log_decay = self.log_decay(state.device)
-        return state * history_weight_sum(log_decay, torch.tensor([position], device=state.device))[None]
-
-    def finish(
-        self, filtered: torch.Tensor, final: torch.Tensor, channels_first: torch.Tensor, position: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """From the filter's raw output ``[B, C, N, Dc]`` and final state to this section's mixed
-        history ``[B, N, C, Dc]`` and state: the slope's softmax denominators (Eq. 3), the decay's
-        row sums under ``decay_norm: sum``, and row 0 (token 0 itself) at the sequence start."""
-        length = filtered.shape[2]
-        log_decay = self.log_decay(filtered.device)
-        if self.kind == "slope":
-            positions = torch.arange(position, position + length + 1, device=filtered.device)
-            denominator = history_weight_sum(log_decay, positions)[None, :, :, None]
-            filtered = filtered / denominator[:, :, :length]
-            final = final / denominator[:, :, -1]
-        elif self.average_decay:  # the state stays the raw sum of Eq. 19; only the output is divided
-            positions = torch.arange(position, position + length, device=filtered.device)
-            filtered = filtered / history_weight_sum(log_decay, positions)[None, :, :, None]
-        if position == 0:  # row 0 of Eqs. 3 and 9: token 0 itself (the paper's "first number 1"),
-            # added in place to the filter's output there, which is exactly 0 (no history, no state).
-            filtered[:, :, 0] += channels_first[:, :, 0].to(filtered.dtype)
-        # The fp32 denominators promote a 16-bit model's output: back to the model's dtype (the
-        # state stays fp32).
-        return filtered.transpose(1, 2).to(channels_first.dtype), final
-
-    def mix_step(self, value: torch.Tensor, state: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
-        """One token ``value`` ``[B, C, Dc]`` at absolute ``position``: its mixed history, with
-        ``state`` ``[B, C, Dc]`` fp32 advanced in place: Eq. 16 (slope: ``S <- S + (V_n - S) / Z``,
-        ``Z = sum_{k=0}^{n} exp(-k beta)``) or Eq. 19 (decay: ``S <- alpha (S + E_n)``). The
-        per-position constants come from tables built once (:func:`position_constants`). A
-        ``position`` tensor (the step at fixed addresses) picks token 0's row without a branch."""
-        if isinstance(position, torch.Tensor):
-            output = torch.where(position == 0, value, state.to(value.dtype))  # a new tensor
-        else:
-            output = value if position == 0 else state.to(value.dtype)
-            if output is state:  # the state is about to change in place
-                output = state.clone()
-        if self.kind == "slope":
-            weight = position_constants("slope_update", self.num_channels, value.device, position)[:, None]
-            state.add_((value.float() - state).mul_(weight))
-            return output
-        if self.average_decay and (isinstance(position, torch.Tensor) or position > 0):
-            # The row sum is 1 at position 0 (history_weight_sum), where a tensor position divides too.
-            divisor = position_constants("history_sum", self.num_channels, value.device, position)[:, None]
-            output = (output / divisor).to(value.dtype)
-        state.add_(value.to(state.dtype)).mul_(decay_factors(self.num_channels, value.device)[:, None])
-        return output
-
-
-def decay_factors(num_channels: int, device: torch.device) -> torch.Tensor:
-    """The decay section's ``alpha_i`` ``[C]`` fp32, from its log (as the filter computes it);
-    cached for eager calls, a constant of a compiled graph."""
-    if torch.compiler.is_compiling():
-        return torch.exp(section_log_decay("decay", num_channels, device))
-    return _decay_factors(num_channels, device)
-
-
-@functools.lru_cache(maxsize=None)
-def _decay_factors(num_channels: int, device: torch.device) -> torch.Tensor:
-    return torch.exp(section_log_decay("decay", num_channels, device))
-
-
-def position_constants(
-    quantity: str, num_channels: int, device: torch.device, position: int | torch.Tensor
-) -> torch.Tensor:
-    """A per-position constant of decoding, ``[C]`` at ``position`` n:
-
-    - ``slope_update``: the slope state's update weight, ``1 / sum_{k=0}^{n} exp(-k beta)``;
-    - ``history_sum``: the decay history's row sum, ``sum_{k=1}^{n} alpha^k`` (the divisor
-      under ``decay_norm: sum``).
-
-    Eager calls read a column of a cached table (``[C, L]``, ``L`` a power of two of at least
-    1024, so decoding builds a handful in all); a compiled step computes it in its graph, with
-    ``position`` symbolic (one graph for every position), as does a step given ``position`` as a
-    0-d tensor on the device (the step at fixed addresses).
-    """
-    if isinstance(position, torch.Tensor):
-        return _position_values(quantity, num_channels, position.reshape(1))[:, 0]
-    if torch.compiler.is_compiling():
-        return _position_values(quantity, num_channels, torch.full((1,), position, device=device))[:, 0]
-    return _position_table(quantity, num_channels, device, max(1024, 1 << position.bit_length()))[:, position]
-
-
-@functools.lru_cache(maxsize=16)
-def _position_table(quantity: str, num_channels: int, device: torch.device, length: int) -> torch.Tensor:
-    return _position_values(quantity, num_channels, torch.arange(length, device=device))
-
-
-def _position_values(quantity: str, num_channels: int, positions: torch.Tensor) -> torch.Tensor:
-    kind = "slope" if quantity == "slope_update" else "decay"
-    log_decay = section_log_decay(kind, num_channels, positions.device)  # no host copy in a CUDA graph's capture
-    if quantity == "slope_update":
-        return 1.0 / geometric_sum(log_decay, positions + 1)
-    return history_weight_sum(log_decay, positions)
+        return filter_histories([values], [self.history], [state], position, form, self.chunk_size, self.kernels)[0]
 
 
 class MCSDBlock(TokenMixer):
@@ -242,6 +111,8 @@ class MCSDBlock(TokenMixer):
         self.init_std = config.init_std
         self.num_channels = config.num_channels
         self.channel_width = config.channel_width
+        self.chunk_size = config.chunk_size
+        self.kernels = config.kernels
         self.sections = torch.nn.ModuleList(Section(kind, config) for kind in config.sections)
         # Per channel, per section: (U, V) for a slope, (F, E) for a decay.
         self.in_proj = GroupedLinear(config.num_channels, config.channel_width,
@@ -278,40 +149,11 @@ class MCSDBlock(TokenMixer):
         self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int, form: str
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         batch, length, hidden = x.shape
-        states = layer_state if layer_state is not None else [None] * len(self.sections)
         inputs = self.section_inputs(x)
-        # The chunk form filters all sections together (fewer, larger products); the parallel form
-        # filters each section alone: its [C, N+1, N] matrices are large already, and one of twice
-        # their size cost more in fresh pages than the shared call saved (0.7x at 1024 tokens).
-        if form != "chunk" or len(self.sections) == 1:
-            mixed = [section.mix(history, state, position, form)
-                     for section, (_, history), state in zip(self.sections, inputs, states)]
-        else:
-            mixed = self._mix_together([history for _, history in inputs], states, position, form)
+        mixed = filter_histories([history for _, history in inputs], [section.history for section in self.sections],
+                                 layer_state, position, form, self.chunk_size, self.kernels)
         thetas = [section.gate(history, current) for section, (current, _), (history, _) in zip(self.sections, inputs, mixed)]
         return self.out_proj(self.fuse(thetas, batch, length, hidden)), [state for _, state in mixed]
-
-    def _mix_together(
-        self, histories: list[torch.Tensor], states: list[torch.Tensor | None], position: int, form: str
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every section's :meth:`Section.mix` through one exponential filter over all their
-        channels (``S * C``, each with its own decay): one set of batched products per layer
-        (what the chunk form uses)."""
-        channels_first = torch.cat(histories, dim=2).transpose(1, 2)  # [B, S * C, N, Dc]
-        log_decay = torch.cat([section.log_decay(channels_first.device) for section in self.sections])
-        initial = None
-        if states[0] is not None:
-            initial = torch.cat([section.filter_state(state, position) for section, state in zip(self.sections, states)],
-                                dim=1)
-        filtered, final = exp_filter(channels_first, log_decay, initial, form, self.sections[0].chunk_size,
-                                     self.sections[0].kernels)
-        # Slices, not split(): finish() may add token 0's row in place, which autograd allows on a view
-        # of one slice but not on one of split()'s several. Each state a tensor of its own: decoding
-        # advances them in place, and a compiled step given views of one base (two decay sections'
-        # states) fails in inductor (torch 2.13, 16-bit models).
-        channels = [slice(index * self.num_channels, (index + 1) * self.num_channels) for index in range(len(self.sections))]
-        return [section.finish(filtered[:, part], final[:, part].clone(), channels_first[:, part], position)
-                for part, section in zip(channels, self.sections)]
 
     def step(
         self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int | torch.Tensor
@@ -322,7 +164,7 @@ class MCSDBlock(TokenMixer):
         if layer_state is None:
             layer_state = [x.new_zeros(batch, self.num_channels, self.channel_width, dtype=torch.float32)
                            for _ in self.sections]
-        thetas = [section.gate(section.mix_step(history, state, position), current)
+        thetas = [section.gate(history_step(history, section.history, state, position), current)
                   for section, (current, history), state in zip(self.sections, self.section_inputs(x), layer_state)]
         return self.out_proj(self.fuse(thetas, batch, 1, hidden)).view(batch, hidden), layer_state
 

@@ -180,7 +180,7 @@ class CausalSelfAttention(TokenMixer):
         """One query per row ``[B, H, Dh]`` at the 0-d tensor ``position``: its key and value (and
         key bias) written into ``cache`` at ``position``, attending over the cache's whole capacity
         with the positions after it masked (an entry never written must hold finite numbers:
-        :class:`~mcsd.models.static_decoding.StaticStep` allocates zeros). No shape or Python
+        :class:`~mcsd.models.cuda_graphs.StaticStep` allocates zeros). No shape or Python
         branch depends on the position: what a CUDA graph replays at every position."""
         index = position.reshape(1)
         cache.keys.index_copy_(2, index, key[:, :, None].to(cache.keys.dtype))

@@ -3,10 +3,11 @@ decays (MCSD's decay section, Eq. 8, and RetNet's retention), as log-decays for 
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
+
+from mcsd.ops.common import constant_tensor
 
 
 def slope_rates(num_channels: int) -> list[float]:
@@ -31,15 +32,5 @@ def section_log_decay(kind: str, num_channels: int, device: torch.device,
                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """:func:`log_decay_values` as a tensor ``[C]``, fp32 (or ``dtype``: fp64 for a baseline run
     in fp64), never cast by ``model.to(dtype)``: cached for eager calls (built once per device
-    and dtype), a constant of a compiled graph."""
-    if torch.compiler.is_compiling():
-        return _log_decay_tensor(kind, num_channels, device, dtype)
-    return _cached_log_decay_tensor(kind, num_channels, device, dtype)
-
-
-def _log_decay_tensor(kind: str, num_channels: int, device: torch.device,
-                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return torch.tensor(log_decay_values(kind, num_channels), dtype=torch.float64).to(device=device, dtype=dtype)
-
-
-_cached_log_decay_tensor = functools.lru_cache(maxsize=None)(_log_decay_tensor)
+    and dtype), a constant of a compiled graph (:func:`mcsd.ops.common.constant_tensor`)."""
+    return constant_tensor(tuple(log_decay_values(kind, num_channels)), device, dtype)

@@ -43,7 +43,7 @@ class DecodingState:
 @runtime_checkable
 class CapacityState(Protocol):
     """A part of a layer's state that keeps an entry per position up to a ``capacity`` along its
-    third axis (a KV cache): what :class:`mcsd.models.static_decoding.StaticStep` allocates at a
+    third axis (a KV cache): what :class:`mcsd.models.cuda_graphs.StaticStep` allocates at a
     fixed size and views a prefix of."""
 
     @property

@@ -6,47 +6,32 @@ in three forms that compute the same function: ``parallel`` (N x N matrix, the r
 (one token at a time). All take an initial state and return the final state. ``kernels`` (:mod:`mcsd.ops.kernels`)
 runs the chunk and recurrent forms through flash-linear-attention's HGRN kernels
 (:mod:`mcsd.ops.exp_filter.fla_backend`) on a GPU.
+
+:mod:`mcsd.ops.exp_filter.history` reads the filter at absolute positions the way MCSD's
+sections do (averaged or raw, row 0 the token itself, an averaged or raw decoding state), in
+every form and one token at a time: the MCSD block reaches the filter only through it.
 """
 
-from __future__ import annotations
-
-import functools
-
-import torch
-
 from mcsd.ops.common import FORMS
-from mcsd.ops.dispatch import dispatch
 from mcsd.ops.exp_filter.chunk import chunk_exp_filter
+from mcsd.ops.exp_filter.filter import exp_filter
 from mcsd.ops.exp_filter.fla_backend import fla_exp_filter
+from mcsd.ops.exp_filter.history import History, filter_histories, history_step, history_weight_sum
 from mcsd.ops.exp_filter.parallel import decay_powers, exp_filter_matrix, parallel_exp_filter
 from mcsd.ops.exp_filter.recurrent import exp_filter_step, recurrent_exp_filter
 
-
-def exp_filter(
-    x: torch.Tensor,
-    log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
-    form: str = "chunk",
-    chunk_size: int = 64,
-    kernels: str = "torch",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
-    ``(output [B, C, N, D], final_state [B, C, D] fp32)``."""
-    return dispatch(form, kernels, x.device, {
-        "parallel": functools.partial(parallel_exp_filter, x, log_decay, initial_state),
-        "chunk": functools.partial(chunk_exp_filter, x, log_decay, initial_state, chunk_size),
-        "recurrent": functools.partial(recurrent_exp_filter, x, log_decay, initial_state),
-    }, fla=functools.partial(fla_exp_filter, x, log_decay, initial_state, form))
-
-
 __all__ = [
     "FORMS",
+    "History",
     "chunk_exp_filter",
     "decay_powers",
     "exp_filter",
     "exp_filter_matrix",
     "exp_filter_step",
+    "filter_histories",
     "fla_exp_filter",
+    "history_step",
+    "history_weight_sum",
     "parallel_exp_filter",
     "recurrent_exp_filter",
 ]

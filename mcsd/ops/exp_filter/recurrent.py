@@ -1,7 +1,9 @@
 """Recurrent form of the exponential filter: O(1) state per token, for decoding.
 
 One step reads the state as the output and then absorbs the token:
-``y = h;  h <- a * (h + x)`` (the paper's Eq. 19 for the decay section).
+``y = h;  h <- a * (h + x)`` (the paper's Eq. 19 for the decay section). Decoding advances its
+states in place (:func:`absorb_sum_`, and :func:`absorb_average_` for a state kept as the
+running average, Eq. 16): a step replayed at fixed addresses keeps them where they are.
 """
 
 from __future__ import annotations
@@ -17,6 +19,17 @@ def exp_filter_step(
     """One token: ``x`` ``[B, C, D]``, ``state`` ``[B, C, D]`` fp32 -> (output, new state)."""
     decay = torch.exp(log_decay.float()).to(state.dtype)[None, :, None]
     return state.to(x.dtype), decay * (state + x.to(state.dtype))
+
+
+def absorb_sum_(state: torch.Tensor, x: torch.Tensor, decay: torch.Tensor) -> torch.Tensor:
+    """``state <- decay * (state + x)`` in place (Eq. 19), ``decay`` broadcast over ``state``."""
+    return state.add_(x.to(state.dtype)).mul_(decay)
+
+
+def absorb_average_(state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``state <- state + (x - state) * weight`` in place: a running average with this token's
+    ``weight`` (Eq. 16's convex update, ``weight = 1 / sum_{k=0}^{n} a^k``)."""
+    return state.add_((x.float() - state).mul_(weight))
 
 
 def recurrent_exp_filter(

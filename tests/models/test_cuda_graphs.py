@@ -19,7 +19,7 @@ from helpers.models import (
 
 from mcsd.models import CausalLM, ConfigError, DecodingState, registry
 from mcsd.models.modules.state import CapacityState, tensors_of
-from mcsd.models.static_decoding import StaticStep, _parts, capacity_bucket
+from mcsd.models.cuda_graphs import StaticStep, _parts, capacity_bucket
 
 PROMPT, LENGTH = 3, 23  # 20 steps, at positions 3..22: KV-cache buckets 4, 8, 16 and 32 with min_capacity=4
 
