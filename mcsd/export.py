@@ -13,7 +13,6 @@ writes), never another folder, nor one that holds the model being exported.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 import shutil
@@ -23,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, read_checkpoint
 from mcsd.checkpoint.resume import OVERRIDES_KEY, WANDB_RUN_KEY
+from mcsd.checkpoint.run_folder import RunFolder
 from mcsd.checkpoint.saved_model import MODEL_DIR, SavedModel, load, load_tokenizer, locate
 from mcsd.cli import git_commit, hydra_app
 from mcsd.errors import MCSDError
@@ -107,9 +106,9 @@ def _last_value(rows: list[dict[str, str]], key: str) -> float | None:
 def describe_training(saved: SavedModel) -> dict[str, Any]:
     """What the model card says of the training run: tokens, data, final validation perplexity,
     the command's overrides and the W&B run (each ``None`` where the run left no record)."""
-    run = run_directory(saved)
-    checkpoint_path = saved.path if saved.kind == "checkpoint" else (
-        run / CHECKPOINT_DIR / LAST_CHECKPOINT if run else None)
+    run_path = run_directory(saved)
+    run = RunFolder(run_path) if run_path is not None else None
+    checkpoint_path = saved.path if saved.kind == "checkpoint" else (run.latest_checkpoint() if run else None)
     checkpoint = read_checkpoint(checkpoint_path) if checkpoint_path and checkpoint_path.exists() else {}
     facts: dict[str, Any] = {"overrides": checkpoint.get(OVERRIDES_KEY), "wandb_run": checkpoint.get(WANDB_RUN_KEY),
                              "tokens": None, "val_ppl": None, "data": None}
@@ -118,17 +117,15 @@ def describe_training(saved: SavedModel) -> dict[str, Any]:
         facts["tokens"] = int(tokens_seen)
     if run is None:
         return facts
-    if (run / ".hydra" / "overrides.yaml").is_file():
-        facts["overrides"] = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text()) or []
-    if (run / ".hydra" / "config.yaml").is_file() and (run / ".hydra" / "hydra.yaml").is_file():
-        data = (yaml.safe_load((run / ".hydra" / "config.yaml").read_text()) or {}).get("data", {})
-        choices = yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text())["hydra"]["runtime"]["choices"]
+    if run.overrides() is not None:
+        facts["overrides"] = run.overrides()
+    config, choices = run.config(), run.choices()
+    if config is not None and choices is not None:
+        data = config.get("data") or {}
         source = data.get("hub_path") or data.get("paths")
         facts["data"] = f"`data={choices.get('data')}`" + (f" ({source})" if source else "")
-    metrics = sorted(run.glob("csv/version_*/metrics.csv"))
-    if metrics and saved.kind == "folder":  # the final model: the run's last records
-        with metrics[-1].open() as file:
-            rows = list(csv.DictReader(file))
+    rows = run.metrics()
+    if rows and saved.kind == "folder":  # the final model: the run's last records
         facts["val_ppl"] = _last_value(rows, "val/ppl")
         tokens = _last_value(rows, "trainer/tokens")
         facts["tokens"] = int(tokens) if tokens is not None else facts["tokens"]

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from tokenizers import Tokenizer
 
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
+from mcsd.checkpoint.run_folder import RESULT_FILE
 from mcsd.checkpoint.resume import (
     STOP_SIGNALS,
     WANDB_RUN_KEY,
@@ -40,6 +41,7 @@ from mcsd.checkpoint.resume import (
 )
 from mcsd.checkpoint.saved_model import load_tokenizer
 from mcsd.cli import hydra_app, parallel_jobs, require_wandb_login
+from mcsd.data.datamodule import tokens_per_step as data_tokens_per_step
 from mcsd.data.tokenizer import load_tokenizer as load_tokenizer_file
 from mcsd.errors import MCSDError
 from mcsd.models.build import make_config
@@ -49,7 +51,6 @@ from mcsd.training.callbacks import DivergedError, SaveFinalModel, StopOnDiverge
 from mcsd.training.fsdp import FSDP2Strategy
 from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, plan_memory
 from mcsd.training.module import LanguageModelModule
-from mcsd.training.sweep import RESULT_FILE
 
 log = logging.getLogger("mcsd.train")
 CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
@@ -233,10 +234,6 @@ def _choices() -> dict[str, Any]:
     return {group: choices.get(group) for group in CHOICE_GROUPS}
 
 
-def _tokens_per_step(cfg: DictConfig, trainer: L.Trainer) -> int:
-    return cfg.data.batch_size * cfg.data.seq_len * trainer.accumulate_grad_batches * trainer.world_size
-
-
 def train(cfg: DictConfig) -> float:
     """Build data, model, loggers, callbacks and trainer from ``cfg``; fit; return val/loss."""
     _length_as_typed(cfg)
@@ -265,7 +262,7 @@ def train(cfg: DictConfig) -> float:
                                  empty_init=isinstance(trainer.strategy, FSDP2Strategy))
     if cfg.init_from is not None and cfg.ckpt_path is None:
         log.info("init_from=%s: weights loaded", cfg.init_from)
-    tokens_per_step = _tokens_per_step(cfg, trainer)
+    tokens_per_step = data_tokens_per_step(cfg.data, trainer.accumulate_grad_batches, trainer.world_size)
     if cfg.data.token_budget is not None:
         trainer.fit_loop.epoch_loop.max_steps = math.ceil(cfg.data.token_budget / tokens_per_step)
         log.info("data.token_budget=%d: %d steps of %d tokens", cfg.data.token_budget, trainer.max_steps,

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from hydra import compose
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -38,6 +37,7 @@ from tqdm import tqdm
 from mcsd.bench import measure
 from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores
 from mcsd.bench.peaks import mfu_peak
+from mcsd.checkpoint.run_folder import model_node_of
 from mcsd.checkpoint.saved_model import locate, read_config
 from mcsd.cli import StopAfterCurrent, apply_threads, git_commit, hydra_app, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
@@ -85,9 +85,8 @@ def model_source(entry: str, size: str, ablation: str | None) -> tuple[str, str,
         node = OmegaConf.to_container(compose("build", overrides=overrides).model, resolve=True)
         return entry, registry.get(entry).variant_of(node), node
     if is_run_config(entry):
-        logged = yaml.safe_load(Path(entry).expanduser().read_text()) or {}
-        node = logged.get("model", logged)
-        if not isinstance(node, dict) or "_target_" not in node:
+        node = model_node_of(entry)
+        if node is None:
             raise MCSDError(f"models: {entry} holds no model node (a `model:` with its `_target_`): give a run's "
                             "csv/version_0/hparams.yaml or .hydra/config.yaml")
         architecture = registry.of_config(make_config(node))

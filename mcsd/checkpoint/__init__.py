@@ -7,5 +7,7 @@ From the bottom up, each module calling only the ones before it:
   them, read as files or sharded folders and written whole or not at all;
 - :mod:`~mcsd.checkpoint.saved_model`: model folders (``model.safetensors``, ``config.json``,
   ``tokenizer.json``), exported and Hub folders, and any checkpoint, located and loaded alike;
+- :mod:`~mcsd.checkpoint.run_folder`: the one reader of an ``mcsd-train`` run folder (its
+  config, overrides, choices, metrics, logged config, result, latest checkpoint);
 - :mod:`~mcsd.checkpoint.resume`: what a checkpoint remembers of its run, and resuming it.
 """

@@ -30,6 +30,8 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
+from mcsd.checkpoint.run_folder import RunFolder
+from mcsd.data.datamodule import tokens_per_step
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.build import build_model, make_config
@@ -138,18 +140,15 @@ def own_checkpoint(run_dir: Path) -> Path | None:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
-    """``checkpoints/last.ckpt`` of a run, else its highest ``step-*.ckpt``."""
+    """``checkpoints/last.ckpt`` of a run, else its highest ``step-*.ckpt`` (:class:`RunFolder`)."""
     if not Path(run_dir).expanduser().exists():
         raise MCSDError(f"resume={run_dir} does not exist (looked for {Path(run_dir).expanduser().absolute()}): give "
                         "an mcsd-train run directory, e.g. resume=logs/train/runs/<time>")
-    folder = Path(run_dir).expanduser() / CHECKPOINT_DIR
-    if (folder / LAST_CHECKPOINT).exists():  # a file, or a sharded checkpoint's folder
-        return folder / LAST_CHECKPOINT
-    steps = sorted(folder.glob("step-*.ckpt"))
-    if not steps:
+    latest = RunFolder(Path(run_dir)).latest_checkpoint()
+    if latest is None:
         raise MCSDError(f"resume={run_dir} holds no {CHECKPOINT_DIR}/*.ckpt: give an mcsd-train run directory "
                         "that saved a checkpoint (or ckpt_path=FILE.ckpt)")
-    return steps[-1]
+    return latest
 
 
 def _key(override: str) -> str:
@@ -162,8 +161,7 @@ def _run_overrides(ckpt_path: Path, checkpoint: dict[str, Any]) -> list[str]:
     (checkpoints written before they were) in the run directory's ``.hydra/overrides.yaml``."""
     if OVERRIDES_KEY in checkpoint:
         return list(checkpoint[OVERRIDES_KEY])
-    saved = ckpt_path.parent.parent / ".hydra" / "overrides.yaml"
-    return list(OmegaConf.load(saved)) if saved.is_file() else []
+    return RunFolder(ckpt_path.parent.parent).overrides() or []
 
 
 def _parameter_shapes(model_cfg: Any) -> dict[str, tuple[int, ...]]:
@@ -235,7 +233,7 @@ def _refuse_finished(cfg: DictConfig, ckpt_path: Path, checkpoint: dict[str, Any
     trainer, data = composed.trainer, composed.data
     if data.get("token_budget") is not None:
         processes = _world_size(composed) or checkpoint.get(WORLD_SIZE_KEY) or 1
-        per_step = data.batch_size * data.seq_len * (trainer.get("accumulate_grad_batches") or 1) * processes
+        per_step = tokens_per_step(data, trainer.get("accumulate_grad_batches") or 1, processes)
         planned, setting = math.ceil(data.token_budget / per_step), f"data.token_budget (now {data.token_budget})"
     else:
         planned, setting = trainer.get("max_steps"), f"trainer.max_steps (now {trainer.get('max_steps')})"

@@ -121,6 +121,12 @@ class EpochShuffleSampler(StatefulDistributedSampler):
         self.epoch = state_dict["epoch"]
 
 
+def tokens_per_step(data: Any, accumulate_grad_batches: int, processes: int) -> int:
+    """The tokens one optimiser step trains on: ``data.batch_size`` blocks of ``data.seq_len``
+    per process and micro-batch (what ``data.token_budget`` is divided by)."""
+    return data.batch_size * data.seq_len * accumulate_grad_batches * processes
+
+
 def corpus_sources(data: Mapping[str, Any], hf_cache: Path) -> dict[str, DocumentSource]:
     """The splits of documents a data config names (``train``, and ``val``/``test`` where the
     corpus has its own), by its ``source`` and that source's fields (the defaults of

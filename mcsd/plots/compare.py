@@ -28,6 +28,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mcsd.checkpoint.run_folder import csv_logs  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.context import DELTA_FILE, load_context_results  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
@@ -139,7 +140,7 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anch
     root = Path(root)
     notes: dict[str, str] = {}
     parts, curves = [], None
-    if any(root.rglob("metrics.csv")):
+    if csv_logs(root):
         parts.append(_training(root))
     mqar = Path(mqar) if mqar else root / "mqar"
     if mqar.is_dir():

@@ -19,8 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
 
+from mcsd.checkpoint.run_folder import csv_logs, data_files  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
@@ -57,11 +57,7 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
     rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     rows["arch"], rows["variant"] = run_identity(config)
     rows["size"] = choices.get("size") or ""
-    files = (config.get("data") or {}).get("paths") or []  # local corpora are named by their files
-    if isinstance(files, str):  # data.paths=mytext.txt
-        files = [files]
-    elif isinstance(files, dict):  # {train: [...], val: [...]}
-        files = [file for listed in files.values() for file in ([listed] if isinstance(listed, str) else listed or [])]
+    files = data_files(config.get("data"))  # local corpora are named by their files
     rows["experiment"] = choices.get("experiment") or ""
     rows["data"] = (choices.get("data") or "") + (": " + ", ".join(Path(f).name for f in files) if files else "")
     rows["seed"] = config.get("seed")
@@ -82,16 +78,12 @@ def run_identity(config: dict[str, Any]) -> tuple[str, str]:
 
 def run_logs(root: str | Path) -> list[tuple[str, dict[str, Any], pd.DataFrame]]:
     """``(run, config, metrics)`` of every run under ``root`` that has
-    ``csv/version_0/{metrics.csv,hparams.yaml}`` (``run``: its folder relative to ``root``)."""
+    ``csv/version_0/{metrics.csv,hparams.yaml}`` (``run``: its log's folder relative to ``root``)."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} does not exist: give the folder of a sweep (e.g. logs/train/multiruns/<time>)")
-    logs = []
-    for metrics_file in sorted(root.rglob("metrics.csv")):
-        hparams_file = metrics_file.with_name("hparams.yaml")
-        if hparams_file.is_file():
-            config = yaml.safe_load(hparams_file.read_text()) or {}
-            logs.append((str(metrics_file.parent.relative_to(root)), config, pd.read_csv(metrics_file)))
+    logs = [(str(metrics_file.parent.relative_to(root)), config, pd.read_csv(metrics_file))
+            for metrics_file, config in csv_logs(root)]
     if not logs:
         raise MCSDError(f"{root} holds no run logs (csv/version_0/metrics.csv with hparams.yaml): "
                         "point it at a sweep run with the csv logger")

@@ -8,34 +8,25 @@ that draws the sweep.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-RESULT_FILE = "result.json"
-
-
-def job_overrides(job: Path) -> list[str]:
-    """The overrides Hydra gave a job (``.hydra/overrides.yaml``)."""
-    path = job / ".hydra" / "overrides.yaml"
-    return list(yaml.safe_load(path.read_text()) or []) if path.is_file() else []
+from mcsd.checkpoint.run_folder import RunFolder
 
 
 def summary(sweep_dir: Path, task_name: str) -> str:
     """The sweep's folder, each job's own overrides and result, and the plot command."""
     jobs = sorted((path for path in sweep_dir.iterdir() if path.is_dir() and path.name.isdigit()), key=lambda p: int(p.name))
-    overrides = {job: job_overrides(job) for job in jobs}
+    overrides = {job: RunFolder(job).overrides() or [] for job in jobs}
     shared = set.intersection(*(set(values) for values in overrides.values())) if overrides else set()
     lines = [f"sweep: {sweep_dir} ({len(jobs)} job{'s' if len(jobs) != 1 else ''})"]
     for job in jobs:
         own = " ".join(value for value in overrides[job] if value not in shared) or "(the sweep's settings)"
-        result_path = job / RESULT_FILE
-        if result_path.is_file():
-            result: dict[str, Any] = json.loads(result_path.read_text())
+        result = RunFolder(job).result()
+        if result is not None:
             if result.get("diverged_at_step") is not None:
                 text = f"diverged at step {result['diverged_at_step']} (no result)"
             else:

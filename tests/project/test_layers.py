@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("sharded checkpoints", ("mcsd.checkpoint.sharded",)),
     ("lightning checkpoints", ("mcsd.checkpoint.lightning_checkpoint",)),
     ("saved models", ("mcsd.checkpoint.saved_model",)),
+    ("run folders", ("mcsd.checkpoint.run_folder",)),
     ("resuming", ("mcsd.checkpoint.resume",)),
     ("checkpoints front", ("mcsd.checkpoint",)),
     ("hugging face", ("mcsd.hf",)),

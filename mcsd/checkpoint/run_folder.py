@@ -1,0 +1,131 @@
+"""One reader of an ``mcsd-train`` run folder: everything a run writes, read back in one place.
+
+A run folder holds::
+
+    .hydra/config.yaml      the composed config       .hydra/overrides.yaml  its command's overrides
+    .hydra/hydra.yaml       Hydra's runtime (the config groups chosen: ``choices``)
+    csv/version_*/metrics.csv, hparams.yaml   the CSV logger's metrics and the run's logged config
+    checkpoints/            last.ckpt and step-*.ckpt (:mod:`mcsd.checkpoint.lightning_checkpoint`)
+    result.json             the finished run's result (validation and test loss and perplexity)
+    model/                  the final model (:mod:`mcsd.checkpoint.saved_model`)
+
+Resuming, the sweep summary, the model card, the plots and the bench read a run through
+:class:`RunFolder` (and :func:`csv_logs` for every run under a sweep's folder). Every reader
+returns ``None`` (or nothing) for what the run did not write.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT
+
+HYDRA_DIR = ".hydra"
+RESULT_FILE = "result.json"
+METRICS_FILE = "metrics.csv"
+LOGGED_CONFIG_FILE = "hparams.yaml"  # Lightning's name for what a logger's log_hyperparams wrote
+
+
+def _yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text()) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The run folder at ``path`` (which need not exist: every reader then finds nothing)."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path).expanduser())
+
+    def overrides(self) -> list[str] | None:
+        """The command's overrides (``.hydra/overrides.yaml``)."""
+        path = self.path / HYDRA_DIR / "overrides.yaml"
+        return list(_yaml(path) or []) if path.is_file() else None
+
+    def config(self) -> dict[str, Any] | None:
+        """The composed config (``.hydra/config.yaml``)."""
+        return _yaml(self.path / HYDRA_DIR / "config.yaml")
+
+    def choices(self) -> dict[str, Any] | None:
+        """The option chosen for each config group (``.hydra/hydra.yaml``: ``runtime.choices``)."""
+        hydra = _yaml(self.path / HYDRA_DIR / "hydra.yaml")
+        return None if hydra is None else dict(hydra["hydra"]["runtime"]["choices"])
+
+    def metrics_files(self) -> list[Path]:
+        """The CSV logger's ``metrics.csv`` of each version, oldest first."""
+        return sorted(self.path.glob(f"csv/version_*/{METRICS_FILE}"))
+
+    def metrics(self) -> list[dict[str, str]]:
+        """The rows of the latest ``metrics.csv`` (none where the run logged no CSV)."""
+        files = self.metrics_files()
+        if not files:
+            return []
+        with files[-1].open() as file:
+            return list(csv.DictReader(file))
+
+    def logged_config(self) -> dict[str, Any] | None:
+        """The config the run logged with its metrics (``hparams.yaml``: the composed config,
+        the groups chosen, the model's and the data's description, tokens per step)."""
+        files = self.metrics_files()
+        return _yaml(files[-1].with_name(LOGGED_CONFIG_FILE)) if files else None
+
+    def model_node(self) -> dict[str, Any] | None:
+        """The run's ``model`` node: from its logged config, else its composed one."""
+        for config in (self.logged_config(), self.config()):
+            if config is not None and isinstance(config.get("model"), dict):
+                return config["model"]
+        return None
+
+    def result(self) -> dict[str, Any] | None:
+        """The finished run's ``result.json``."""
+        path = self.path / RESULT_FILE
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def latest_checkpoint(self) -> Path | None:
+        """``checkpoints/last.ckpt`` (a file, or a sharded checkpoint's folder), else the highest
+        ``step-*.ckpt``."""
+        folder = self.path / CHECKPOINT_DIR
+        if (folder / LAST_CHECKPOINT).exists():
+            return folder / LAST_CHECKPOINT
+        steps = sorted(folder.glob("step-*.ckpt"))
+        return steps[-1] if steps else None
+
+
+def csv_logs(root: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """``(metrics.csv, logged config)`` of every CSV log under ``root`` that has both (a run
+    folder, a sweep's folder of runs, or a folder of sweeps), in path order."""
+    logs = []
+    for metrics_file in sorted(Path(root).rglob(METRICS_FILE)):
+        config = metrics_file.with_name(LOGGED_CONFIG_FILE)
+        if config.is_file():
+            logs.append((metrics_file, yaml.safe_load(config.read_text()) or {}))
+    return logs
+
+
+def model_node_of(path: str | Path) -> dict[str, Any] | None:
+    """The ``model`` node in a YAML file (a run's ``hparams.yaml`` or ``.hydra/config.yaml``, or a
+    ``model`` node of its own) or in a run folder; ``None`` where there is none."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return RunFolder(path).model_node()
+    logged = _yaml(path) or {}
+    node = logged.get("model", logged) if isinstance(logged, dict) else None
+    return node if isinstance(node, dict) and "_target_" in node else None
+
+
+def data_files(data: dict[str, Any] | None) -> list[str]:
+    """The files of a ``data`` node's ``paths``: one file, a list, or ``{split: file or list}``."""
+    files = (data or {}).get("paths") or []
+    if isinstance(files, str):
+        return [files]
+    if isinstance(files, dict):
+        return [file for listed in files.values() for file in ([listed] if isinstance(listed, str) else listed or [])]
+    return list(files)
