@@ -13,12 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, read_checkpoint
 from mcsd.checkpoint.run_folder import RunFolder
 from mcsd.data.datamodule import tokens_per_step
 from mcsd.errors import MCSDError
@@ -55,79 +50,6 @@ class RememberRun(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 checkpoint[WANDB_RUN_KEY] = logger.version
-
-
-STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGUSR1: "SIGUSR1",
-                signal.SIGUSR2: "SIGUSR2"}
-
-
-class StopOnSignal(L.Callback):
-    """Ctrl-C (SIGINT), SIGTERM (``kill``, a SLURM preemption or time limit) and SIGUSR1/SIGUSR2
-    (the warning SLURM sends before the time limit with ``--signal``; submitit's is SIGUSR2) stop
-    training at the end of the step under way, with a checkpoint of that step (so that resuming
-    is exact); a second Ctrl-C stops at once. Every process handles them, and the processes agree
-    at the end of each step (a signal to one stops all). ``signum`` is the signal received and
-    ``checkpoint`` the file written, ``None`` while uninterrupted."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.checkpoint: Path | None = None
-        self._previous_handlers: dict[int, Any] = {}
-
-    def _request(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
-            if signum == signal.SIGINT == self.signum:
-                raise KeyboardInterrupt
-            return  # already stopping
-        self.signum = signum
-        again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
-        print(f"\nmcsd-train: {STOP_SIGNALS[signum]}: stopping after this step and saving a checkpoint{again}",
-              file=sys.stderr, flush=True)
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After Lightning's own handlers (registered after on_fit_start), which would otherwise end
-        # the epoch on SIGTERM before any checkpoint is written.
-        if threading.current_thread() is threading.main_thread():
-            self._previous_handlers = {signum: signal.signal(signum, self._request) for signum in STOP_SIGNALS}
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if not trainer.strategy.reduce_boolean_decision(self.signum is not None, all=False):
-            return
-        folder = Path(trainer.checkpoint_callback.dirpath if trainer.checkpoint_callback else
-                      Path(trainer.default_root_dir) / CHECKPOINT_DIR)
-        self.checkpoint = folder / f"step-{trainer.global_step:06d}.ckpt"
-        trainer.save_checkpoint(self.checkpoint, weights_only=False)  # the full state: resuming is exact
-        trainer.save_checkpoint(folder / LAST_CHECKPOINT, weights_only=False)
-        trainer.should_stop = True
-        # A signal stops before the run's minimum length too (Lightning would go on to
-        # trainer.min_epochs / min_steps, checkpointing every step): the resumed run goes on to it.
-        trainer.fit_loop.min_epochs = 0
-        trainer.fit_loop.epoch_loop.min_steps = None
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        for signum, handler in self._previous_handlers.items():
-            signal.signal(signum, handler)
-        self._previous_handlers = {}
-
-
-def requeue_slurm_job() -> str | None:
-    """Put this SLURM job back in the queue (``scontrol requeue``), as Lightning's
-    ``SLURMEnvironment(auto_requeue=True)`` does: the job starts again with the same command,
-    run directory and all, and resumes from the checkpoint it finds there. Returns the job id,
-    or ``None`` outside SLURM or when the requeue failed (said in one line)."""
-    job = os.environ.get("SLURM_ARRAY_JOB_ID") and f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    job = job or os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return None
-    try:
-        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        log.error("scontrol requeue %s failed: %s", job, error)
-        return None
-    if result.returncode != 0:
-        log.error("scontrol requeue %s failed: %s", job, result.stderr.strip())
-        return None
-    return job
 
 
 def own_checkpoint(run_dir: Path) -> Path | None:

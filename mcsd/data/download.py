@@ -1,87 +1,16 @@
-"""Public corpora that the experiments train on, fetched once into a folder of the user's:
+"""Renamed :mod:`mcsd.commands.download`. This name still imports (the same module) and runs
+(``python -m mcsd.data.download``), with a deprecation line, until mcsd 0.2.0 (docs/layout.md, "Old names")."""
 
-    python -m mcsd.data.download tinyshakespeare            # -> data/tinyshakespeare.txt
-    python -m mcsd.data.download tinyshakespeare --to DIR
+import sys
+import warnings
 
-Each is checked against its SHA-256, so that every user trains on the same bytes. Where there is
-no internet, the error says so in one line and where to put a copy fetched elsewhere."""
+from mcsd.commands import download as _renamed
 
-from __future__ import annotations
-
-import argparse
-import hashlib
-import tempfile
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
-
-from mcsd.errors import MCSDError
-
-
-@dataclass(frozen=True)
-class PublicCorpus:
-    """A text corpus at ``url`` whose bytes hash to ``sha256``, kept as ``file``."""
-
-    url: str
-    sha256: str
-    file: str
-    about: str
-
-
-CORPORA = {
-    "tinyshakespeare": PublicCorpus(
-        url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
-        sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
-        file="tinyshakespeare.txt",
-        about="Tiny Shakespeare (Karpathy's char-rnn): 1,115,394 bytes, 40,000 lines of plays"),
-}
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def fetch(name: str, folder: str | Path = "data", url: str | None = None) -> Path:
-    """The path of corpus ``name`` in ``folder``, downloaded there first if it is not (``url``:
-    another place to fetch the same bytes from, e.g. a mirror or a ``file://`` copy)."""
-    if name not in CORPORA:
-        raise MCSDError(f"unknown corpus {name!r}: use one of {', '.join(CORPORA)}, or give the path of a text file")
-    corpus = CORPORA[name]
-    path = Path(folder) / corpus.file
-    if path.is_file():
-        if _sha256(path) != corpus.sha256:
-            raise MCSDError(f"{path} is not {name} (its SHA-256 differs): remove it and fetch again")
-        return path
-    source = url or corpus.url
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{corpus.file}.", delete=False) as partial:
-        try:
-            with urllib.request.urlopen(source, timeout=60) as response:
-                partial.write(response.read())
-        except (urllib.error.URLError, OSError) as error:
-            Path(partial.name).unlink()
-            reason = getattr(error, "reason", error)
-            raise MCSDError(f"could not download {name} from {source} ({reason}): without internet here, fetch it "
-                            f"where there is and copy it to {path}") from None
-    if _sha256(Path(partial.name)) != corpus.sha256:
-        Path(partial.name).unlink()
-        raise MCSDError(f"{source} did not give {name} (its SHA-256 differs from {corpus.sha256}): check the address")
-    Path(partial.name).replace(path)
-    return path
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m mcsd.data.download NAME [--to DIR]``: prints the corpus's path."""
-    from mcsd.cli import run_or_exit
-
-    parser = argparse.ArgumentParser(prog="python -m mcsd.data.download", description="Fetch a public corpus once.")
-    parser.add_argument("name", help="; ".join(f"{k}: {c.about}" for k, c in CORPORA.items()))
-    parser.add_argument("--to", default="data", help="the folder to keep it in (default: ./data)")
-    parser.add_argument("--url", default=None, help="fetch the same bytes from elsewhere (a mirror, a file:// copy)")
-    args = parser.parse_args(argv)
-    print(run_or_exit("mcsd.data.download", lambda: fetch(args.name, args.to, args.url)))
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m mcsd.data.download: the command, after one line on stderr
+    print("mcsd.data.download is renamed mcsd.commands.download: run python -m mcsd.commands.download (the old name goes in mcsd 0.2.0)",
+          file=sys.stderr)
+    _renamed.main()
+else:
+    warnings.warn("mcsd.data.download is renamed mcsd.commands.download: import that instead (the old name goes in mcsd 0.2.0)",
+                  DeprecationWarning, stacklevel=2)
+    sys.modules[__name__] = _renamed

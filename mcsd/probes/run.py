@@ -1,145 +1,16 @@
-"""mcsd-probe: probes of a trained model.
+"""Renamed :mod:`mcsd.commands.probe`. This name still imports (the same module) and runs
+(``python -m mcsd.probes.run``), with a deprecation line, until mcsd 0.2.0 (docs/layout.md, "Old names")."""
 
-    mcsd-probe context ckpt=logs/train/runs/<run> data=text_files data.paths=[held_out.txt]
-    mcsd-probe context ckpt=... data=wikitext103 length=8192 windows=[64,256,1024,4096]
-
-``context`` writes ``context_curve.csv`` (loss by position), ``context_delta.csv`` (Delta_N and
-the swapped control per N) and ``context_probe.png/pdf`` to its run folder
-(``logs/probe_context/runs/<time>/``); ``mcsd-plot context DIR`` draws several side by side.
-"""
-
-from __future__ import annotations
-
-import dataclasses
-import itertools
 import sys
-from pathlib import Path
+import warnings
 
-import torch
-from omegaconf import DictConfig, OmegaConf
-from tokenizers import Tokenizer
+from mcsd.commands import probe as _renamed
 
-from mcsd.checkpoint.saved_model import load, load_tokenizer
-from mcsd.cli import StopAfterCurrent, fail, hydra_app, interrupted, require_wandb_login
-from mcsd.data.corpus import DataError
-from mcsd.data.datamodule import corpus_sources
-from mcsd.data.tokenizer import EOS_TOKEN
-from mcsd.errors import MCSDError
-from mcsd.models import CausalLM
-from mcsd.plots.context import CURVE_FILE, DELTA_FILE, markdown_context_table, plot_context
-from mcsd.plots.runs import curve_label
-from mcsd.precision import model_dtype
-from mcsd.probes.context import ContextProbe, probe_context
-
-
-def probe_documents(data: DictConfig, tokenizer: Tokenizer, length: int, count: int, cache_dir: str | Path) -> torch.Tensor:
-    """The first ``count`` pieces of ``length`` tokens of the corpus ``data`` names (its own test
-    split where it names one, e.g. WikiText-103's), ``[D, length]``: each document tokenized as in
-    training (after ``<|endoftext|>`` when the data config separates documents) and cut into
-    consecutive non-overlapping pieces; its remainder is dropped."""
-    if "source" not in data:
-        raise MCSDError(f"data={data.get('name', '?')} has no text documents: probe on a text corpus "
-                        "(data=embedded, data=text_files data.paths=[...], data=wikitext103)")
-    if data.get("sample_by") == "auto":  # long documents: a lone file is one, not its paragraphs
-        data = {**data, "sample_by": "document"}
-    sources = corpus_sources(data, Path(cache_dir).expanduser() / "hf")
-    documents = sources.get("test", sources["train"]).documents()  # a corpus's own test split where it has one
-    eos = tokenizer.token_to_id(EOS_TOKEN) if data.get("separate_documents", True) else None
-    pieces: list[list[int]] = []
-    for text in itertools.chain.from_iterable(documents):
-        ids = ([eos] if eos is not None else []) + tokenizer.encode(text).ids
-        pieces += [ids[start:start + length] for start in range(0, len(ids) - length + 1, length)]
-        if len(pieces) >= count:
-            break
-    if len(pieces) < 2:
-        raise DataError(f"data={data.get('name', '?')} has {len(pieces)} piece(s) of length={length} tokens; the "
-                        "probe needs at least 2: lower length or give longer documents")
-    return torch.tensor(pieces[:count])
-
-
-def model_identity(model: CausalLM) -> dict[str, str]:
-    """The architecture, variant and curve label of a loaded model."""
-    architecture = model.architecture
-    variant = architecture.variant_of(dataclasses.asdict(model.config))
-    return {"arch": architecture.name, "variant": variant,
-            "label": curve_label("ablation", f"{architecture.name}|{variant}", None)}
-
-
-def write_context_probe(result: ContextProbe, source: dict[str, str], output_dir: Path) -> list[Path]:
-    """``context_curve.csv``, ``context_delta.csv`` (each row tagged with ``source``: the model's
-    identity, checkpoint and form) and the figure, in ``output_dir``."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    curve, deltas = result.curve.assign(**source), result.deltas.assign(**source)
-    curve.to_csv(output_dir / CURVE_FILE, index=False)
-    deltas.to_csv(output_dir / DELTA_FILE, index=False)
-    return [output_dir / CURVE_FILE, output_dir / DELTA_FILE, *plot_context(curve, deltas, output_dir)]
-
-
-def context(cfg: DictConfig) -> ContextProbe:
-    """Probe ``cfg.ckpt`` on ``cfg.data``'s documents; write the CSVs and the figure. Ctrl-C
-    stops after the batch of documents under way (again: at once) and writes the probe of the
-    documents finished."""
-    if cfg.wandb.enabled and not cfg.wandb.offline:
-        require_wandb_login("wandb")
-    windows = sorted(int(window) for window in cfg.windows)
-    if not windows or windows[0] < 1:
-        raise MCSDError(f"windows={list(cfg.windows)} must be positive token counts, e.g. windows=[64,256,1024]")
-    model = load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
-    forms = model.architecture.forms
-    if cfg.form is not None and cfg.form not in forms:
-        raise MCSDError(f"form={cfg.form} is not a form of this model: use one of {', '.join(forms)} (or null)")
-    identity = model_identity(model)
-    documents = probe_documents(cfg.data, load_tokenizer(cfg.ckpt), int(cfg.length), int(cfg.num_documents),
-                                cfg.paths.cache_dir).to(cfg.device)
-    print(f"probing {identity['label']} on {len(documents)} documents of {documents.shape[1]} tokens", flush=True)
-    result = None  # a second Ctrl-C stops at once, in the middle of the probe
-    with StopAfterCurrent() as stop:
-        result = probe_context(model, documents, windows, num_positions=cfg.num_positions,
-                               batch_size=cfg.batch_size, form=cfg.form, bootstrap=cfg.bootstrap, seed=cfg.seed,
-                               max_tokens=cfg.max_tokens, should_stop=lambda: stop.requested)
-    if result is None:
-        interrupted("mcsd-probe context", "stopped before the probe had read a batch of documents: nothing written")
-    source = {**identity, "ckpt": str(Path(cfg.ckpt).resolve()), "form": cfg.form or model.default_form}
-    paths = write_context_probe(result, source, Path(cfg.output_dir))
-    if stop.requested:
-        finished = int(result.deltas["documents"].iloc[0])
-        interrupted("mcsd-probe context", f"kept the probe of the {finished} of {len(documents)} documents finished "
-                    f"in {Path(cfg.output_dir)} (documents={finished} in {DELTA_FILE})")
-    print(markdown_context_table(result.deltas.assign(**source)))
-    if cfg.wandb.enabled:
-        _log_to_wandb(cfg, result, paths[2], Path(cfg.output_dir))
-    print("\n".join(str(path) for path in paths))
-    return result
-
-
-def _log_to_wandb(cfg: DictConfig, result: ContextProbe, figure: Path, output_dir: Path) -> None:
-    import wandb
-
-    settings = {key: OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key]
-                for key in ("ckpt", "length", "windows", "num_documents", "num_positions", "form", "seed")}
-    run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group="probe_context", job_type="probe",
-                     dir=str(output_dir), mode="offline" if cfg.wandb.offline else "online",
-                     config={**settings, "data": cfg.data.get("name")})
-    run.log({"probe/context_delta": wandb.Table(dataframe=result.deltas),
-             "probe/context_curve": wandb.Table(dataframe=result.curve), "probe/figure": wandb.Image(str(figure))})
-    wandb.finish()
-
-
-@hydra_app("mcsd-probe context", "probe_context")
-def _context_main(cfg: DictConfig) -> None:
-    context(cfg)
-
-
-PROBES = {"context": _context_main}
-
-
-def main() -> None:
-    """Entry point of ``mcsd-probe``: the first argument names the probe, Hydra reads the rest."""
-    if len(sys.argv) < 2 or sys.argv[1] not in PROBES:
-        fail("mcsd-probe", f"name a probe first: mcsd-probe {{{','.join(PROBES)}}} ckpt=RUN ...")
-    probe = sys.argv.pop(1)
-    PROBES[probe]()
-
-
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m mcsd.probes.run: the command, after one line on stderr
+    print("mcsd.probes.run is renamed mcsd.commands.probe: run python -m mcsd.commands.probe (the old name goes in mcsd 0.2.0)",
+          file=sys.stderr)
+    _renamed.main()
+else:
+    warnings.warn("mcsd.probes.run is renamed mcsd.commands.probe: import that instead (the old name goes in mcsd 0.2.0)",
+                  DeprecationWarning, stacklevel=2)
+    sys.modules[__name__] = _renamed

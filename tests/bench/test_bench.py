@@ -26,7 +26,7 @@ import mcsd
 from mcsd.bench import measure
 from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores, spread
 from mcsd.bench.measure import kv_positions_read
-from mcsd.bench.run import model_source, run_point
+from mcsd.bench.grid import model_source, run_point
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.cuda_graphs import StaticStep
@@ -511,7 +511,7 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
     16 and 64 and 1,024 and 8,192 new tokens, compiled and replayed as CUDA graphs; training forms at 2048-16384 tokens,
     in a 32768-token step each (activation-checkpointed), no batch-1 point; every model whose mixers run an op
     with the PyTorch forms and fla's kernels (the Transformer once)."""
-    from mcsd.bench.run import grid
+    from mcsd.bench.grid import grid
 
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         cfg = compose("bench", overrides=["bench=paper_quick"])
@@ -610,8 +610,8 @@ def test_busy_machine_measure_marks_the_points_that_shared_the_cores(
 def test_busy_machine_wait_waits_for_the_other_work_to_stop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     readings = iter([1.5, 1.2, 0.1])
-    monkeypatch.setattr("mcsd.bench.run.sample_other_cores", lambda: next(readings))
-    monkeypatch.setattr("mcsd.bench.run.time.sleep", lambda seconds: None)
+    monkeypatch.setattr("mcsd.bench.grid.sample_other_cores", lambda: next(readings))
+    monkeypatch.setattr("mcsd.bench.grid.time.sleep", lambda seconds: None)
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "models=[mcsd]", "inference.batch_sizes=[1]",
                          "inference.gen_lengths=[4]", "busy_machine=wait", "isolate=false")
     assert len(pd.read_csv(csv_path)) == 1
@@ -667,10 +667,10 @@ def test_a_time_budget_starts_only_the_points_that_fit(monkeypatch: pytest.Monke
     """time_budget_s: a point starts when the time so far and its estimate fit; the estimate is
     the latest point of its model (else the slowest rate seen) scaled by the tokens it decodes
     (warm-up passes with CUDA graphs: the whole length; repeats)."""
-    from mcsd.bench.run import PointBudget, point_work
+    from mcsd.bench.grid import PointBudget, point_work
 
     clock = [0.0]
-    monkeypatch.setattr("mcsd.bench.run.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("mcsd.bench.grid.time.monotonic", lambda: clock[0])
     budget = PointBudget(100)
     short = {"model_cfg": {"name": "a"}, "prompt_len": 16, "gen_len": 4, "warmup": 1, "repeats": 2}
     assert point_work(short) == 16 + 4 + 2 * 4 and point_work({**short, "cuda_graphs": True, "gen_len": 32}) == 16 + 32 + 64

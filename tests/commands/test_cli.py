@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import get_human_re
 
 import mcsd
 from helpers.runs import FAST, command, read_metrics, run_cli, run_here, series, train_refusal
-from mcsd.cli import run_or_exit
+from mcsd.commands.app import run_or_exit
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 
@@ -506,7 +506,7 @@ def test_a_run_that_tests_nothing_holds_out_no_test_documents_beside_named_val_f
     from hydra import compose, initialize_config_module
     from hydra.core.hydra_config import HydraConfig
 
-    from mcsd.train import _hold_out_only_what_is_run
+    from mcsd.commands.train import _hold_out_only_what_is_run
 
     (tmp_path / "a.txt").write_text("\n\n".join(f"paragraph {index} " * 30 for index in range(40)))
     (tmp_path / "b.txt").write_text("\n\n".join(f"held out {index} " * 30 for index in range(25)))

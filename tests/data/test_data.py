@@ -393,7 +393,7 @@ def test_vocabulary_larger_than_the_model_is_refused(tmp_path: Path) -> None:
 
 def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """``python -m mcsd.data.download NAME``: fetched into the folder (here from a file:// copy
+    """``python -m mcsd.commands.download NAME``: fetched into the folder (here from a file:// copy
     the test makes), checked by its SHA-256, kept; a damaged copy, an address that gives other
     bytes and no internet each end in one line, leaving no partial file."""
     import hashlib
@@ -423,7 +423,7 @@ def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
         download.main(["plays", "--to", str(kept), "--url", "http://127.0.0.1:9/plays.txt"])
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and error.count("\n") == 1
-    assert error.startswith("mcsd.data.download: error: could not download plays from http://127.0.0.1:9/plays.txt (")
+    assert error.startswith("mcsd.commands.download: error: could not download plays from http://127.0.0.1:9/plays.txt (")
     assert error.endswith(f"without internet here, fetch it where there is and copy it to {kept / 'plays.txt'}\n")
     assert list(kept.iterdir()) == []
     with pytest.raises(MCSDError, match="unknown corpus 'embedded': use one of tinyshakespeare, plays, or give the"):

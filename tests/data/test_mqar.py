@@ -30,7 +30,7 @@ from mcsd.data.mqar import IGNORE_INDEX, mqar_accuracy, mqar_examples
 from mcsd.models import registry
 from mcsd.plots.mqar import load_mqar_runs, plot_mqar, run_course
 from mcsd.checkpoint.saved_model import load as load_model
-from mcsd.train import train
+from mcsd.commands.train import train
 from mcsd.training.callbacks import PlateauStopping
 
 VOCAB, T, K = 64, 48, 6

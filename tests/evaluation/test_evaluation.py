@@ -22,9 +22,9 @@ from helpers.models import tiny_config, variant_cases
 from helpers.runs import FAST, compose_train, run_cli
 from mcsd.data import LanguageModelDataModule
 from mcsd.data.tokenizer import train_tokenizer
-from mcsd.evaluation.run import evaluate, language_model
+from mcsd.commands.evaluate import evaluate, language_model
 from mcsd.evaluation.table2 import PAPER_ROWS, table2_markdown
-from mcsd.train import train
+from mcsd.commands.train import train
 from mcsd.training.module import LanguageModelModule
 
 

@@ -25,7 +25,7 @@ from mcsd.ops.decayed_attention.fla_backend import gated_chunk_backward_refused
 from mcsd.ops.exp_filter import chunk_exp_filter, exp_filter
 from mcsd.ops.kernels import KernelsUnavailable, fla_import_problem
 from mcsd.ops.wkv import chunk_wkv, wkv, wkv_step
-from mcsd.train import train
+from mcsd.commands.train import train
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run pytest -m gpu on one"),

@@ -19,10 +19,10 @@ from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from mcsd.bench.run import bench
+from mcsd.bench.grid import bench
 from mcsd.checkpoint.resume import resume_config
-from mcsd.cli import require_values, run_or_exit
-from mcsd.train import train
+from mcsd.commands.app import require_values, run_or_exit
+from mcsd.commands.train import train
 
 # A tiny, fast run: a few steps of the tiny model on short blocks.
 FAST = [

@@ -21,12 +21,12 @@ import mcsd
 from mcsd.files import default_file_mode
 from helpers.models import SIXTEEN_BIT_TOLERANCE, relative_rms_error, tiny_config, variant_cases
 from helpers.runs import FAST, command, run_cli, run_here
-from mcsd.bench.run import model_source
+from mcsd.bench.grid import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
-from mcsd.evaluation.run import evaluate
-from mcsd.export import REMOTE_CODE_FILE, export, write_export
-from mcsd.generate import generate as mcsd_generate
+from mcsd.commands.evaluate import evaluate
+from mcsd.commands.export import REMOTE_CODE_FILE, export, write_export
+from mcsd.commands.generate import generate as mcsd_generate
 from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
 from mcsd.hf.cache import CACHE_KEY
 from mcsd.checkpoint.saved_model import load_weights

@@ -16,7 +16,7 @@ from helpers.models import (ONE_LAYER_OF_EACH_KIND, SIXTEEN_BIT_TOLERANCE, asser
 import mcsd
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
-from mcsd.generate import generate
+from mcsd.commands.generate import generate
 from mcsd.models import registry
 from mcsd.precision import model_dtype
 

@@ -23,7 +23,7 @@ from helpers.runs import TINY_SWEEP, sweep_dir, run_here
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.mcsd import MCSDConfig
-from mcsd.plots.cli import main as plot_main
+from mcsd.commands.plot import main as plot_main
 from mcsd.plots.experiments import DRAWINGS, result_folders
 from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, plot_sweep, seed_table
 

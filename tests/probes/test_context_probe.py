@@ -225,7 +225,7 @@ def test_ctrl_c_keeps_the_probe_of_the_documents_finished(tmp_path: Path, monkey
     exit status 130."""
     from mcsd.data.tokenizer import train_tokenizer
     from mcsd.probes import context as probe_module
-    from mcsd.probes.run import context
+    from mcsd.commands.probe import context
 
     text = " ".join(["the king of a far land ships gold and silver to every harbour"] * 300)
     (tmp_path / "corpus.txt").write_text(text)

@@ -22,8 +22,13 @@ from mcsd.models import ARCHITECTURE_FOLDERS, registry
 
 PACKAGE = Path(mcsd.__file__).parent
 
+OLD_COMMAND_MODULES = ("mcsd.cli", "mcsd.train", "mcsd.generate", "mcsd.export", "mcsd.prepare", "mcsd.data.download",
+                       "mcsd.bench.run", "mcsd.evaluation.run", "mcsd.probes.run", "mcsd.plots.cli")
+"""Each command's module before the commands had a package of their own: each imports its new
+module (``tests/project/test_old_names.py``)."""
+
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer is its longest prefix's
-    ("base", ("mcsd.errors", "mcsd.files", "mcsd.precision", "mcsd.cli")),
+    ("base", ("mcsd.errors", "mcsd.files", "mcsd.precision", "mcsd.runtime")),
     ("ops", ("mcsd.ops",)),
     ("data", ("mcsd.data",)),
     ("model config", ("mcsd.models.config",)),
@@ -43,8 +48,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("checkpoints front", ("mcsd.checkpoint",)),
     ("hugging face", ("mcsd.hf",)),
     ("libraries", ("mcsd.training", "mcsd.bench", "mcsd.evaluation", "mcsd.probes", "mcsd.plots")),
-    ("commands", ("mcsd.train", "mcsd.generate", "mcsd.export", "mcsd.prepare", "mcsd.data.download",
-                  "mcsd.bench.run", "mcsd.evaluation.run", "mcsd.probes.run", "mcsd.plots.cli")),
+    ("command plumbing", ("mcsd.commands.app",)),
+    ("commands", ("mcsd.commands",)),
+    ("old names", OLD_COMMAND_MODULES),
     ("front", ("mcsd", "mcsd.hf.remote_code")),
 ]
 
@@ -225,3 +231,22 @@ def test_every_form_and_the_step_run_through_the_architectures_ops(name: str) ->
         assert ops_reached(lambda: model(tokens, form=form)) == expected, form
     _, state = model.prefill(tokens, max_new_tokens=1)
     assert ops_reached(lambda: model.step(tokens[:, -1], state)) == expected, "step"
+
+
+def test_every_command_is_a_module_of_the_command_package() -> None:
+    """Every console script runs a module of ``mcsd.commands``, and no module outside that
+    package is a Hydra app or defines a ``main`` (the old names only point at the new modules)."""
+    import tomllib
+
+    scripts = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts and all(target.startswith("mcsd.commands.") for target in scripts.values())
+    apps = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            called = (node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else
+                      node.func.attr if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None)
+            if (isinstance(node, ast.FunctionDef) and node.name == "main") or called == "hydra_app":
+                apps.append(module_name(path))
+    outside = sorted({module for module in apps if not module.startswith("mcsd.commands.")})
+    assert outside == [] and {target.split(":")[0] for target in scripts.values()} <= set(apps)

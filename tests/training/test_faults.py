@@ -23,7 +23,7 @@ from helpers.runs import FAST, command, compose_train, read_metrics, run_cli, se
 from mcsd.data import LanguageModelDataModule
 from mcsd.errors import MCSDError
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
-from mcsd.train import train
+from mcsd.commands.train import train
 from mcsd.training.sweep import summary
 from mcsd.checkpoint.lightning_checkpoint import mount_point
 from mcsd.checkpoint.resume import latest_checkpoint

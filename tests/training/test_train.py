@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from helpers.runs import FAST, compose_train, read_metrics, run_here, series, train_refusal
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.models import registry
-from mcsd.train import train
+from mcsd.commands.train import train
 
 FAST_BY_BUDGET = [setting for setting in FAST if not setting.startswith("trainer.max_steps=")]  # data.token_budget sets it
 
@@ -324,7 +324,7 @@ def test_the_report_says_why_test_and_validation_perplexities_differ() -> None:
     validation) say why, and say nothing when they agree."""
     from types import SimpleNamespace
 
-    from mcsd.train import _report
+    from mcsd.training.report import end_of_run_report as _report
 
     trainer = SimpleNamespace(overfit_batches=0, callback_metrics={}, checkpoint_callback=None)
     data = {"data/val_documents": 6, "data/val_held_out": True, "data/test_documents": 2, "data/test_held_out": True}

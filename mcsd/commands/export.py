@@ -1,0 +1,257 @@
+"""mcsd-export: a trained model as a Hugging Face ``transformers`` folder (and Hub repository).
+
+    mcsd-export ckpt=logs/train/runs/<run> out=exported/my-model
+    mcsd-export ckpt=... out=... push_to_hub=user/my-model
+
+The folder holds ``config.json`` (``model_type`` mcsd, an ``auto_map`` to ``modeling_mcsd.py``,
+which imports the installed mcsd package), ``model.safetensors``, ``generation_config.json``,
+the tokenizer (``tokenizer.json``, ``tokenizer_config.json``) and a model card (``README.md``).
+It is written beside ``out`` first and moved into place whole, so a failure leaves nothing.
+``overwrite=true`` replaces only an earlier export (a folder holding nothing but what an export
+writes), never another folder, nor one that holds the model being exported.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from tokenizers import Tokenizer
+
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, read_checkpoint
+from mcsd.checkpoint.resume import OVERRIDES_KEY, WANDB_RUN_KEY
+from mcsd.checkpoint.run_folder import RunFolder
+from mcsd.checkpoint.saved_model import MODEL_DIR, SavedModel, load, load_tokenizer, locate
+from mcsd.commands.app import hydra_app
+from mcsd.runtime import git_commit
+from mcsd.errors import MCSDError
+from mcsd.files import give_default_permissions
+from mcsd.hf import as_hf_model, as_hf_tokenizer
+from mcsd.models import CausalLM, registry
+
+REMOTE_CODE_FILE = "modeling_mcsd.py"
+# What an export writes (``save_pretrained`` of a model and a tokenizer, our files): a folder holding
+# anything else is not an earlier export, and overwrite=true leaves it alone.
+EXPORT_FILE = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens"
+                         r"|vocab|model\.safetensors\.index)\.json|model(-\d+-of-\d+)?\.safetensors|merges\.txt"
+                         r"|chat_template\.jinja|README\.md|" + re.escape("modeling_mcsd.py"))
+AUTO_MAP = {"AutoConfig": "modeling_mcsd.MCSDHFConfig", "AutoModel": "modeling_mcsd.MCSDHFModel",
+            "AutoModelForCausalLM": "modeling_mcsd.MCSDHFForCausalLM"}
+
+
+def write_export(model: CausalLM, tokenizer: Tokenizer, folder: Path, card: str) -> Path:
+    """Write ``model`` and ``tokenizer`` as a ``from_pretrained`` folder, with the model card ``card``."""
+    hf_tokenizer = as_hf_tokenizer(tokenizer)
+    hf_model = as_hf_model(model, hf_tokenizer.eos_token_id)
+    hf_model.config.auto_map = dict(AUTO_MAP)
+    hf_model.save_pretrained(folder)
+    hf_tokenizer.save_pretrained(folder)
+    shutil.copyfile(resources.files("mcsd.hf") / "remote_code.py", folder / REMOTE_CODE_FILE)
+    (folder / "README.md").write_text(card)
+    return folder
+
+
+def run_directory(saved: SavedModel) -> Path | None:
+    """The ``mcsd-train`` run directory a saved model belongs to, if it lies in one."""
+    if saved.kind == "checkpoint" and saved.path.parent.name == CHECKPOINT_DIR:
+        return saved.path.parent.parent
+    if saved.kind == "folder" and saved.path.name == MODEL_DIR:
+        return saved.path.parent
+    return None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_out(setting: str, out: Path, saved: SavedModel, overwrite: bool) -> None:
+    """Refuse, before anything is written, an ``out`` that exporting would harm: one that holds
+    (or is) the model being exported or its run, a file, and a folder that is not empty, unless
+    it is an earlier export (only what an export writes, ``modeling_mcsd.py`` among it) and
+    ``overwrite`` is true. ``out`` is resolved; ``setting`` is what the user typed."""
+    source = saved.path.resolve()
+    run = run_directory(saved)
+    for held in (source, *([run.resolve()] if run is not None else [])):
+        if _within(held, out):
+            raise MCSDError(f"out={setting} holds the model being exported ({held}): choose a folder outside it")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise MCSDError(f"out={setting} is a file: choose a folder (a new one, or an earlier export with overwrite=true)")
+    entries = sorted(out.iterdir())
+    if not entries:
+        return
+    foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries
+               if entry.is_dir() or not EXPORT_FILE.fullmatch(entry.name)]
+    if foreign or not (out / REMOTE_CODE_FILE).is_file():
+        named = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        why = f"holds what an export does not write ({named})" if foreign else f"is not an earlier export (no {REMOTE_CODE_FILE})"
+        raise MCSDError(f"out={setting} {why}: choose a new or empty folder (overwrite=true replaces only an earlier "
+                        "export)")
+    if not overwrite:
+        raise MCSDError(f"out={setting} exists (an earlier export): choose a new folder, or overwrite=true to replace it")
+
+
+def _last_value(rows: list[dict[str, str]], key: str) -> float | None:
+    values = [float(row[key]) for row in rows if row.get(key) not in (None, "")]
+    return values[-1] if values else None
+
+
+def describe_training(saved: SavedModel) -> dict[str, Any]:
+    """What the model card says of the training run: tokens, data, final validation perplexity,
+    the command's overrides and the W&B run (each ``None`` where the run left no record)."""
+    run_path = run_directory(saved)
+    run = RunFolder(run_path) if run_path is not None else None
+    checkpoint_path = saved.path if saved.kind == "checkpoint" else (run.latest_checkpoint() if run else None)
+    checkpoint = read_checkpoint(checkpoint_path) if checkpoint_path and checkpoint_path.exists() else {}
+    facts: dict[str, Any] = {"overrides": checkpoint.get(OVERRIDES_KEY), "wandb_run": checkpoint.get(WANDB_RUN_KEY),
+                             "tokens": None, "val_ppl": None, "data": None}
+    tokens_seen = checkpoint.get("state_dict", {}).get("tokens_seen")
+    if isinstance(tokens_seen, torch.Tensor):
+        facts["tokens"] = int(tokens_seen)
+    if run is None:
+        return facts
+    if run.overrides() is not None:
+        facts["overrides"] = run.overrides()
+    config, choices = run.config(), run.choices()
+    if config is not None and choices is not None:
+        data = config.get("data") or {}
+        source = data.get("hub_path") or data.get("paths")
+        facts["data"] = f"`data={choices.get('data')}`" + (f" ({source})" if source else "")
+    rows = run.metrics()
+    if rows and saved.kind == "folder":  # the final model: the run's last records
+        facts["val_ppl"] = _last_value(rows, "val/ppl")
+        tokens = _last_value(rows, "trainer/tokens")
+        facts["tokens"] = int(tokens) if tokens is not None else facts["tokens"]
+    return facts
+
+
+def model_card(model: CausalLM, saved: SavedModel, facts: dict[str, Any]) -> str:
+    """The model card (README.md): what the model is, how it was trained, how to use it."""
+    architecture = registry.of_config(model.config)
+    variant = architecture.variant_of(model.config.to_dict())
+    params = sum(parameter.numel() for parameter in model.parameters())
+
+    def known(value: Any, form: str = "{}") -> str:
+        return "not recorded" if value is None or (isinstance(value, float) and math.isnan(value)) else form.format(value)
+
+    command = "mcsd-train " + " ".join(facts["overrides"]) if facts["overrides"] is not None else None
+    rows = [("architecture", f"{architecture.label} (`{architecture.name}`), variant `{variant}`"),
+            ("parameters", f"{params:,}"),
+            ("training tokens", known(facts["tokens"], "{:,}")),
+            ("data", known(facts["data"])),
+            ("final validation perplexity", known(facts["val_ppl"], "{:.2f}")),
+            ("command", known(command, "`{}`")),
+            ("W&B run", known(facts["wandb_run"], "`{}`")),
+            ("exported from", f"`{saved.name}` (mcsd commit `{git_commit()}`)")]
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    tags = "\n".join(f"- {tag}" for tag in dict.fromkeys(["mcsd", architecture.name]))
+    return f"""---
+library_name: transformers
+tags:
+{tags}
+- text-generation
+---
+
+# {architecture.label} language model ({variant})
+
+Trained and exported with the mcsd research harness
+(`mcsd-export`). The model class lives in the `mcsd` package: install it, then load with
+`trust_remote_code=True` (the folder's `modeling_mcsd.py` only imports it).
+
+| | |
+|---|---|
+{table}
+
+## Use
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained(PATH_OR_REPO, trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained(PATH_OR_REPO)
+ids = tokenizer("The ", return_tensors="pt").input_ids
+print(tokenizer.decode(model.generate(ids, max_new_tokens=50, do_sample=False)[0]))
+```
+
+```bash
+lm_eval --model hf --model_args pretrained=PATH_OR_REPO,trust_remote_code=True --tasks arc_easy
+```
+
+Batches are padded on the right (the model reads each row from its first position);
+`generate` decodes a padded batch row by row.
+"""
+
+
+def push(folder: Path, repo_id: str, private: bool) -> str:
+    """Upload ``folder`` to the Hub repository ``repo_id`` (created if needed); return its URL."""
+    from huggingface_hub import HfApi
+
+    from mcsd.data.corpus import hub_is_reachable
+
+    later = f"the export is in {folder}; upload it later with `hf upload {repo_id} {folder}`"
+    if not hub_is_reachable():
+        raise MCSDError(f"push_to_hub={repo_id}: the Hugging Face Hub is unreachable from here: {later}")
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message="Upload a model exported by mcsd")
+    except Exception as error:  # huggingface_hub raises HTTP, auth and network errors of many types
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise MCSDError(f"push_to_hub={repo_id}: {reason}: {later}") from None
+    return f"https://huggingface.co/{repo_id}"
+
+
+def export(cfg: DictConfig) -> Path:
+    """Export ``cfg.ckpt`` to ``cfg.out`` (and push it to ``cfg.push_to_hub``); return the folder."""
+    if cfg.push_to_hub:
+        from huggingface_hub import get_token
+
+        if get_token() is None:
+            raise MCSDError(f"push_to_hub={cfg.push_to_hub} needs a Hugging Face token: run `hf auth login` "
+                            "(or set HF_TOKEN), or export without push_to_hub")
+    saved = locate(cfg.ckpt)
+    out = Path(cfg.out).expanduser().resolve()
+    check_out(str(cfg.out), out, saved, cfg.overwrite)
+    model, tokenizer = load(saved.path), load_tokenizer(saved.path)
+    # A folder of our own beside out (a fresh name: nothing there but what this export puts in it) holds
+    # the new export while it is written and the earlier one while the new one moves into place.
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging, earlier = work / "new", work / "earlier"
+    try:
+        staging.mkdir()
+        write_export(model, tokenizer, staging, model_card(model, saved, describe_training(saved)))
+        give_default_permissions(staging)  # the weights are written 0600
+        if out.is_dir():  # an earlier export (check_out)
+            out.rename(earlier)
+        try:
+            staging.rename(out)
+        except BaseException:
+            if earlier.is_dir():
+                earlier.rename(out)  # the earlier export back in its place
+            raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"exported {saved.name} to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)",
+          flush=True)
+    if cfg.push_to_hub:
+        print(f"pushed to {push(out, cfg.push_to_hub, cfg.private)}", flush=True)
+    return out
+
+
+@hydra_app("mcsd-export", "export")
+def main(cfg: DictConfig) -> None:
+    """Entry point of ``mcsd-export``."""
+    export(cfg)
+
+
+if __name__ == "__main__":
+    main()

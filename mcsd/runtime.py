@@ -1,0 +1,152 @@
+"""What a long piece of work shares with the command that runs it, without the command's plumbing:
+Ctrl-C that stops after the item under way (:class:`StopAfterCurrent`, :func:`interrupted`), the
+torch threads a ``threads`` setting asks for, the jobs of a sweep side by side, an online W&B
+login checked before it is needed, and the commit of the checkout."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig, open_dict
+
+from mcsd.errors import MCSDError
+
+
+class StopAfterCurrent:
+    """Ctrl-C during a command's loop over points, tasks or lengths: the first asks it to stop
+    after the one under way (the loop reads ``requested``; ``on_request`` may say so on its
+    progress bar), the second stops at once (KeyboardInterrupt, the one under way dropped).
+    Once stopped, further Ctrl-Cs are ignored while what was finished is written
+    (:func:`interrupted` ends the app). A terminal sends Ctrl-C to the whole process group,
+    child processes included."""
+
+    def __init__(self, on_request: Callable[[], object] | None = None) -> None:
+        self.requested = False
+        self.on_request = on_request
+        self._looping = False
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if not self._looping:
+            return  # stopped: what was finished is being written
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.on_request is not None:
+            self.on_request()
+
+    def __enter__(self) -> StopAfterCurrent:
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        self._looping = True
+        return self
+
+    def __exit__(self, *exception: object) -> bool:
+        self._looping = False
+        if exception[0] is KeyboardInterrupt:  # the second Ctrl-C: the loop ends, what it finished is kept
+            self.requested = True
+        if not self.requested:
+            signal.signal(signal.SIGINT, self._previous)
+        return exception[0] is KeyboardInterrupt
+
+
+def interrupted(app: str, kept: str) -> NoReturn:
+    """End an app that Ctrl-C stopped: one line saying what it kept, exit status 130."""
+    print(f"{app}: interrupted (Ctrl-C): {kept}", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C more while the app exits changes nothing
+    raise SystemExit(128 + signal.SIGINT)
+
+
+def parallel_jobs() -> int:
+    """How many jobs of this Hydra sweep run side by side here (the joblib launcher's n_jobs), else 1."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return 1
+    hydra_cfg = HydraConfig.get()
+    n_jobs = hydra_cfg.launcher.get("n_jobs") if "joblib" in str(hydra_cfg.launcher.get("_target_", "")) else None
+    return n_jobs if str(hydra_cfg.mode) == "RunMode.MULTIRUN" and isinstance(n_jobs, int) and n_jobs > 1 else 1
+
+
+def torch_threads(setting: int | str | None) -> tuple[int, str]:
+    """The torch threads a ``threads`` setting asks for, and why: a number as given; ``auto``
+    (the default): ``OMP_NUM_THREADS`` when set, else torch's default less the cores other work
+    keeps busy (the 1-minute load average), at least 1, since OpenMP threads that share their
+    cores with other work spin and run several times slower; ``null``: torch's default."""
+    import torch
+
+    default = torch.get_num_threads()
+    if setting is None:
+        return default, "threads=null: torch's default"
+    if setting == "auto":
+        if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+            return max(1, int(os.environ["OMP_NUM_THREADS"])), f"threads=auto: OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
+        cores, load, jobs = len(os.sched_getaffinity(0)), os.getloadavg()[0], parallel_jobs()
+        if jobs > 1:  # a sweep's jobs side by side share the cores
+            return max(1, min(default, cores // jobs)), f"threads=auto: {cores} cores, {jobs} jobs side by side"
+        threads = max(1, min(default, round(cores - load)))
+        return threads, f"threads=auto: {cores} cores, load {load:.1f}, torch's default {default}"
+    if isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+        return setting, f"threads={setting}"
+    raise MCSDError(f"threads={setting} must be a positive number of torch threads, auto or null")
+
+
+def apply_threads(app: str, cfg: DictConfig) -> None:
+    """Set torch's threads from ``cfg.threads`` (resolved to a number in the config, for what the
+    command hands on) and say so in the command's log (its console and log file)."""
+    if "threads" not in cfg:
+        return
+    import torch
+
+    threads, why = torch_threads(cfg.threads)
+    torch.set_num_threads(threads)
+    if cfg.threads is not None:
+        with open_dict(cfg):
+            cfg.threads = threads
+    logging.getLogger("mcsd").info("%s: %d torch thread%s (%s)", app, threads, "s" if threads > 1 else "", why)
+
+
+def require_wandb_login(setting: str) -> None:
+    """Online W&B needs an API key: say how to get one (or stay offline) instead of W&B's traceback."""
+    import wandb
+
+    offline = "stay offline (unset WANDB_MODE; logger.wandb.offline=true) and upload later with `wandb sync`"
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+    if os.environ.get("WANDB_API_KEY") or _netrc_has(host.hostname):  # a key W&B would check with its server
+        try:  # which W&B itself tries for about 20 s, ending in a traceback
+            socket.create_connection((host.hostname, host.port or (443 if host.scheme == "https" else 80)),
+                                     timeout=5).close()
+        except OSError:
+            raise MCSDError(f"{setting} uses W&B online, but its server ({host.hostname}) is unreachable from here: "
+                            f"{offline}") from None
+    if not wandb.login(prompt=False):
+        wandb.teardown()  # the failed login set W&B up online for this process: later offline runs in it stay offline
+        raise MCSDError(f"{setting} uses W&B online but no W&B API key is set: run `wandb login` (or set "
+                        f"WANDB_API_KEY), or {offline}")
+
+
+def _netrc_has(host: str | None) -> bool:
+    """Whether ``~/.netrc`` (where ``wandb login`` keeps the key) has an entry for ``host``."""
+    import netrc
+
+    try:
+        return host is not None and netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def git_commit() -> str:
+    """The commit of the checkout the command runs from (``unknown`` outside a git checkout)."""
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return result.stdout.strip() if result.returncode == 0 else "unknown"

@@ -1,0 +1,89 @@
+"""What ``mcsd-train`` refuses before anything is built or written: every setting of a composed
+config that cannot work, a line each (not one mistake per try)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from omegaconf import DictConfig
+
+from mcsd.errors import MCSDError
+from mcsd.ops.kernels import KERNELS, kernels_problem
+
+
+def check_run(cfg: DictConfig) -> None:
+    """Refuse settings that cannot work before anything is built or written: every one found,
+    a line each (not one mistake per try)."""
+    problems = list(run_problems(cfg))
+    if problems:
+        raise MCSDError("\n".join(problems))
+
+
+def run_problems(cfg: DictConfig) -> Iterator[str]:
+    """Each setting of a composed ``mcsd-train`` config that cannot work, in one line naming it and the fix."""
+    if cfg.get("trainable") is not None and cfg.get("init_from") is None and cfg.get("ckpt_path") is None:
+        yield (f"trainable={list(cfg.trainable)} trains part of a model that starts from scratch: "
+               "set init_from=RUN_DIR (the trained model to fine-tune) or trainable=null")
+    for key in ("seq_len", "batch_size"):
+        value = cfg.data.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            yield f"data.{key}={value} must be a positive whole number"
+    interval = cfg.trainer.get("val_check_interval")
+    if interval is not None and (isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0
+                                 or (isinstance(interval, float) and interval > 1)):
+        yield (f"trainer.val_check_interval={interval} must be a number of steps (1 or more) or a fraction of an "
+               "epoch in (0, 1]")
+    if not isinstance(cfg.get("compile"), bool):
+        yield f"compile={cfg.get('compile')} must be true or false"
+    accelerator = str(cfg.trainer.get("accelerator"))
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        yield (f"trainer.accelerator={accelerator} needs a CUDA GPU, and none is visible here: train on the CPU "
+               "(trainer=default, or trainer=cpu), or run on a machine with one")
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    kernels = cfg.model.get("kernels", "auto")
+    if kernels in KERNELS and (problem := kernels_problem(kernels, "cuda" if gpu else "cpu")):
+        yield problem
+    max_steps, max_epochs = cfg.trainer.get("max_steps"), cfg.trainer.get("max_epochs")
+    if cfg.data.get("token_budget") is None:
+        by_epochs = max_steps == -1 and isinstance(max_epochs, int) and max_epochs >= 1
+        if not by_epochs and (not isinstance(max_steps, int) or max_steps < 1):
+            yield (f"trainer.max_steps={max_steps} must be a positive number of steps "
+                   "(or set data.token_budget=TOKENS, or trainer.max_steps=-1 with trainer.max_epochs=N)")
+    yield from optimization_problems(cfg.get("optimizer"), cfg.get("scheduler"),
+                                      max_steps if cfg.data.get("token_budget") is None else None)
+
+
+def optimization_problems(optimizer: DictConfig | None, scheduler: DictConfig | None,
+                           steps: int | None) -> Iterator[str]:
+    """The optimizer's and the schedule's settings, as torch would refuse them mid-start (the
+    learning rate, betas, eps, weight decay) or as would silently bend the schedule (a warm-up
+    as long as the run)."""
+    def number(node: DictConfig, key: str) -> tuple[float | None, str | None]:
+        value = node.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            return None, f"{node._key()}.{key}={value} must be a number"
+        return value, None
+
+    if optimizer is not None:
+        checked = {key: number(optimizer, key) for key in ("lr", "eps", "weight_decay")}
+        yield from (problem for _, problem in checked.values() if problem)
+        lr, eps, decay = (checked[key][0] for key in ("lr", "eps", "weight_decay"))
+        if lr is not None and lr < 0:
+            yield f"optimizer.lr={lr} must be 0 or more (the paper's 8e-4 is the default)"
+        if eps is not None and eps < 0:
+            yield f"optimizer.eps={eps} must be 0 or more"
+        if decay is not None and decay < 0:
+            yield f"optimizer.weight_decay={decay} must be 0 or more"
+        betas = optimizer.get("betas")
+        if betas is not None and (len(betas) != 2 or not all(isinstance(beta, (int, float)) and 0 <= beta < 1
+                                                             for beta in betas)):
+            yield f"optimizer.betas={list(betas)} must be two numbers in [0, 1), e.g. [0.9, 0.95]"
+    warmup = scheduler.get("warmup_steps") if scheduler is not None else None
+    if warmup is None or warmup == "auto":
+        return
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+        yield f"scheduler.warmup_steps={warmup} must be auto (a tenth of the run) or a whole number of steps, 0 or more"
+    elif isinstance(steps, int) and steps >= 1 and warmup > steps:
+        yield (f"scheduler.warmup_steps={warmup} is longer than the run (trainer.max_steps={steps}): give at most "
+               f"{steps} (or auto: a tenth of the run, {max(steps // 10, 1)}), or more trainer.max_steps")

@@ -1,0 +1,70 @@
+"""The end of an ``mcsd-train`` run: its result file and the closing lines it prints (the result on
+each held-out split, which documents it is, and where every artefact is)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+
+from mcsd.checkpoint.run_folder import RESULT_FILE
+from mcsd.training.callbacks import SaveFinalModel
+
+
+def write_result(run_dir: Path, result: dict[str, Any]) -> None:
+    """``result.json`` in the run folder, as valid JSON: a value that is not finite is null
+    (:meth:`mcsd.checkpoint.run_folder.RunFolder.result` reads it)."""
+    plain = {key: None if isinstance(value, float) and not math.isfinite(value) else value
+             for key, value in result.items()}
+    (run_dir / RESULT_FILE).write_text(json.dumps(plain, indent=2) + "\n")
+
+
+def end_of_run_report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callback], val_loss: float,
+            val_ppl: float, tokens: int, train_loss: torch.Tensor | None = None,
+            test: tuple[float, float] | None = None, data: dict[str, Any] | None = None) -> str:
+    """The closing lines: the result on each held-out split (which documents it is) and where every artefact is."""
+    data = data or {}
+
+    def split(name: str) -> str:
+        documents, held_out = data.get(f"data/{name}_documents"), data.get(f"data/{name}_held_out")
+        if documents is None:
+            return f"{name} split"
+        return f"{name} split ({documents:,} documents {'held out of training' if held_out else 'of its own'})"
+
+    lines = [f"final validation perplexity: {val_ppl:.2f} (loss {val_loss:.4f}) after {tokens:,} tokens, on the "
+             f"{split('val')}"]
+    if test is not None:
+        lines.append(f"final test perplexity: {test[1]:.2f} (loss {test[0]:.4f}), on the {split('test')}")
+        ratio = test[1] / val_ppl if val_ppl > 0 and math.isfinite(val_ppl) and math.isfinite(test[1]) else 1.0
+        if not 0.5 <= ratio <= 2:
+            counts = [data.get(f"data/{name}_documents") for name in ("val", "test")]
+            few = (f"the validation and test splits are {counts[0]:,} and {counts[1]:,} whole documents, so each reads "
+                   "what its few documents are like" if None not in counts else "the two splits hold other documents")
+            lines.append(f"(test perplexity is {ratio:.1f}x validation: {few}; data.val_documents / "
+                         "data.test_documents hold out more; docs/training.md reads the main job's)")
+    if trainer.overfit_batches and train_loss is not None:
+        lines.append(f"final training loss: {float(train_loss):.4f} on the "
+                     f"{trainer.overfit_batches} batches this run overfits (it should fall to about 0); the "
+                     "validation perplexity above is on held-out text that an overfitting run does not learn: "
+                     "high by design")
+    if "val/mqar_acc" in trainer.callback_metrics:
+        lines.append(f"final validation MQAR accuracy: {float(trainer.callback_metrics['val/mqar_acc']):.4f}")
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            run = logger.experiment
+            run_dir = Path(run.dir).parent
+            where = f"{run_dir} (offline; upload with `wandb sync {run_dir}`)" if run.settings._offline else run.url
+            lines.append(f"W&B run {run.id}: {where}")
+        if isinstance(logger, CSVLogger):
+            lines.append(f"CSV metrics: {Path(logger.log_dir) / 'metrics.csv'}")
+    if trainer.checkpoint_callback is not None and trainer.checkpoint_callback.last_model_path:
+        lines.append(f"checkpoint: {trainer.checkpoint_callback.last_model_path}")
+    for callback in callbacks:
+        if isinstance(callback, SaveFinalModel):
+            lines.append(f"model: {callback.dirpath} (mcsd-generate ckpt={callback.dirpath} prompt=\"...\")")
+    return "\n".join(lines)
