@@ -14,7 +14,8 @@ arm with every seed (arms outermost).
 ``registry_variants`` adds arms from the architecture registry, so that an experiment over
 every architecture never lists them: for each registered architecture, one arm per variant
 named in the list (``default``: its first variant; ``all``: every variant), as
-``model=NAME`` plus the variant's fields (``model.sections=[slope]``).
+``model=NAME variant=VARIANT`` (the ``variant=`` options the registry's variants are: the
+variant's name travels with the job, in its overrides and its logged choices).
 
     hydra:
       sweeper:
@@ -59,13 +60,6 @@ def _arm_overrides(arm: Any) -> list[str]:
     return arm.split() if isinstance(arm, str) else [str(item) for item in arm]
 
 
-def _override_value(value: Any) -> str:
-    """A field value in Hydra's override grammar (lists as ``[a,b]``)."""
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_override_value(item) for item in value) + "]"
-    return str(value)
-
-
 def registry_arms(variant_names: list[str], architectures: Optional[list[str]] = None,
                   settings: Optional[dict[str, list[str]]] = None) -> list[list[str]]:
     """One arm per registered architecture (of ``architectures``, or every one) and variant named
@@ -90,10 +84,9 @@ def registry_arms(variant_names: list[str], architectures: Optional[list[str]] =
     arms = []
     for name in names:
         variants = list(registry.get(name).variants.items())
-        for index, (variant, fields) in enumerate(variants):
+        for index, (variant, _) in enumerate(variants):
             if "all" in variant_names or variant in variant_names or (index == 0 and "default" in variant_names):
-                arms.append([f"model={name}", *(f"model.{key}={_override_value(value)}" for key, value in fields.items()),
-                             *(str(item) for item in settings.get(name, []))])
+                arms.append([f"model={name}", f"variant={variant}", *(str(item) for item in settings.get(name, []))])
     if architectures is not None and not arms:
         raise HydraException(f"hydra.sweeper.registry_variants {variant_names} names no variant of "
                              f"{', '.join(names)}: add default or all")

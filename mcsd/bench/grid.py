@@ -71,14 +71,16 @@ def is_run_config(entry: str) -> bool:
     return Path(entry).suffix in (".yaml", ".yml")
 
 
-def model_source(entry: str, size: str, ablation: str | None) -> tuple[str, str, dict[str, Any] | str]:
+def model_source(entry: str, size: str, variant: str | None = None) -> tuple[str, str, dict[str, Any] | str]:
     """An entry of ``models``: a registered architecture -> (its name, its variant, the ``model``
-    node that ``mcsd-train model=NAME size=SIZE [ablation=...]`` builds); a run's config YAML ->
+    node that ``mcsd-train model=NAME size=SIZE [variant=VARIANT]`` builds, with ``variant`` where
+    the architecture has it); a run's config YAML ->
     (its architecture, its variant, its ``model`` node: the trained run's model with seeded
     random weights, which cost what its trained weights cost); a saved model -> (its
     architecture, its variant, its path)."""
     if entry in registry.architectures():
-        overrides = [f"model={entry}", f"size={size}"] + ([f"ablation={ablation}"] if ablation and entry == "mcsd" else [])
+        has_variant = variant is not None and variant in registry.get(entry).variants
+        overrides = [f"model={entry}", f"size={size}"] + ([f"variant={variant}"] if has_variant else [])
         node = OmegaConf.to_container(compose("build", overrides=overrides).model, resolve=True)
         return entry, registry.get(entry).variant_of(node), node
     if is_run_config(entry):
@@ -180,6 +182,11 @@ def kernels_of(cfg: DictConfig, arch: str) -> list[str]:
     return list(cfg.kernels) if registry.get(arch).ops else list(cfg.kernels)[:1]
 
 
+def variant_of_grid(cfg: DictConfig) -> str | None:
+    """``model_variant`` (or its old spelling ``mcsd_ablation``, kept until mcsd 0.2.0)."""
+    return cfg.get("model_variant") or cfg.get("mcsd_ablation")
+
+
 def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The points in their run order, (row labels, measurement arguments): the shortest lengths
     first, and at each length and batch size every model, kernel backend and form one after
@@ -187,7 +194,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     figures draw."""
     common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
     models = models_of(cfg)
-    sources = {entry: model_source(entry, cfg.model_size, cfg.mcsd_ablation) for entry in models}
+    sources = {entry: model_source(entry, cfg.model_size, variant_of_grid(cfg)) for entry in models}
     with_kernels = [(name, kernels) for name in models for kernels in kernels_of(cfg, sources[name][0])]
     points = []
     if cfg.mode == "inference":
@@ -246,6 +253,11 @@ def grid_problems(cfg: DictConfig) -> list[str]:
                         f"list of some of {', '.join(KERNELS)}, e.g. kernels=[torch,fla] (each model measured with each)")
     else:
         problems += [problem for value in dict.fromkeys(kernels) if (problem := kernels_problem(value, cfg.device))]
+    variant = variant_of_grid(cfg)
+    known = [name for arch in registry.architectures() for name in registry.get(arch).variants]
+    if variant is not None and variant not in known:
+        problems.append(f"model_variant={variant} is a variant of no registered architecture: use one of "
+                        f"{', '.join(dict.fromkeys(known))} (or null)")
     if cfg.models is not None and len(cfg.models) == 0:
         problems.append("models=[] names no model: list some (models=[mcsd,transformer]) or models=null for every "
                         "registered architecture")
@@ -268,6 +280,9 @@ def grid_problems(cfg: DictConfig) -> list[str]:
 
 
 def _check(cfg: DictConfig) -> None:
+    if cfg.get("mcsd_ablation") is not None:
+        log.warning("mcsd_ablation=%s is renamed model_variant: write model_variant=%s (the old name goes in mcsd 0.2.0)",
+                    cfg.mcsd_ablation, cfg.mcsd_ablation)
     if cfg.mode not in MODES:
         raise MCSDError(f"mode={cfg.mode!r} is unknown: use inference or train")
     problems = grid_problems(cfg)

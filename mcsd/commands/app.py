@@ -22,6 +22,7 @@ from typing import Any, NoReturn, TypeVar
 
 import hydra
 import yaml
+from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -85,8 +86,10 @@ def command_help(config_name: str) -> str:
         if group in ("paths", "hydra") or group.startswith("hydra/"):
             continue
         folder = conf / group
-        options = sorted(path.name.removesuffix(".yaml") for path in folder.iterdir()
-                         if path.name.endswith(".yaml") and not path.name.startswith("_")) if folder.is_dir() else []
+        files = [path.name for path in folder.iterdir()] if folder.is_dir() else []
+        stored = list(ConfigStore.instance().repo.get(group, {}))  # the registry's nodes (commands/config_nodes.py)
+        options = sorted({name.removesuffix(".yaml") for name in files + stored
+                          if name.endswith(".yaml") and not name.startswith("_")})
         if options:
             groups.append(f"  {group}={'|'.join(options)}  (default: {'none' if default is None else default})")
     settings = []

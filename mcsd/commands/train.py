@@ -46,7 +46,7 @@ from mcsd.training.report import end_of_run_report, write_result
 from mcsd.training.signals import StopOnSignal, stop_after_signal
 
 log = logging.getLogger("mcsd.commands.train")
-CHOICE_GROUPS = ("model", "size", "ablation", "data", "trainer", "logger", "experiment", "debug")
+CHOICE_GROUPS = ("model", "size", "ablation", "variant", "data", "trainer", "logger", "experiment", "debug")
 
 
 def _typed_settings() -> set[str]:

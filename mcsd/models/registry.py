@@ -4,16 +4,16 @@ tests) reads it from here.
 
 An architecture is a folder under ``mcsd/models/`` whose ``__init__`` calls :func:`register`
 (the built-in folders are imported by ``mcsd.models``); code elsewhere may register more.
-An architecture without a ``conf/model/<name>.yaml`` gets a Hydra node ``model/<name>``
-built from its config class's defaults when it registers, so ``mcsd-train model=<name>``
-works for it too.
+The registry is data: the config nodes it implies (``model/<name>`` for an architecture without
+a YAML of its own, ``variant=`` and ``ablation=`` options from its variants) are stored by the
+command layer (:mod:`mcsd.commands.config_nodes`), told of each change (:func:`on_change`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omegaconf import ListConfig
@@ -35,7 +35,10 @@ class Architecture:
       for an exact architecture);
     - ``train_form``: the form that training and scoring use (its fastest exact form);
     - ``variants``: named settings of its own fields (MCSD's ablations, switches), each run
-      by the conformance tests; the first is the architecture's default.
+      by the conformance tests; the first is the architecture's default. Each is an option of
+      the ``variant=`` config group (names are unique across architectures, but for a
+      ``default`` that sets nothing), and of ``variant_group`` where the architecture has a
+      word of its own for them (MCSD: ``ablation``, the paper's).
     - ``setting_cases``: non-default values of its settings (config fields marked
       ``setting``: choices the paper leaves open), each also run by the conformance tests.
     - ``role``: ``subject`` (MCSD), ``anchor`` (the baseline every result is read against: the
@@ -45,6 +48,8 @@ class Architecture:
       slope and decay weights), which bounds how closely its forms agree in an fp64 model;
       otherwise every computation follows the input's dtype and its forms agree to fp64
       round-off (the conformance tests check it).
+    - ``color``: no longer read (the figures' colours are :mod:`mcsd.plots.style`'s); kept, with a
+      deprecation warning, until mcsd 0.2.0.
     - ``ops``: the ops of :mod:`mcsd.ops` its mixers run over positions, which ``model.kernels``
       hands to flash-linear-attention's kernels (:data:`mcsd.ops.kernels.FLA_KERNELS`); none for
       attention alone (SDPA's fused kernel runs it whatever ``kernels`` says).
@@ -54,7 +59,7 @@ class Architecture:
     config_class: type[LMConfig]
     model_class: type[CausalLM]
     label: str
-    color: str
+    color: str | None = None
     forms: tuple[str, ...] = FORMS
     train_form: str = "chunk"
     variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: {"default": {}})
@@ -62,8 +67,13 @@ class Architecture:
     fp32_constants: bool = False
     role: str = "related"
     ops: tuple[str, ...] = ()
+    variant_group: str | None = None
 
     def __post_init__(self) -> None:
+        if self.color is not None:
+            warnings.warn(f"architecture {self.name}: color= is no longer read (figures take an architecture's "
+                          "colour from mcsd.plots.style): drop it (the argument goes in mcsd 0.2.0)",
+                          DeprecationWarning, stacklevel=3)
         if self.role not in ROLES:
             raise ConfigError(f"architecture {self.name}: role={self.role!r} is unknown: use one of {', '.join(ROLES)}")
         unknown_ops = sorted(set(self.ops) - {op for op, _ in FLA_KERNELS})
@@ -125,28 +135,37 @@ def _describe(value: Any) -> str:
 _ARCHITECTURES: dict[str, Architecture] = {}
 
 
-def register(architecture: Architecture) -> Architecture:
-    """Add ``architecture`` (its name must be new); without a model YAML of its name, store a
-    Hydra model node of its config class's defaults."""
-    from hydra.core.config_store import ConfigStore
+_LISTENERS: list[Callable[[], None]] = []
 
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener`` after every :func:`register` and :func:`unregister` from now on."""
+    _LISTENERS.append(listener)
+
+
+def register(architecture: Architecture) -> Architecture:
+    """Add ``architecture``: its name must be new, and each of its variants' names new too
+    (``default`` may recur where it sets nothing)."""
     if architecture.name in _ARCHITECTURES:
         raise ConfigError(f"architecture {architecture.name!r} is registered already: choose another name")
+    for variant, fields in architecture.variants.items():
+        owners = [other.name for other in _ARCHITECTURES.values() if variant in other.variants
+                  and (fields or other.variants[variant])]
+        if owners:
+            raise ConfigError(f"architecture {architecture.name}: variant {variant!r} is a variant of {owners[0]} "
+                              "already: name it otherwise (variant= options are shared by every architecture)")
     _ARCHITECTURES[architecture.name] = architecture
     architecture.model_class.architecture = architecture
-    if (importlib.resources.files("mcsd.conf") / "model" / f"{architecture.name}.yaml").is_file():
-        return architecture
-    node = {"_target_": class_path(architecture.config_class), **field_defaults(architecture.config_class)}
-    ConfigStore.instance().store(group="model", name=architecture.name, node=node)
+    for listener in _LISTENERS:
+        listener()
     return architecture
 
 
 def unregister(name: str) -> None:
     """Remove an architecture (tests that register one of their own clean up with it)."""
-    from hydra.core.config_store import ConfigStore
-
     _ARCHITECTURES.pop(name)
-    ConfigStore.instance().repo.get("model", {}).pop(f"{name}.yaml", None)
+    for listener in _LISTENERS:
+        listener()
 
 
 def architectures() -> list[str]:

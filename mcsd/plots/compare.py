@@ -30,6 +30,7 @@ import pandas as pd  # noqa: E402
 
 from mcsd.checkpoint.run_folder import csv_logs  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.style import architecture_color  # noqa: E402
 from mcsd.plots.context import DELTA_FILE, load_context_results  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.mqar import SOLVED, best_learning_rate, curve_colors, load_mqar_runs  # noqa: E402
@@ -234,7 +235,7 @@ def plot_comparison(comparison: Comparison, output_dir: str | Path, name: str = 
                                height_ratios=[0.45 * len(table) + 1.6, 4.0] if curves is not None else None)
     axes = [figure.add_subplot(grid[0, 0])]
     axes += [figure.add_subplot(grid[0, index], sharey=axes[0]) for index in range(1, width)]
-    colors = [registry.get(arch).color if arch in registry.architectures() else "tab:gray" for arch in table["arch"]]
+    colors = [architecture_color(arch) for arch in table["arch"]]
     for ax, (column, title, low, high, scale) in zip(axes, panels):
         values = table[column].astype(float)
         error = None

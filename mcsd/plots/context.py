@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.style import architecture_color  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 
 CURVE_FILE, DELTA_FILE = "context_curve.csv", "context_delta.csv"
@@ -41,12 +42,12 @@ def load_context_results(root: str | Path, labels: list[str] | None = None) -> t
 
 
 def _colors(frame: pd.DataFrame) -> dict[str, str]:
-    """One color per label: an architecture's first label takes its registry color."""
+    """One color per label: an architecture's first label takes its colour (:mod:`mcsd.plots.style`)."""
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colors, used = {}, set()
     for index, (label, arch) in enumerate(frame[["label", "arch"]].drop_duplicates().itertuples(index=False)):
         known = arch in registry.architectures() and arch not in used
-        colors[label] = registry.get(arch).color if known else cycle[(index + 3) % len(cycle)]
+        colors[label] = architecture_color(arch) if known else cycle[(index + 3) % len(cycle)]
         used.add(arch)
     return colors
 

@@ -13,6 +13,7 @@ import pandas as pd  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.style import architecture_color  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 
 LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
@@ -96,7 +97,7 @@ def _arch(frame: pd.DataFrame, model: str) -> str:
 
 
 def _color(arch: str) -> str:
-    return registry.get(arch).color if arch in registry.architectures() else "tab:gray"
+    return architecture_color(arch)
 
 
 KERNELS_MARK = " kernels="  # in a model entry: the series of one kernel backend (read_results)

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from mcsd.bench.measure import state_bytes  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.style import architecture_color, architecture_colors  # noqa: E402
 from mcsd.models.build import build_model  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.runs import curve_label, curve_order, run_identity, run_logs  # noqa: E402
@@ -169,16 +170,16 @@ def markdown_mqar_table(best: pd.DataFrame) -> str:
 
 
 def curve_colors(curves: list[str]) -> dict[str, str]:
-    """Each curve's colour: an architecture's default variant its registered colour, any other
+    """Each curve's colour: an architecture's default variant its colour (:mod:`mcsd.plots.style`), any other
     curve the next colour of matplotlib's cycle that no registered architecture uses."""
-    taken = {matplotlib.colors.to_hex(registry.get(name).color) for name in registry.architectures()}
+    taken = architecture_colors()
     spare = [color for color in plt.rcParams["axes.prop_cycle"].by_key()["color"]
              if matplotlib.colors.to_hex(color) not in taken] or ["black"]
     colors, others = {}, 0
     for curve in curves:
         arch = curve.split("|", 1)[0]
         if arch in registry.architectures() and curve_order("ablation", curve)[2] == 0:
-            colors[curve] = registry.get(arch).color
+            colors[curve] = architecture_color(arch)
         else:
             colors[curve] = spare[others % len(spare)]
             others += 1

@@ -23,6 +23,7 @@ import pandas as pd  # noqa: E402
 from mcsd.checkpoint.run_folder import csv_logs, data_files  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.plots.style import architecture_color  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 
 METRICS = ("train/loss", "val/loss", "val/ppl")
@@ -66,13 +67,17 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
 
 
 def run_identity(config: dict[str, Any]) -> tuple[str, str]:
-    """``(architecture, variant)`` of a logged run, from its model node through the registry
-    (the ``choices`` of its config groups for a model the registry does not know)."""
+    """``(architecture, variant)`` of a logged run, from its model node through the registry: the
+    name is made again from the fields, against today's defaults, so that runs logged before a
+    default changed still read as what they were (the ``model/variant`` a run logged is relative to
+    its own day's defaults). A model the registry does not know: the ``model/arch`` and
+    ``model/variant`` it logged, else the ``choices`` of its config groups."""
     choices = config.get("choices") or {}
     model = config.get("model") or {}
     architecture = registry.of_target(model.get("_target_"))
     if architecture is None:
-        return choices.get("model") or "", choices.get("ablation") or ""
+        return (config.get("model/arch") or choices.get("model") or "",
+                config.get("model/variant") or choices.get("variant") or choices.get("ablation") or "")
     return architecture.name, architecture.variant_of(model)
 
 
@@ -237,7 +242,7 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
         if kind == "scaling":  # one colour per size
             color = colors[details.index(detail) % len(colors)]
         elif one_curve_each and arch in registry.architectures():  # architectures side by side
-            color, style = registry.get(arch).color, "-"
+            color, style = architecture_color(arch), "-"
         else:  # variants: one colour each
             color = colors[index % len(colors)]
         train = curve[curve["metric"] == "train/loss"]

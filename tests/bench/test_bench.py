@@ -424,7 +424,7 @@ def test_a_runs_config_benches_as_its_model_with_random_weights(tmp_path: Path) 
     logged.parent.mkdir()
     logged.write_text(yaml.safe_dump({"seed": 0, "model": node}))
     csv_path = run_bench(tmp_path / "out", *TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[4]",
-                         "isolate=false", "mcsd_ablation=slope_only", f"models=[mcsd,{logged}]")
+                         "isolate=false", "model_variant=slope_only", f"models=[mcsd,{logged}]")
     frame = pd.read_csv(csv_path)
     assert list(frame["variant"]) == ["slope_only", "slope_only"] and list(frame["size"]) == ["tiny", "config"]
     assert frame["params"].nunique() == 1 and frame["params"].iloc[0] == sum(
@@ -696,3 +696,17 @@ def test_a_grid_past_its_time_budget_keeps_what_it_measured(tmp_path: Path) -> N
     frame = pd.read_csv(csv_path)
     assert len(frame) == 1 and (frame["point_s"] > 0).all() and not frame["complete"].any()
     assert json.loads((tmp_path / "results.json").read_text())["header"]["points_planned"] == 4
+
+
+def test_the_old_spelling_mcsd_ablation_still_picks_the_variant(caplog: pytest.LogCaptureFixture) -> None:
+    """``mcsd_ablation=`` (kept until mcsd 0.2.0) is ``model_variant=`` with a deprecation line."""
+    from mcsd.bench.grid import _check, grid
+
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        cfg = compose("bench", overrides=["wandb.enabled=false", "mcsd_ablation=slope_only", "models=[mcsd]",
+                                          "model_size=tiny", "inference.batch_sizes=[1]", "inference.gen_lengths=[4]"])
+        with caplog.at_level("WARNING"):
+            _check(cfg)
+        variants = {labels["variant"] for labels, _ in grid(cfg)}
+    assert "mcsd_ablation=slope_only is renamed model_variant" in caplog.text
+    assert variants == {"slope_only"}

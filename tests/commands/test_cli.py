@@ -298,6 +298,9 @@ BAD_INPUTS = [
     ("mcsd-bench", ["inference.gen_lengths=[]"], {}, None,
      "inference.gen_lengths=[] measures nothing: give at least one value, e.g. inference.gen_lengths=[128]"),
     ("mcsd-bench", ["inference.batch_sizes=[0]"], {}, None, "inference.batch_sizes=[0] must be whole numbers of at least 1"),
+    ("mcsd-bench", ["model_variant=slope_onyl"], {}, None, "model_variant=slope_onyl is a variant of no registered architecture: "
+     "use one of full, slope_only"),
+    ("mcsd-train", ["variant=slope_onyl"], {}, None, "variant=slope_onyl"),
     ("mcsd-bench", ["models=[]"], {}, None, "models=[] names no model: list some (models=[mcsd,transformer]) or "
      "models=null for every registered architecture"),
     ("mcsd-bench", ["mode=train", "train.seq_lens=[0,512]"], {}, None, "train.seq_lens=[0, 512] must be whole numbers"),
@@ -494,7 +497,8 @@ def test_help_lists_the_groups_a_user_chooses_from_and_the_main_settings(tmp_pat
     lines = result.stdout.splitlines()
     assert lines[0].startswith("mcsd-train: ")
     assert f"  model={'|'.join(sorted(registry.architectures()))}  (default: mcsd)" in lines
-    assert "  ablation=decay_only|double_decay|double_slope|full|slope_only  (default: none)" in lines
+    assert "  ablation=decay_only|double_decay|double_slope|full|slope_only|sum_fusion  (default: none)" in lines
+    assert "  variant=decay_only|default|double_decay|double_slope|full|slope_only|sum_fusion  (default: none)" in lines
     assert any(line.startswith("  test_after_training=true  (evaluate the test split") for line in lines)
     assert "_common" not in result.stdout and "hydra/" not in result.stdout and "Hydra" not in result.stdout
     assert list(tmp_path.iterdir()) == []  # --help writes nothing

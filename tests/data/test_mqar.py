@@ -199,8 +199,9 @@ def test_compile_trains_mqar_as_eager_does(tmp_path: Path) -> None:
 
 def test_registry_arms_name_every_architecture_and_the_variants_asked() -> None:
     arms = registry_arms(["default", "slope_only"])
-    assert [arm[0] for arm in arms if len(arm) == 1] == [f"model={name}" for name in registry.architectures()]
-    assert ["model=mcsd", "model.sections=[slope]"] in arms and len(arms) == len(registry.architectures()) + 1
+    defaults = [[f"model={name}", f"variant={next(iter(registry.get(name).variants))}"] for name in registry.architectures()]
+    assert [arm for arm in arms if arm != ["model=mcsd", "variant=slope_only"]] == defaults
+    assert ["model=mcsd", "variant=slope_only"] in arms and len(arms) == len(registry.architectures()) + 1
     every = registry_arms(["all"])
     assert len(every) == sum(len(registry.get(name).variants) for name in registry.architectures())
     with pytest.raises(HydraException, match="registry_variants names 'slope_onyl'"):
@@ -211,7 +212,7 @@ def test_registry_architectures_keep_the_arms_of_the_architectures_named() -> No
     every = registry_arms(["all"])
     for name in registry.architectures():
         assert registry_arms(["all"], [name]) == [arm for arm in every if arm[0] == f"model={name}"]
-    assert registry_arms(["default", "slope_only"], ["transformer"]) == [["model=transformer"]]
+    assert registry_arms(["default", "slope_only"], ["transformer"]) == [["model=transformer", "variant=default"]]
     with pytest.raises(HydraException, match="registry_architectures names 'retnte', which is not registered"):
         registry_arms(["default"], ["retnte"])
     with pytest.raises(HydraException, match="names no variant of transformer: add default or all"):

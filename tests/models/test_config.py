@@ -132,13 +132,52 @@ def test_equal_size_width_is_the_closest_multiple_of_eight() -> None:
     assert literal.config.mlp_hidden_size == 384
 
 
-ABLATION_FILES = sorted(path.name.removesuffix(".yaml")
-                        for path in (importlib.resources.files("mcsd.conf") / "ablation").iterdir()
-                        if path.name.endswith(".yaml"))
+def group_options(group: str) -> list[str]:
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    with initialize_config_module("mcsd.conf", version_base=None):
+        return GlobalHydra.instance().config_loader().get_group_options(group, results_filter=ObjectType.CONFIG)
 
 
-@pytest.mark.parametrize("ablation", ABLATION_FILES)
-def test_the_ablation_group_holds_only_mcsd_variants(ablation: str) -> None:
-    node = compose_train(f"ablation={ablation}").model
-    assert registry.get("mcsd").variant_of(node) == ablation
-    assert sorted(ABLATIONS) == ABLATION_FILES
+def test_the_ablation_group_is_generated_from_mcsds_variants() -> None:
+    """``ablation=`` (the paper's word) holds MCSD's registered variants, no file of its own."""
+    assert not (importlib.resources.files("mcsd.conf") / "ablation").is_dir()
+    assert sorted(group_options("ablation")) == sorted(registry.get("mcsd").variants)
+    for ablation in registry.get("mcsd").variants:
+        assert registry.get("mcsd").variant_of(compose_train(f"ablation={ablation}").model) == ablation
+    assert set(ABLATIONS) < set(registry.get("mcsd").variants)
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+def test_every_variant_of_every_architecture_is_a_variant_option(name: str) -> None:
+    architecture = registry.get(name)
+    assert set(architecture.variants) <= set(group_options("variant"))
+    for variant in architecture.variants:
+        node = compose_train(f"model={name}", "size=tiny", f"variant={variant}").model
+        assert architecture.variant_of(node) == variant
+        build_model(node)
+
+
+def test_a_variant_of_another_architecture_is_refused() -> None:
+    with pytest.raises(ConfigError, match="model.sections is a setting of mcsd, not of transformer"):
+        build_model(compose_train("model=transformer", "size=tiny", "variant=slope_only").model)
+
+
+def test_a_registered_architecture_gets_its_nodes_and_loses_them_when_removed() -> None:
+    """The registry is data; the command layer's nodes follow it (model/<name>, its variants)."""
+    import dataclasses
+
+    mcsd = registry.get("mcsd")
+    toy = dataclasses.replace(mcsd, name="toy_variants", variant_group=None,
+                              variants={"default": {}, "toy_sum": {"fusion": "sum"}})
+    with pytest.raises(ConfigError, match="variant 'full' is a variant of mcsd already"):
+        registry.register(dataclasses.replace(toy, variants={"full": {"fusion": "sum"}}))
+    registry.register(toy)
+    try:
+        assert "toy_variants" in group_options("model") and "toy_sum" in group_options("variant")
+        assert compose_train("model=toy_variants", "variant=toy_sum").model.fusion == "sum"
+    finally:
+        registry.unregister("toy_variants")
+        mcsd.model_class.architecture = mcsd  # the toy shared MCSD's model class
+    assert "toy_variants" not in group_options("model") and "toy_sum" not in group_options("variant")

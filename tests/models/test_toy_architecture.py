@@ -75,7 +75,7 @@ class ToyForCausalLM(CausalLM):
 @pytest.fixture(scope="module")
 def toy() -> Iterator[registry.Architecture]:
     architecture = mcsd.register(mcsd.Architecture(name="toy", config_class=ToyConfig, model_class=ToyForCausalLM,
-                                                   label="Toy", color="tab:green", train_form="parallel"))
+                                                   label="Toy", train_form="parallel"))
     try:
         yield architecture
     finally:

@@ -342,3 +342,17 @@ def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None
     assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == ["0", "1"]  # no third job begun
     for job in ("0", "1"):
         assert list((folder / job / "checkpoints").glob("step-*.ckpt"))
+
+
+def test_a_runs_variant_is_named_from_its_fields_against_todays_defaults() -> None:
+    """A run's variant is named again from its model node (a run logged before a default changed
+    reads as what it was); a model the registry does not know, by what it logged or chose."""
+    from mcsd.plots.runs import run_identity
+
+    node = {"_target_": "mcsd.models.mcsd.MCSDConfig", "sections": ["slope", "decay"]}  # no gain init: legacy 1.0
+    assert run_identity({"model/arch": "mcsd", "model/variant": "full", "model": node}) == (
+        "mcsd", "full, decay_norm_gain_init=1.0")
+    assert run_identity({"model": {"_target_": "elsewhere.Config"}, "model/arch": "toy", "model/variant": "v"}) == (
+        "toy", "v")
+    assert run_identity({"model": {"_target_": "elsewhere.Config"}, "choices": {"model": "toy", "variant": "v"}}) == (
+        "toy", "v")

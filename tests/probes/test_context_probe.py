@@ -69,7 +69,7 @@ class DelayForCausalLM(CausalLM):
 @pytest.fixture(scope="module")
 def delay() -> Iterator[None]:
     mcsd.register(mcsd.Architecture(name="delay", config_class=DelayConfig, model_class=DelayForCausalLM,
-                                    label="Delay", color="tab:gray", train_form="chunk"))
+                                    label="Delay", train_form="chunk"))
     try:
         yield
     finally:

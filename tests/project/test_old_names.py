@@ -45,3 +45,14 @@ def test_the_docs_list_every_old_name_and_when_it_goes() -> None:
     section = layout[layout.index("## Old names"):]
     for old, new in OLD_MODULES.items():
         assert f"| `{old}` | `{new}` | 0.2.0 |" in section
+
+
+def test_an_architecture_registered_with_a_colour_warns_that_it_is_no_longer_read() -> None:
+    import dataclasses
+
+    from mcsd.models import registry
+    from mcsd.plots.style import architecture_color
+
+    with pytest.warns(DeprecationWarning, match="color= is no longer read .*mcsd 0.2.0"):
+        dataclasses.replace(registry.get("mcsd"), color="tab:pink")
+    assert architecture_color("mcsd") == "tab:blue"

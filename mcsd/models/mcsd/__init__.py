@@ -12,11 +12,11 @@ register(Architecture(
     model_class=MCSDForCausalLM,
     label="MCSD",
     role="subject",
-    color="tab:blue",
     train_form="chunk",
     ops=("exp_filter",),  # model.kernels: its chunk and recurrent forms through fla's kernels
     fp32_constants=True,  # the slope and decay weights and normalisers (the spec: fp32 whatever the model's dtype)
-    variants={  # Section 3.5's ablations (conf/ablation/) and Eq. 20's fusion
+    variant_group="ablation",  # the paper's word: mcsd-train ablation=slope_only (or variant=slope_only)
+    variants={  # Section 3.5's ablations and Eq. 20's fusion
         "full": {},
         "slope_only": {"sections": ["slope"]},
         "decay_only": {"sections": ["decay"]},

@@ -10,7 +10,6 @@ register(Architecture(
     config_class=RetNetConfig,
     model_class=RetNetForCausalLM,
     label="RetNet",
-    color="tab:red",
     train_form="chunk",
     ops=("decayed_attention",),  # model.kernels: its chunk and recurrent forms through fla's kernels
 ))

@@ -11,7 +11,6 @@ register(Architecture(
     config_class=RWKV4Config,
     model_class=RWKV4ForCausalLM,
     label="RWKV-4",
-    color="tab:green",
     train_form="chunk",
     ops=("wkv",),  # model.kernels: its chunk and recurrent forms through fla's kernels
     setting_cases=({"perspectives": 2},),

@@ -12,7 +12,6 @@ register(Architecture(
     model_class=TransformerForCausalLM,
     label="Transformer",
     role="anchor",
-    color="tab:orange",
     train_form="parallel",  # one causal SDPA call: the flash kernels on a GPU
 ))
 

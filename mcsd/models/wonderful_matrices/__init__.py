@@ -13,7 +13,6 @@ register(Architecture(
     config_class=WonderfulMatricesConfig,
     model_class=WonderfulMatricesForCausalLM,
     label="Wonderful Matrices",
-    color="tab:purple",
     train_form="chunk",
     ops=("decayed_attention",),  # model.kernels: its chunk and recurrent forms through fla's kernels
     setting_cases=({"attention_every": 2}, {"attention_every": 2, "dynamic_mask": False},

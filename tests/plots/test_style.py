@@ -1,0 +1,29 @@
+"""Each architecture's colour in the figures: fixed for the built-ins, a spare one of
+matplotlib's cycle for one registered later, grey for one no longer registered."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import matplotlib.colors
+
+from mcsd.models import registry
+from mcsd.plots.style import ARCHITECTURE_COLORS, UNKNOWN_COLOR, architecture_color
+
+
+def test_built_in_architectures_keep_their_colours_and_differ() -> None:
+    colours = [matplotlib.colors.to_hex(architecture_color(name)) for name in registry.architectures()]
+    assert len(set(colours)) == len(colours) == len(ARCHITECTURE_COLORS)
+    assert architecture_color("mcsd") == "tab:blue" and architecture_color("gone") == UNKNOWN_COLOR
+
+
+def test_a_new_architecture_takes_a_spare_colour() -> None:
+    mcsd = registry.get("mcsd")
+    registry.register(dataclasses.replace(mcsd, name="spare_colour", variant_group=None, variants={"default": {}}))
+    try:
+        colour = matplotlib.colors.to_hex(architecture_color("spare_colour"))
+        assert colour not in {matplotlib.colors.to_hex(c) for c in [*ARCHITECTURE_COLORS.values(), UNKNOWN_COLOR]}
+        assert architecture_color("spare_colour") == architecture_color("spare_colour")
+    finally:
+        registry.unregister("spare_colour")
+        mcsd.model_class.architecture = mcsd
