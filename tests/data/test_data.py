@@ -398,7 +398,7 @@ def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
     bytes and no internet each end in one line, leaving no partial file."""
     import hashlib
 
-    from mcsd.data import download
+    from mcsd.commands import download
 
     text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50
     source = tmp_path / "source.txt"

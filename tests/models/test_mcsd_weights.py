@@ -13,6 +13,12 @@ import mcsd
 from helpers.models import relative_rms_error
 from mcsd import build_model
 from mcsd.models.mcsd import MCSDConfig, decay_matrix, decay_rates, section_log_decay, slope_matrix, slope_rates
+from mcsd.ops.exp_filter import filter_histories
+
+
+def mix(section: torch.nn.Module, values: torch.Tensor, form: str = "chunk") -> tuple[torch.Tensor, torch.Tensor]:
+    """A section's history branch alone, from the sequence start (what its block filters)."""
+    return filter_histories([values], [section.history], None, 0, form, chunk_size=8)[0]
 
 
 def test_slope_rates_are_eq2() -> None:
@@ -84,7 +90,7 @@ def test_section_history_branch_applies_the_matrix(case: str, form: str) -> None
                         chunk_size=8, sections=[kind], decay_norm=decay_norm or "rmsnorm")
     section = build_model(config).layers[0].mixer.sections[0]
     values = torch.randn(2, 21, 3, 4)  # [B, N, C, Dc]
-    mixed, _ = section.mix(values, None, 0, form)
+    mixed, _ = mix(section, values, form)
     expected = torch.einsum("cnj,bjcd->bncd", MATRICES[case](), values)
     assert relative_rms_error(mixed, expected) < 1e-6
 
@@ -119,7 +125,7 @@ def test_decay_branch_output_scales_with_the_initial_gain() -> None:
     for gain in (1.0, 0.01):
         torch.manual_seed(0)
         section = build_model(decay_config(sections=["decay"], decay_norm_gain_init=gain)).layers[0].mixer.sections[0]
-        outputs[gain] = section.gate(section.mix(x, None, 0, "chunk")[0], x)
+        outputs[gain] = section.gate(mix(section, x)[0], x)
     torch.testing.assert_close(outputs[0.01], 0.01 * outputs[1.0], rtol=1e-6, atol=0)
     assert outputs[1.0].pow(2).mean().sqrt() > 0.3  # unit-scale features times sigmoid(F) ~ 0.5
 
@@ -131,7 +137,7 @@ def test_sum_normalised_decay_has_no_gain_and_starts_small() -> None:
     assert all(section.norm is None for layer in summed.layers for section in layer.mixer.sections)
     mixer = summed.layers[0].mixer
     current, history = mixer.section_inputs(torch.randn(2, 30, 12))[1]
-    theta = mixer.sections[1].gate(mixer.sections[1].mix(history, None, 0, "chunk")[0], current)
+    theta = mixer.sections[1].gate(mix(mixer.sections[1], history)[0], current)
     assert theta.pow(2).mean().sqrt() < 0.05  # an average of E = W_e x (std 0.02 weights), gated
 
 

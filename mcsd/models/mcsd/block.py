@@ -66,8 +66,6 @@ class Section(torch.nn.Module):
     def __init__(self, kind: str, config: MCSDConfig) -> None:
         super().__init__()
         self.kind = kind
-        self.chunk_size = config.chunk_size
-        self.kernels = config.kernels
         self.norm = (ChannelRMSNorm(config.num_channels, config.channel_width, config.norm_eps,
                                     config.decay_norm_gain_init)
                      if kind == "decay" and config.decay_norm == "rmsnorm" else None)
@@ -87,13 +85,6 @@ class Section(torch.nn.Module):
             return F.silu(mixed) * current
         normalised = self.norm(mixed) if self.norm is not None else mixed  # averaged by the history otherwise
         return normalised * torch.sigmoid(current)
-
-    def mix(
-        self, values: torch.Tensor, state: torch.Tensor | None, position: int, form: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``W_s V`` or ``W_d E`` for ``values`` ``[B, N, C, Dc]`` at absolute positions
-        ``position..``, continuing ``state``; returns the result and the new state."""
-        return filter_histories([values], [self.history], [state], position, form, self.chunk_size, self.kernels)[0]
 
 
 class MCSDBlock(TokenMixer):
