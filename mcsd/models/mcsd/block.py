@@ -129,7 +129,7 @@ class MCSDBlock(TokenMixer):
         """Each section's exponential filter over every channel (``C Dc`` features); the slope's
         denominators, the gates and the fusion are elementwise."""
         width = self.num_channels * self.channel_width
-        return sum(exp_filter_flops(length, width, form, section.chunk_size) for section in self.sections)
+        return len(self.sections) * exp_filter_flops(length, width, form, self.chunk_size)
 
     def section_inputs(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``x`` ``[..., D]`` -> each section's (current, history) branches, ``[..., C, Dc]`` each."""
