@@ -37,6 +37,7 @@ THIRD_PARTY_WARNINGS = (
     r"'set_vital' is deprecated",  # torchdata's StatefulDataLoader calls a deprecated torch function
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning's pytree helper on torch 2.13
     r"`torch.jit.script_method` is deprecated",  # a dependency of lm-eval, at import
+    r"The dirpath has changed from",  # Lightning's ModelCheckpoint on every resume: a resumed run has a folder of its own
 )
 for _message in THIRD_PARTY_WARNINGS:
     warnings.filterwarnings("ignore", message=_message)

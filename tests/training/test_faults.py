@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.runs import FAST, command, compose_train, read_metrics, run_cli, series, train_refusal
+from helpers.runs import FAST, command, compose_train, read_metrics, run_cli, run_here, series, train_refusal
 from mcsd.data import LanguageModelDataModule
 from mcsd.errors import MCSDError
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
@@ -39,7 +39,7 @@ SLOW = ["size=small", "data.seq_len=128", "data.batch_size=8", f"trainer.max_ste
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     """The training losses of the run the interrupted ones must reproduce."""
     cwd = tmp_path_factory.mktemp("whole")
-    result = run_cli("mcsd-train", *SLOW, cwd=cwd)
+    result = run_here("mcsd-train", *SLOW, cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (cwd / "logs" / "train" / "runs").iterdir()
     return series(read_metrics(run), "train/loss")
@@ -62,11 +62,12 @@ def start_then_signal(cwd: Path, signum: int, *extra: str, env: dict[str, str] |
 
 
 def resume_and_compare(cwd: Path, run: Path, expected: dict[int, float]) -> int:
-    """Resume ``run`` (its latest checkpoint) to the end; its losses equal ``expected`` from
-    the checkpoint's step on. Returns that step."""
+    """Resume ``run`` (its latest checkpoint) to the end, with the command's entry point in this
+    process (the stopped run was a process of its own); its losses equal ``expected`` from the
+    checkpoint's step on. Returns that step."""
     step = read_checkpoint(latest_checkpoint(run))["global_step"]
     before = set((cwd / "logs" / "train" / "runs").iterdir())
-    result = run_cli("mcsd-train", f"resume={run}", cwd=cwd)
+    result = run_here("mcsd-train", f"resume={run}", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     (resumed,) = set((cwd / "logs" / "train" / "runs").iterdir()) - before
     losses = series(read_metrics(resumed), "train/loss")
