@@ -65,25 +65,16 @@ def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
-    result = run_cli("mcsd-train", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv",
-                     *QUICK, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
-    tokens = series(read_metrics(run), "trainer/tokens")
-    assert tokens[1] == 2 * 2 * 8 * 64  # steps * processes * batch * seq_len
-    assert (run / "model" / "model.safetensors").is_file()
-
-
-@pytest.mark.slow
 def test_ddp_resume_continues_exactly(tmp_path: Path) -> None:
-    """Under DDP (two CPU processes, each its share of every epoch) a run resumed from step 3
-    logs the losses of the uninterrupted run for every remaining step."""
+    """Under DDP (two CPU processes, each its share of every epoch, the tokens of both counted) a
+    run resumed from step 3 logs the losses of the uninterrupted run for every remaining step."""
     ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv", *QUICK,
            "trainer.max_steps=6", "callbacks.model_checkpoint.every_n_train_steps=1"]
     whole = run_cli("mcsd-train", *ddp, "paths.log_dir=whole", cwd=tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     (run,) = (tmp_path / "whole" / "train" / "runs").iterdir()
+    assert series(read_metrics(run), "trainer/tokens")[1] == 2 * 2 * 8 * 64  # steps * processes * batch * seq_len
+    assert (run / "model" / "model.safetensors").is_file()
     checkpoint = run / "checkpoints" / "step-000003.ckpt"
     resumed = run_cli("mcsd-train", *ddp, "paths.log_dir=resumed", f"ckpt_path={checkpoint}", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -97,7 +88,7 @@ def test_ddp_resume_continues_exactly(tmp_path: Path) -> None:
 def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A 4-step run of the tiny model (checkpoints at step 3 and last.ckpt): (cwd, run dir)."""
     cwd = tmp_path_factory.mktemp("stopped")
-    result = run_cli("mcsd-train", *QUICK, "trainer.max_steps=4", "logger=csv", cwd=cwd)
+    result = run_here("mcsd-train", *QUICK, "trainer.max_steps=4", "logger=csv", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (cwd / "logs" / "train" / "runs").iterdir()
     return cwd, run
@@ -116,7 +107,7 @@ def test_resume_needs_no_overrides_repeated(stopped_run: tuple[Path, Path], how:
     cwd, run = stopped_run
     before = set((cwd / "logs" / "train" / "runs").iterdir())
     target = f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}" if how == "ckpt_path" else f"resume={run}"
-    result = run_cli("mcsd-train", target, "trainer.max_steps=6", cwd=cwd)
+    result = run_here("mcsd-train", target, "trainer.max_steps=6", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = newest_run(cwd, before)
     assert sorted(series(read_metrics(resumed), "train/loss")) == [3, 4, 5]
@@ -156,7 +147,7 @@ def _snapshot(directory: Path) -> dict[str, str]:
 def earlier_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     """A finished run in the working directory, which the bad commands below must not touch."""
     cwd = tmp_path_factory.mktemp("cwd")
-    result = run_cli("mcsd-train", *QUICK, "logger=csv", cwd=cwd)
+    result = run_here("mcsd-train", *QUICK, "logger=csv", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (cwd / "logs" / "train" / "runs").iterdir()
     return cwd, _snapshot(run)
@@ -458,9 +449,9 @@ def test_one_text_file_trains_in_one_command(tmp_path: Path) -> None:
     words = ["the", "king", "of", "a", "far", "land", "rode", "out", "at", "dawn", "and", "sang"]
     paragraphs = [" ".join(words[(index * 7 + offset) % len(words)] for offset in range(60)) for index in range(80)]
     (tmp_path / "mytext.txt").write_text("\n\n".join(paragraphs) + "\n")
-    result = run_cli("mcsd-train", "data=text_files", "data.paths=mytext.txt", "size=tiny", "trainer.max_steps=20",
-                     "data.seq_len=32", "data.batch_size=4", "logger=csv", "callbacks.progress_bar.refresh_rate=0",
-                     "trainer.log_every_n_steps=1", cwd=tmp_path)
+    result = run_here("mcsd-train", "data=text_files", "data.paths=mytext.txt", "size=tiny", "trainer.max_steps=20",
+                      "data.seq_len=32", "data.batch_size=4", "logger=csv", "callbacks.progress_bar.refresh_rate=0",
+                      "trainer.log_every_n_steps=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     rows = read_metrics(run)
@@ -492,7 +483,7 @@ def test_help_lists_the_groups_a_user_chooses_from_and_the_main_settings(tmp_pat
     """``--help``: the command's own usage, each group with its options (the registry's models among
     them) and default, the main settings with their defaults and comments; no internal group
     (``_common``) and none of Hydra's own."""
-    result = run_cli("mcsd-train", "--help", cwd=tmp_path)
+    result = run_here("mcsd-train", "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     assert lines[0].startswith("mcsd-train: ")

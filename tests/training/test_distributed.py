@@ -47,8 +47,8 @@ def assert_same_losses(actual: dict[str, dict[int, float]], expected: dict[str, 
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(cwd, a 2-process FSDP run, the same run on one process), 6 steps, checkpoints at 3 and 6."""
     cwd = tmp_path_factory.mktemp("distributed")
-    for name, overrides in (("fsdp", FSDP), ("single", SINGLE)):
-        result = run_cli("mcsd-train", *RUN, *overrides, f"paths.log_dir={name}", cwd=cwd)
+    for name, overrides, run in (("fsdp", FSDP, run_cli), ("single", SINGLE, run_here)):  # one process: this one
+        result = run("mcsd-train", *RUN, *overrides, f"paths.log_dir={name}", cwd=cwd)
         assert result.returncode == 0, result.stderr[-3000:]
     return cwd, only_run(cwd / "fsdp"), only_run(cwd / "single")
 
@@ -104,7 +104,8 @@ def test_a_checkpoint_resumes_exactly_on_two_or_one_process(runs: tuple[Path, Pa
     cwd, fsdp, single = runs
     run = {"fsdp": fsdp, "single": single}[source]
     log_dir = f"resumed-{source}-to-{overrides[0].split('=')[1] if overrides else 'same'}"
-    result = run_cli("mcsd-train", f"ckpt_path={run / 'checkpoints' / 'step-000003.ckpt'}", *overrides,
+    run_command = run_here if overrides == ["trainer=cpu"] else run_cli  # one process: this one
+    result = run_command("mcsd-train", f"ckpt_path={run / 'checkpoints' / 'step-000003.ckpt'}", *overrides,
                      f"paths.log_dir={log_dir}", cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = losses(only_run(cwd / log_dir))
@@ -127,8 +128,8 @@ def test_bad_sharded_input_fails_in_one_line(runs: tuple[Path, Path, Path], tmp_
     shard = truncated / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:100])
     before = {path: path.stat().st_mtime_ns for path in fsdp.rglob("*")}
-    one_device = run_cli("mcsd-train", *RUN, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=1",
-                         "paths.log_dir=bad", cwd=cwd)
+    one_device = run_here("mcsd-train", *RUN, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=1",
+                          "paths.log_dir=bad", cwd=cwd)
     errors = [line for line in one_device.stderr.splitlines() if line.startswith("mcsd-train: error:")]
     assert one_device.returncode == 2 and len(errors) == 1 and "Traceback" not in one_device.stderr
     assert ("trainer=fsdp shards the model over processes, but trainer.devices=1 x trainer.num_nodes=1 makes one"
