@@ -298,7 +298,9 @@ def _check(cfg: DictConfig) -> None:
                     cfg.mcsd_ablation, cfg.mcsd_ablation)
     if cfg.mode not in MODES:
         raise MCSDError(f"mode={cfg.mode!r} is unknown: use inference or train")
-    problems = grid_problems(cfg)
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise MCSDError(f"device={cfg.device} but no GPU is visible: use device=cpu (e.g. bench=cpu_quick)")
+    problems = grid_problems(cfg)  # imports fla's kernels (seconds) where the grid asks for them
     if problems:
         raise MCSDError("\n".join(problems))
     if cfg.busy_machine not in BUSY_MACHINE:
@@ -310,8 +312,6 @@ def _check(cfg: DictConfig) -> None:
         raise MCSDError("train.batch_size=null and train.tokens_per_step=null leave no training point: set either")
     if cfg.dtype not in measure.DTYPES:
         raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use one of {', '.join(measure.DTYPES)}")
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise MCSDError(f"device={cfg.device} but no GPU is visible: use device=cpu (e.g. bench=cpu_quick)")
     if cfg.cuda_graphs and not cfg.device.startswith("cuda"):
         raise MCSDError(f"cuda_graphs=true replays CUDA graphs, which device={cfg.device} has not: set cuda_graphs=false")
     if cfg.wandb.enabled and not cfg.wandb.offline:

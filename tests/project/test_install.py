@@ -159,7 +159,8 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
 
     results, install_site = tmp_path / "results", tmp_path / "site"
     environment = {**os.environ, "PATH": f"{image / 'bin'}:{os.environ['PATH']}", "WHEELS": str(wheels),
-                   "SITE": str(install_site), "PYTHONPATH": "", "VIRTUAL_ENV": str(image), "PYTEST_OPTIONS": "-n 2"}
+                   "SITE": str(install_site), "PYTHONPATH": "", "VIRTUAL_ENV": str(image),
+                   "PYTEST_OPTIONS": "--durations=3"}  # one process (no workers to start), its own durations
     run = subprocess.run(["bash", str(ROOT / "experiments/gpu_check/run.sh"), str(results)], env=environment,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]  # the benchmarks' refusal (exit 2)
@@ -172,23 +173,21 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
         "hydra_joblib_launcher", "hydra_submitit_launcher"}
     tests = (results / "pytest_gpu.txt").read_text()
     assert re.search(r"\b\d+ skipped\b", tests) and not re.search(r"\b(failed|error)", tests), tests[-2000:]
-    assert "2 workers" in tests  # PYTEST_OPTIONS reached pytest
+    assert "slowest 3 durations" in tests  # PYTEST_OPTIONS reached pytest (after run.sh's --durations=10)
     for mode in ("inference", "train"):
         log = (results / mode / "log.txt").read_text()
         assert "device=cuda but no GPU is visible: use device=cpu" in log and "Traceback" not in log, log[-2000:]
         assert not (results / mode / "results.csv").exists()
-    # The project's Hydra plugins (one target) and the launchers' (the other) are found together.
-    composed = subprocess.run(
-        ["bash", "-c", f"source {ROOT / 'experiments/gpu_check/install.sh'} {wheels} {install_site} && cd {tmp_path} && "
-         "mcsd-train --cfg hydra hydra/sweeper=arms hydra/launcher=local_parallel model=retnet size=tiny"],
-        env=environment, capture_output=True, text=True, timeout=300)
-    assert composed.returncode == 0, composed.stderr[-3000:]
-    assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in composed.stdout
-    assert "_target_: hydra_plugins.mcsd_arms_sweeper.ArmsSweeper" in composed.stdout
-    # Every test module imports in the image (what it lacks, a module skips for), as pytest -m gpu needs.
+    # In one install: the project's Hydra plugins (one target) and the launchers' (the other) are found
+    # together; every test module imports in the image (what it lacks, a module skips for), as pytest -m gpu needs.
+    composed = tmp_path / "composed.txt"
     collected = subprocess.run(
-        ["bash", "-c", f"source {ROOT / 'experiments/gpu_check/install.sh'} {wheels} {install_site} && cd {ROOT} && "
-         "python3 -P -m pytest --collect-only -q -p no:cacheprovider -o addopts='' tests"],
+        ["bash", "-c", f"source {ROOT / 'experiments/gpu_check/install.sh'} {wheels} {install_site} && cd {tmp_path} && "
+         f"mcsd-train --cfg hydra hydra/sweeper=arms hydra/launcher=local_parallel model=retnet size=tiny > {composed} && "
+         f"cd {ROOT} && python3 -P -m pytest --collect-only -q -p no:cacheprovider -o addopts='' tests"],
         env=environment, capture_output=True, text=True, timeout=600)
+    assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in composed.read_text()
+    assert "_target_: hydra_plugins.mcsd_arms_sweeper.ArmsSweeper" in composed.read_text()
     last = collected.stdout.strip().splitlines()[-1]
-    assert collected.returncode == 0 and re.match(r"\d+ tests collected", last) and "error" not in last, last
+    assert collected.returncode == 0 and re.match(r"\d+ tests collected", last) and "error" not in last, \
+        last + collected.stderr[-3000:]
