@@ -52,17 +52,27 @@ def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | N
 
 
 @functools.lru_cache(maxsize=4)
-def task_manager(include_path: str | None) -> Any:
-    """lm-eval's TaskManager with ``include_path``'s tasks (its index of every task takes seconds
-    to build: built once per process)."""
+def task_manager(include_path: str | None, include_defaults: bool = True) -> Any:
+    """lm-eval's TaskManager with ``include_path``'s tasks, and lm-eval's own unless
+    ``include_defaults`` is false (its index of every task, about 13,000 YAML files, takes ~12 s
+    to build here: built once per process, and only when a task needs it)."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=include_path)
+    return TaskManager(include_path=include_path, include_defaults=include_defaults)
 
 
 def check_tasks(tasks: list[str], include_path: str | None) -> Any:
-    """An lm-eval TaskManager that knows every task; hub tasks need the Hub to be reachable."""
-    manager = task_manager(include_path)
+    """An lm-eval TaskManager that knows every task: ``include_path``'s alone when every task is a
+    plain task there (tasks=local, a folder of one's own tasks), else one with lm-eval's too; hub
+    tasks need the Hub to be reachable."""
+    from lm_eval.tasks._index import Kind
+
+    own = task_manager(include_path, False) if include_path else None
+    if own is not None and all(task in own.task_index and own.task_index[task].kind in (Kind.TASK, Kind.PY_TASK)
+                               for task in tasks):
+        manager = own
+    else:
+        manager = task_manager(include_path)
     unknown = [task for task in tasks if task not in manager.all_tasks]
     if unknown:
         raise MCSDError(f"tasks: {unknown[0]} is not an lm-eval task (list them with `lm_eval ls tasks`; "
