@@ -438,7 +438,9 @@ def test_a_runs_config_benches_as_its_model_with_random_weights(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path) -> None:
-    """experiments/*/run.sh never overwrites the committed results silently."""
+    """experiments/*/run.sh never overwrites the committed results silently: a run writes trial/
+    (the real commands), one with --replace the committed folder (commands that record their
+    arguments stand in for them there: the folder is what differs)."""
     script = tmp_path / "fig" / "run.sh"
     script.parent.mkdir()
     shutil.copy(ROOT / "experiments" / "fig5-8_inference" / "run.sh", script)
@@ -448,15 +450,23 @@ def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path
     tiny = [*TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[4]", "models=[mcsd]",
             "isolate=false", "wandb.enabled=false"]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
-    for extra in ([], ["--replace"]):
-        result = subprocess.run(["bash", str(script), *extra, "cpu_quick", *tiny], cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=600)
-        assert result.returncode == 0, result.stderr[-2000:]
-        trial = tmp_path / "fig" / "trial" / "cpu_quick"
-        if not extra:
-            assert (trial / "results.csv").is_file() and (trial / "fig5_memory_vs_length.png").is_file()
-            assert committed.read_text() == "committed\n"
-    assert len(pd.read_csv(committed)) == 1 and (committed.parent / "fig8_throughput_vs_batch.png").is_file()
+    result = subprocess.run(["bash", str(script), "cpu_quick", *tiny], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    trial = tmp_path / "fig" / "trial" / "cpu_quick"
+    assert (trial / "results.csv").is_file() and (trial / "fig5_memory_vs_length.png").is_file()
+    assert committed.read_text() == "committed\n"
+    stand_ins, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    stand_ins.mkdir()
+    for name in ("mcsd-bench", "mcsd-plot"):
+        (stand_ins / name).write_text(f'#!/bin/sh\necho "$(pwd) {name} $*" >> {calls}\n')
+        (stand_ins / name).chmod(0o755)
+    result = subprocess.run(["bash", str(script), "--replace", "cpu_quick", "models=[mcsd]"], cwd=tmp_path,
+                            env={**env, "PATH": f"{stand_ins}:{os.environ['PATH']}"}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert calls.read_text().splitlines() == [
+        f"{script.parent} mcsd-bench bench=cpu_quick output_dir=./cpu_quick models=[mcsd]",
+        f"{script.parent} mcsd-plot experiment ./cpu_quick --name fig5-8_inference"]
 
 
 @pytest.mark.slow
