@@ -387,25 +387,37 @@ def recall_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_sweep: Path, tmp_path: Path) -> None:
     """experiments/sweep.sh --add keeps the jobs already in the results folder (here one job of
     the recall sweep, as --replace would have copied it) and numbers the new sweep's jobs after
-    them; the figure then draws both."""
+    them; the figure (the real mcsd-plot) then draws both. A stand-in mcsd-train records its
+    arguments and writes one job of the recall sweep (the Transformer's) where the sweep's would be:
+    the script's folders and numbering are under test here, the sweep itself in recall_sweep."""
     script = tmp_path / "experiments" / "sweep.sh"
     script.parent.mkdir()
     for name in ("sweep.sh", "corpus_path.sh"):
         shutil.copy(ROOT / "experiments" / name, script.parent / name)
     results = tmp_path / "experiments" / "mqar_recall" / "cpu"
-    committed = load_mqar_runs(recall_sweep / "logs").sort_values("run").iloc[0]
+    runs = load_mqar_runs(recall_sweep / "logs").sort_values("run")
+    committed = runs.iloc[0]
     assert committed["curve"] == "mcsd|full"
     shutil.copytree(recall_sweep / "logs" / committed["run"], results / "0" / "csv" / "version_0")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "WANDB_MODE": "offline"}
-    tiny = ["model.hidden_size=16", "data.seq_len=32", "optimizer.lr=1e-3", "data.num_train=64", "data.num_val=16",
-            "data.batch_size=16", "trainer.max_steps=2", "scheduler.warmup_steps=1", "logger=csv",
-            "test_after_training=false",
-            "callbacks.progress_bar.refresh_rate=0"]
-    result = subprocess.run(["bash", str(script), "mqar_recall", "--add", "--name", "cpu", "own", *tiny,
-                             "hydra.sweeper.registry_variants=[default]",
+    added = recall_sweep / "logs" / runs.loc[runs["curve"] == "transformer|default", "run"].iloc[0]
+    stand_in, calls = tmp_path / "bin" / "mcsd-train", tmp_path / "calls.txt"
+    stand_in.parent.mkdir()
+    stand_in.write_text(f"""#!/bin/sh
+echo "$*" > {calls}
+for argument; do case "$argument" in hydra.sweep.dir=*) sweep="${{argument#hydra.sweep.dir=}}";; esac; done
+mkdir -p "$sweep/0/csv/version_0" && cp {added}/metrics.csv {added}/hparams.yaml "$sweep/0/csv/version_0/"
+""")
+    stand_in.chmod(0o755)
+    env = {**os.environ, "PATH": f"{stand_in.parent}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "WANDB_MODE": "offline"}
+    result = subprocess.run(["bash", str(script), "mqar_recall", "--add", "--name", "cpu", "own", "model.hidden_size=16",
                              "hydra.sweeper.registry_architectures=[transformer]"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert calls.read_text().startswith(
+        "-m experiment=mqar_recall hydra/launcher=local_parallel "
+        f"paths.log_dir={script.parent}/mqar_recall/logs/cpu hydra.sweep.dir={script.parent}/mqar_recall/logs/cpu/train/")
+    assert calls.read_text().rstrip().endswith(" model.hidden_size=16 hydra.sweeper.registry_architectures=[transformer]")
     assert sorted(path.name for path in results.iterdir() if path.is_dir()) == ["0", "1"]
     runs = load_mqar_runs(results).sort_values("run")
     assert list(runs["curve"]) == ["mcsd|full", "transformer|default"]

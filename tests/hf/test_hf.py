@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 import mcsd
 from mcsd.files import default_file_mode
 from helpers.models import SIXTEEN_BIT_TOLERANCE, relative_rms_error, tiny_config, variant_cases
-from helpers.runs import FAST, command, run_cli, run_here
+from helpers.runs import FAST, command, run_here
 from mcsd.bench.grid import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
@@ -305,7 +305,7 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
         trained_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     offline = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_TOKEN": None, "HF_HOME": str(tmp_path / "hf-home")}
     out = tmp_path / "exported"
-    # mcsd-export's task in this process (the push below runs the command itself).
+    # mcsd-export's task in this process (the push below through the command's entry point).
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         assert export(compose("export", overrides=[f"ckpt={trained_run}", f"out={out}"])) == out
     assert sorted(path.name for path in out.iterdir()) == [
@@ -362,8 +362,8 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
         with pytest.raises((MCSDError, FileNotFoundError), match=re.escape(message)):
             export(cfg)
     assert (out / "model.safetensors").read_bytes() == before and not (tmp_path / "other").exists()
-    pushed = run_cli("mcsd-export", f"ckpt={trained_run}", f"out={out}", "overwrite=true", "push_to_hub=me/model",
-                     cwd=tmp_path, env={**offline, "HF_TOKEN": "hf_not_a_real_token"})
+    pushed = run_here("mcsd-export", f"ckpt={trained_run}", f"out={out}", "overwrite=true", "push_to_hub=me/model",
+                      cwd=tmp_path, env={**offline, "HF_TOKEN": "hf_not_a_real_token"})
     errors = [line for line in pushed.stderr.splitlines() if line.startswith("mcsd-export: error:")]
     assert pushed.returncode == 2 and len(errors) == 1, pushed.stderr[-2000:]
     assert "the Hugging Face Hub is unreachable from here: the export is in" in errors[0]
