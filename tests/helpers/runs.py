@@ -151,9 +151,10 @@ def series(rows: list[dict[str, str]], key: str) -> dict[int, float]:
 TINY_INFERENCE = ["model_size=tiny", "inference.batch_sizes=[1,2]", "inference.gen_lengths=[4,8]",
                   "inference.prompt_len=16", "inference.repeats=2", "inference.warmup=1"]
 
-# A tiny sweep of mcsd-train: a few steps of short blocks, CSV logs.
+# A tiny sweep of mcsd-train: a few steps of short blocks, a few validation batches (the whole
+# validation split is ~250 of them, most of a job's time), CSV logs.
 TINY_SWEEP = ["data.seq_len=32", "data.batch_size=4", "data.token_budget=384", "trainer.val_check_interval=2",
-              "trainer.log_every_n_steps=1", "logger=csv", "test_after_training=false",
+              "trainer.limit_val_batches=4", "trainer.log_every_n_steps=1", "logger=csv", "test_after_training=false",
               "callbacks.progress_bar.refresh_rate=0"]
 
 

@@ -31,7 +31,8 @@ from mcsd.checkpoint.resume import latest_checkpoint
 STEPS = 16
 SLOW = ["size=small", "data.seq_len=128", "data.batch_size=8", f"trainer.max_steps={STEPS}", "logger=csv",
         "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.progress_bar.refresh_rate=0",
-        "trainer.val_check_interval=100", "trainer.log_every_n_steps=1", "test_after_training=false",
+        "trainer.val_check_interval=100", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1",
+        "test_after_training=false",
         "scheduler.warmup_steps=15"]
 
 
