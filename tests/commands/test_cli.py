@@ -64,26 +64,6 @@ def test_runs_started_together_get_distinct_directories(tmp_path: Path) -> None:
     assert len(runs) == 2 and all((run / "model" / "model.safetensors").is_file() for run in runs)
 
 
-@pytest.mark.slow
-def test_ddp_resume_continues_exactly(tmp_path: Path) -> None:
-    """Under DDP (two CPU processes, each its share of every epoch, the tokens of both counted) a
-    run resumed from step 3 logs the losses of the uninterrupted run for every remaining step."""
-    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=csv", *QUICK,
-           "trainer.max_steps=6", "callbacks.model_checkpoint.every_n_train_steps=1"]
-    whole = run_cli("mcsd-train", *ddp, "paths.log_dir=whole", cwd=tmp_path)
-    assert whole.returncode == 0, whole.stderr[-3000:]
-    (run,) = (tmp_path / "whole" / "train" / "runs").iterdir()
-    assert series(read_metrics(run), "trainer/tokens")[1] == 2 * 2 * 8 * 64  # steps * processes * batch * seq_len
-    assert (run / "model" / "model.safetensors").is_file()
-    checkpoint = run / "checkpoints" / "step-000003.ckpt"
-    resumed = run_cli("mcsd-train", *ddp, "paths.log_dir=resumed", f"ckpt_path={checkpoint}", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    (resumed_run,) = (tmp_path / "resumed" / "train" / "runs").iterdir()
-    whole_loss, resumed_loss = series(read_metrics(run), "train/loss"), series(read_metrics(resumed_run), "train/loss")
-    assert sorted(resumed_loss) == [3, 4, 5]
-    assert resumed_loss == {step: whole_loss[step] for step in resumed_loss}
-
-
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A 4-step run of the tiny model (checkpoints at step 3 and last.ckpt): (cwd, run dir)."""

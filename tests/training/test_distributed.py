@@ -100,7 +100,7 @@ def test_a_checkpoint_resumes_exactly_on_two_or_one_process(runs: tuple[Path, Pa
                                                             overrides: list[str]) -> None:
     """From step 3, on the same number of processes or another (FSDP2, or DDP reading the same
     token shards): the losses of the unbroken run. The global batch is kept by itself (4 per
-    process on 2, 8 on 1)."""
+    process on 2, 8 on 1), and the count of tokens goes on over every process's share."""
     cwd, fsdp, single = runs
     run = {"fsdp": fsdp, "single": single}[source]
     log_dir = f"resumed-{source}-to-{overrides[0].split('=')[1] if overrides else 'same'}"
@@ -111,6 +111,8 @@ def test_a_checkpoint_resumes_exactly_on_two_or_one_process(runs: tuple[Path, Pa
     resumed = losses(only_run(cwd / log_dir))
     assert sorted(resumed["train/loss"]) == [3, 4, 5]
     assert_same_losses(resumed, losses(single))
+    assert series(read_metrics(only_run(cwd / log_dir)), "trainer/tokens")[3] == 4 * 8 * 64  # steps * global batch * seq_len
+    assert (only_run(cwd / log_dir) / "model" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow
