@@ -178,14 +178,18 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
         log = (results / mode / "log.txt").read_text()
         assert "device=cuda but no GPU is visible: use device=cpu" in log and "Traceback" not in log, log[-2000:]
         assert not (results / mode / "results.csv").exists()
+    # Sourced again with the same wheels (installed.sha256), install.sh only sets the paths.
     # In one install: the project's Hydra plugins (one target) and the launchers' (the other) are found
     # together; every test module imports in the image (what it lacks, a module skips for), as pytest -m gpu needs.
+    installed = install_site / "project" / "mcsd" / "__init__.py"
+    installed_at = installed.stat().st_mtime_ns
     composed = tmp_path / "composed.txt"
     collected = subprocess.run(
         ["bash", "-c", f"source {ROOT / 'experiments/gpu_check/install.sh'} {wheels} {install_site} && cd {tmp_path} && "
          f"mcsd-train --cfg hydra hydra/sweeper=arms hydra/launcher=local_parallel model=retnet size=tiny > {composed} && "
          f"cd {ROOT} && python3 -P -m pytest --collect-only -q -p no:cacheprovider -o addopts='' tests"],
         env=environment, capture_output=True, text=True, timeout=600)
+    assert installed.stat().st_mtime_ns == installed_at  # the same wheels: the site as run.sh left it, not reinstalled
     assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in composed.read_text()
     assert "_target_: hydra_plugins.mcsd_arms_sweeper.ArmsSweeper" in composed.read_text()
     last = collected.stdout.strip().splitlines()[-1]
