@@ -67,7 +67,7 @@ def test_stream_yields_one_token_per_row_per_step() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", registry.architectures())
-@torch.no_grad()
+@torch.inference_mode()  # as generate's (a graph guards on its states being inference tensors)
 def test_compiled_step_decodes_like_the_eager_step(name: str) -> None:
     """``step_function(compile=True)``: the eager step's logits up to float rounding, from one
     graph that serves every later position (nothing recompiles after the first steps), and

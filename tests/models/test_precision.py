@@ -53,7 +53,7 @@ def test_a_model_cast_to_16_bits_runs_every_form_and_decodes(case: str, dtype: t
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "dtype"), COMPILED_CASES, ids=str)
-@torch.no_grad()
+@torch.inference_mode()  # as generate's: its states are inference tensors too, which a graph guards on
 def test_a_model_cast_to_16_bits_decodes_compiled(case: str, dtype: torch.dtype) -> None:
     """The compiled step of a 16-bit model (one layer of each kind): the fp32 model's logits within
     :data:`SIXTEEN_BIT_TOLERANCE` along a fixed token path, recurrent states fp32, and
