@@ -239,6 +239,7 @@ class LanguageModelDataModule(SplitsDataModule):
         max_documents: int | None = None,
         text_field: str = "text",
         separate_documents: bool = True,
+        documents: str = "joined",
         tokenizer_path: str | None = None,
         tokenizer_sample_bytes: int = 100_000_000,
         vocab_size: int = 4096,
@@ -276,6 +277,9 @@ class LanguageModelDataModule(SplitsDataModule):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise DataError(f"data.{field}={value!r} must be a positive number of documents (or null: "
                                 f"data.{field.split('_')[0]}_fraction)")
+        if documents not in ("joined", "apart"):
+            raise DataError(f"data.documents={documents!r} is unknown: use joined (a block's documents run on into "
+                            "each other) or apart (each block says where its documents start: position_ids)")
         if token_budget is not None and token_budget < 1:
             raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
         paths = plain_paths(paths)  # plain types only: checkpoints load with weights_only=True
@@ -382,11 +386,11 @@ class LanguageModelDataModule(SplitsDataModule):
         if len(chosen["train"]) == 0:
             raise DataError(f"data={h.name}: holding out {', '.join(wanted)} leaves no training document: lower "
                             "data.val_fraction / data.test_fraction (or *_documents)")
-        block = h.seq_len + 1
-        splits = {split: PackedBlocks(train, documents, block) for split, documents in chosen.items()}
-        splits |= {split: PackedBlocks(store, np.arange(store.documents), block) for split, store in stores.items()
-                   if split != "train"}
-        splits.setdefault("test", PackedBlocks(train, np.zeros(0, np.int64), block))  # test_fraction=0: none
+        block, apart = h.seq_len + 1, h.get("documents", "joined") == "apart"
+        splits = {split: PackedBlocks(train, documents, block, apart) for split, documents in chosen.items()}
+        splits |= {split: PackedBlocks(store, np.arange(store.documents), block, apart)
+                   for split, store in stores.items() if split != "train"}
+        splits.setdefault("test", PackedBlocks(train, np.zeros(0, np.int64), block, apart))  # test_fraction=0: none
         for split in ("train", "val", *(["test"] if splits["test"].documents else [])):
             if len(splits[split]) == 0:
                 raise DataError(

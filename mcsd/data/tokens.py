@@ -332,11 +332,17 @@ def open_or_build(source: DocumentSource, folder: Path, tokenizer: Tokenizer, se
 class PackedBlocks(torch.utils.data.Dataset):
     """Blocks of ``block`` tokens cut from the concatenated tokens of ``documents`` (indices
     into ``store``, in corpus order); the remainder shorter than a block is dropped. Item ``i``
-    is ``{"input_ids": LongTensor[block]}``, read from the memory-mapped shards."""
+    is ``{"input_ids": LongTensor[block]}``, read from the memory-mapped shards, and with
+    ``position_ids`` (documents apart) ``"position_ids": LongTensor[block]`` too: each token's
+    position in its document, 0 where one starts. A document that runs on from the block before
+    starts again at 0 here (a block is trained apart from the one before it: the model sees the
+    document's cut-off end as a document of its own)."""
 
-    def __init__(self, store: TokenStore, documents: np.ndarray, block: int) -> None:
-        self.store, self.block = store, block
+    def __init__(self, store: TokenStore, documents: np.ndarray, block: int, position_ids: bool = False) -> None:
+        self.store, self.block, self.position_ids = store, block, position_ids
         documents = np.sort(np.asarray(documents, dtype=np.int64))
+        # Where each document starts in the concatenation (empty documents start where the next does).
+        self.document_offset = np.concatenate([[0], np.cumsum(store.lengths[documents])])[:-1]
         # Runs: documents that follow each other in one shard are one contiguous range of tokens.
         shard, start, length = (store.shard_of[documents], store.start_in_shard[documents],
                                 store.lengths[documents])
@@ -366,4 +372,14 @@ class PackedBlocks(torch.utils.data.Dataset):
             low += take
             run += 1
         tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        return {"input_ids": torch.from_numpy(tokens.astype(np.int64))}
+        item = {"input_ids": torch.from_numpy(tokens.astype(np.int64))}
+        if self.position_ids:
+            item["position_ids"] = torch.from_numpy(self.positions_in_documents(index * self.block))
+        return item
+
+    def positions_in_documents(self, low: int) -> np.ndarray:
+        """The position of each token of the block starting at ``low`` in its own document, the
+        block's first token at 0 whatever came before it."""
+        where = np.arange(low, low + self.block)
+        starts = self.document_offset[np.searchsorted(self.document_offset, where, side="right") - 1]
+        return where - np.maximum(starts, low)

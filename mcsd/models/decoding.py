@@ -35,12 +35,13 @@ class DecodingMixin:
     streams: nn.Module
 
     if TYPE_CHECKING:
-        def run(self, input_ids: torch.Tensor, state: DecodingState, form: str) -> tuple[torch.Tensor, DecodingState]: ...
+        def run(self, input_ids: torch.Tensor, state: DecodingState, form: str,
+                position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, DecodingState]: ...
         def init_state(self, batch_size: int, capacity: int = 0) -> DecodingState: ...
 
     def prefill(
         self, input_ids: torch.Tensor, state: DecodingState | None = None, max_new_tokens: int = 0,
-        form: str = PREFILL_FORM,
+        form: str = PREFILL_FORM, position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, DecodingState]:
         """Process a prompt (or continue ``state`` with more tokens), in the chunkwise form
         unless ``form`` says otherwise.
@@ -49,10 +50,22 @@ class DecodingMixin:
         number of :meth:`step` calls may follow; ``max_new_tokens`` is only a hint (a KV
         cache preallocates that much room and otherwise grows geometrically). The state is
         advanced in place: ``copy.deepcopy`` a state that is to be continued twice.
+
+        ``position_ids`` ``[B, N]``: a packed prompt of documents apart (:meth:`CausalLM.run`);
+        decoding goes on in each row's last document, which every row must end at the same
+        position of (one position for the batch's steps).
         """
         if state is None:
             state = self.init_state(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
-        hidden, state = self.run(input_ids, state, form)
+        hidden, state = self.run(input_ids, state, form, position_ids)
+        if position_ids is not None:
+            ends = position_ids[:, -1] + 1
+            if not bool((ends == ends[0]).all()):
+                raise ValueError(f"position_ids: the rows end at positions {ends.tolist()} of their last documents; "
+                                 "decoding steps every row at one position: prefill rows that end alike")
+            length = int(ends[0])
+            state = DecodingState(position=length, layers=[layer.last_document(layer_state, length)
+                                                           for layer, layer_state in zip(self.layers, state.layers)])
         return self.lm_head(hidden[:, -1]), state
 
     def step(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:

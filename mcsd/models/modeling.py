@@ -68,6 +68,12 @@ class Layer(nn.Module):
         mlp = self.mlp.init_state(batch_size, capacity, device, dtype) if self.mlp_has_state else None
         return LayerState(self.mixer.init_state(batch_size, capacity, device, dtype), mlp)
 
+    def last_document(self, layer_state: LayerState, length: int) -> LayerState:
+        """The layer's state after a packed run, for decoding its last document (of ``length``
+        tokens) on (:meth:`TokenMixer.last_document`)."""
+        mlp = self.mlp.last_document(layer_state.mlp, length) if self.mlp_has_state else layer_state.mlp
+        return LayerState(self.mixer.last_document(layer_state.mixer, length), mlp)
+
     def reset_parameters(self) -> None:
         for module in (self.mixer_norm, self.mixer, self.mlp_norm, self.mlp):
             if module is not None:
@@ -76,25 +82,33 @@ class Layer(nn.Module):
     def residual_weights(self) -> list[nn.Parameter]:
         return [*(self.mlp.residual_weights() if self.mlp is not None else []), *self.mixer.residual_weights()]
 
+    @property
+    def separates_documents(self) -> bool:
+        """Whether the layer's mixer (and a stateful MLP) keep documents apart (``position_ids``)."""
+        return self.mixer.separates_documents and (not self.mlp_has_state or self.mlp.separates_documents)
+
     def forward(
-        self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str
+        self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LayerState]:
         """With ``activation_checkpointing``, a pass that builds a graph from a fresh state (training)
         keeps only the layer's input and computes its activations again in the backward."""
         if self.activation_checkpointing and layer_state is None and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, layer_state, position, form, use_reentrant=False)
-        return self._forward(x, layer_state, position, form)
+            return checkpoint(self._forward, x, layer_state, position, form, position_ids, use_reentrant=False)
+        return self._forward(x, layer_state, position, form, position_ids)
 
     def _forward(
-        self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str
+        self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LayerState]:
         mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)
-        mixed, mixer_state = self.mixer(self.mixer_norm(x), mixer_state, position, form)
+        documents = {} if position_ids is None else {"position_ids": position_ids}
+        mixed, mixer_state = self.mixer(self.mixer_norm(x), mixer_state, position, form, **documents)
         h = x + mixed
         if self.mlp is None:
             return h, LayerState(mixer_state, None)
         if self.mlp_has_state:
-            out, mlp_state = self.mlp(self.mlp_norm(h), mlp_state, position, form)
+            out, mlp_state = self.mlp(self.mlp_norm(h), mlp_state, position, form, **documents)
         else:
             out = self.mlp(self.mlp_norm(h))
         return h + out, LayerState(mixer_state, mlp_state)
@@ -272,40 +286,59 @@ class CausalLM(DecodingMixin, nn.Module):
         layers = [layer.init_state(batch_size, capacity, device, dtype) for layer in self.layers]
         return DecodingState(position=0, layers=layers)
 
-    def run(self, input_ids: torch.Tensor, state: DecodingState, form: str) -> tuple[torch.Tensor, DecodingState]:
+    @property
+    def separates_documents(self) -> bool:
+        """Whether every layer keeps the documents of a packed batch apart (``position_ids``)."""
+        return all(layer.separates_documents for layer in self.layers)
+
+    def run(
+        self, input_ids: torch.Tensor, state: DecodingState, form: str, position_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, DecodingState]:
         """Continue ``state`` with ``input_ids`` ``[B, N]`` in ``form``: the final-normed hidden states
-        ``[B, N, D]`` of every position and the state after them."""
+        ``[B, N, D]`` of every position and the state after them. ``position_ids`` ``[B, N]`` (each
+        token's position in its own document, 0 where one starts; Hugging Face's convention for a
+        packed batch) keeps documents apart: the state after them is the last document's."""
         if form not in self.architecture.forms:
             raise ConfigError(f"form={form!r} is not a form of {self.architecture.name}: use one of "
                               f"{', '.join(self.architecture.forms)}")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, length]")
+        if position_ids is not None:
+            if not self.separates_documents:
+                raise ConfigError(f"{self.architecture.name} cannot keep the documents of a packed batch apart yet: "
+                                  "use data.documents=joined")
+            if position_ids.shape != input_ids.shape:
+                raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}: expected input_ids' "
+                                 f"{tuple(input_ids.shape)}")
         x = self.streams.split(self.embed(input_ids))
         layers = []
         for layer, layer_state in zip(self.layers, state.layers):
-            x, layer_state = layer(x, layer_state, state.position, form)
+            x, layer_state = layer(x, layer_state, state.position, form, position_ids)
             layers.append(layer_state)
         hidden = self.streams.merge(self.final_norm(x))
         return hidden, DecodingState(position=state.position + input_ids.shape[1], layers=layers)
 
     def forward(
-        self, input_ids: torch.Tensor, form: str | None = None, positions: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, form: str | None = None, positions: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits ``[B, N, vocab]`` for every position (training and scoring), or ``[P, vocab]`` at
         ``positions`` alone (indices into the flattened ``[B * N]`` positions: the LM head reads
-        only those, e.g. MQAR's answers). A forward call, so FSDP2 gathers the root's weights."""
-        hidden = self.hidden_states(input_ids, form)
+        only those, e.g. MQAR's answers). A forward call, so FSDP2 gathers the root's weights.
+        ``position_ids``: documents apart in a packed batch (:meth:`run`)."""
+        hidden = self.hidden_states(input_ids, form, position_ids)
         return self.lm_head(hidden if positions is None else hidden.flatten(0, 1)[positions])
 
     def loss(
         self, input_ids: torch.Tensor, targets: torch.Tensor, form: str | None = None,
-        positions: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean next-token cross-entropy (fp32) of :meth:`forward`'s logits against ``targets``
         ``[B, N]`` (``-100``: not scored), and the logits: what a training step differentiates.
         With ``positions`` (indices into the flattened ``[B * N]`` positions, e.g. MQAR's answers),
-        the LM head reads those positions alone and ``targets`` ``[P]`` are theirs."""
-        logits = self(input_ids, form, positions)
+        the LM head reads those positions alone and ``targets`` ``[P]`` are theirs.
+        ``position_ids``: documents apart in a packed batch (:meth:`run`)."""
+        logits = self(input_ids, form, positions, position_ids)
         return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten()), logits
 
     def loss_function(
@@ -318,11 +351,13 @@ class CausalLM(DecodingMixin, nn.Module):
             return self.loss
         return compiled_method(_COMPILED_LOSSES, self, "loss")
 
-    def hidden_states(self, input_ids: torch.Tensor, form: str | None = None) -> torch.Tensor:
+    def hidden_states(
+        self, input_ids: torch.Tensor, form: str | None = None, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The final-normed hidden states ``[B, N, D]`` that the LM head reads (a loss on a few
         positions applies ``lm_head`` to those alone)."""
         fresh = DecodingState(position=0, layers=[None] * len(self.layers))
-        hidden, _ = self.run(input_ids, fresh, form or self.default_form)
+        hidden, _ = self.run(input_ids, fresh, form or self.default_form, position_ids)
         return hidden
 
 

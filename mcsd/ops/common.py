@@ -45,3 +45,13 @@ def _constant_tensor(values: tuple[float, ...], device: torch.device, dtype: tor
 
 
 _cached_constant_tensor = functools.lru_cache(maxsize=None)(_constant_tensor)
+
+
+def document_index(starts: torch.Tensor, length: int | None = None) -> torch.Tensor:
+    """The document of each position of a packed batch, ``[B, length]`` int64, from ``starts``
+    ``[B, N]`` (True where a document starts: no state reaches that token from before it): how
+    many documents started at or before the position, so 0 is the document an initial state
+    belongs to. Positions past ``N`` (a form's padding) keep the last position's document."""
+    index = starts.long().cumsum(1)
+    extra = (length or index.shape[1]) - index.shape[1]
+    return torch.cat([index, index[:, -1:].expand(-1, extra)], 1) if extra > 0 else index

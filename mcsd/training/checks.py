@@ -9,6 +9,7 @@ import torch
 from omegaconf import DictConfig
 
 from mcsd.errors import MCSDError
+from mcsd.models import build_model
 from mcsd.ops.kernels import KERNELS, kernels_problem
 
 
@@ -50,6 +51,7 @@ def run_problems(cfg: DictConfig) -> Iterator[str]:
         if not by_epochs and (not isinstance(max_steps, int) or max_steps < 1):
             yield (f"trainer.max_steps={max_steps} must be a positive number of steps "
                    "(or set data.token_budget=TOKENS, or trainer.max_steps=-1 with trainer.max_epochs=N)")
+    yield from documents_problems(cfg)
     yield from optimization_problems(cfg.get("optimizer"), cfg.get("scheduler"),
                                       max_steps if cfg.data.get("token_budget") is None else None)
 
@@ -87,3 +89,20 @@ def optimization_problems(optimizer: DictConfig | None, scheduler: DictConfig | 
     elif isinstance(steps, int) and steps >= 1 and warmup > steps:
         yield (f"scheduler.warmup_steps={warmup} is longer than the run (trainer.max_steps={steps}): give at most "
                f"{steps} (or auto: a tenth of the run, {max(steps // 10, 1)}), or more trainer.max_steps")
+
+
+DOCUMENTS = ("joined", "apart")
+
+
+def documents_problems(cfg: DictConfig) -> Iterator[str]:
+    """``data.documents``: one of :data:`DOCUMENTS`; ``apart`` only for a model whose every layer
+    keeps the documents of a packed batch apart (built on the meta device to ask it)."""
+    documents = cfg.data.get("documents", "joined")
+    if documents not in DOCUMENTS:
+        yield f"data.documents={documents} is unknown: use one of {', '.join(DOCUMENTS)}"
+    elif documents == "apart" and cfg.get("model") is not None:
+        with torch.device("meta"):
+            model = build_model(cfg.model)
+        if not model.separates_documents:
+            yield (f"data.documents=apart: {model.architecture.name} cannot keep the documents of a packed batch apart "
+                   "yet: use data.documents=joined")

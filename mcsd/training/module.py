@@ -143,7 +143,11 @@ class LanguageModelModule(L.LightningModule):
             loss, logits = self.model.loss_function(self.compile)(ids, targets, positions=positions)
             return loss, logits[None], targets[None]  # [1, scored, vocab], [1, scored]
         targets = ids[:, 1:]
-        loss, logits = self.model.loss_function(self.compile)(ids[:, :-1], targets)
+        if "position_ids" in batch:  # data.documents=apart: each block says where its documents start
+            loss, logits = self.model.loss_function(self.compile)(ids[:, :-1], targets,
+                                                                  position_ids=batch["position_ids"][:, :-1])
+        else:
+            loss, logits = self.model.loss_function(self.compile)(ids[:, :-1], targets)
         return loss, logits, targets
 
     def _training_flops(self, batch: dict[str, torch.Tensor]) -> int:

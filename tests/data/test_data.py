@@ -169,6 +169,35 @@ def test_blocks_cross_shards_and_parallel_tokenization_writes_the_same_tokens(tm
     assert torch.equal(blocks_of(PackedBlocks(sharded, some, 17)), packed([documents[i] for i in some], 17))
 
 
+def test_blocks_of_documents_apart_say_where_each_document_starts(tmp_path: Path) -> None:
+    """data.documents=apart: each block's position_ids count from 0 at every document's first
+    token (its separator) and at the block's first token (a document running on from the block
+    before starts again there); in a store without separators as well (the store keeps each
+    document's length). An empty document never reaches a store: the corpus leaves it out."""
+    texts = [make_text(0, 12), " \n", *(make_text(i, 5 + 7 * i) for i in range(1, 6))]
+    source = corpus_sources({"source": "text_files", "paths": [str(write_jsonl(tmp_path / "a.jsonl", texts))]},
+                            tmp_path / "hf")["train"]
+    tokenizer = train_tokenizer(texts, 300)
+    eos = tokenizer.token_to_id(EOS_TOKEN)
+    store = build_store(source, tmp_path / "store", tokenizer, eos, num_proc=1)
+    chosen = np.array([0, 2, 3, 5])
+    blocks = PackedBlocks(store, chosen, 17, position_ids=True)
+    assert torch.equal(blocks_of(blocks), blocks_of(PackedBlocks(store, chosen, 17)))  # the same tokens
+    running_on = torch.cat([torch.arange(store.lengths[number]) for number in chosen])  # across blocks
+    for index in range(len(blocks)):
+        item = blocks[index]
+        assert torch.equal(item["position_ids"] == 0, (item["input_ids"] == eos) | (torch.arange(17) == 0)), index
+        expected = running_on[index * 17:(index + 1) * 17].clone()
+        before_a_start = torch.cumsum(expected == 0, 0) == 0
+        expected[before_a_start] -= expected[0]  # the block's first document, cut: from 0 here
+        assert torch.equal(item["position_ids"], expected), index
+    assert store.documents == len(texts) - 1  # the whitespace-only one left out
+    joined = build_store(source, tmp_path / "joined", tokenizer, None, num_proc=1)
+    first, second = (int(length) for length in joined.lengths[[0, 1]])
+    positions = PackedBlocks(joined, np.array([0, 1]), first + second, position_ids=True)[0]["position_ids"]
+    assert torch.equal(positions, torch.cat([torch.arange(first), torch.arange(second)]))
+
+
 def write_jsonl(path: Path, texts: list[str]) -> Path:
     path.write_text("\n".join(json.dumps({"text": text}) for text in texts))
     return path
@@ -357,6 +386,7 @@ def test_each_pass_is_distributed_samplers_order(replicas: int, drop_last: bool)
         ({"val_documents": 0}, "data.val_documents=0 must be a positive number of documents"),
         ({"paths": {"dev": ["a.txt"]}}, "data.paths names splits .'dev'.: use train (required), val and test"),
         ({"sample_by": "word"}, "data.sample_by='word' is unknown: use one of auto, document, paragraph, line, piece"),
+        ({"documents": "separate"}, "data.documents='separate' is unknown: use joined"),
     ],
 )
 def test_bad_data_settings_name_the_field(tmp_path: Path, options: dict, message: str) -> None:

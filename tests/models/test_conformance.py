@@ -296,3 +296,48 @@ def test_every_attention_call_at_the_paper_size_has_a_fused_kernel_width(name: s
     assert all(width % FUSED_WIDTH_MULTIPLE == 0 for widths in recorded.widths for width in widths), recorded.widths
     has_attention = any(layer.mixer.state_rewinds for layer in model.layers)
     assert bool(recorded.widths) == has_attention
+
+
+DOCUMENT_LENGTHS = [1, 2, 63, 64, 65, 301]
+
+
+def document_position_ids(lengths: list[int]) -> torch.Tensor:
+    """``[1, sum(lengths)]``: each token's position in its document (0 where one starts)."""
+    return torch.cat([torch.arange(length) for length in lengths])[None]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_packed_batch_gives_each_document_what_it_gets_alone(case: str) -> None:
+    """Documents of lengths 1, 2, 63, 64, 65 and 301 packed in one row (``position_ids``): in every
+    form each document's logits are those it gets alone (fp64: to round-off, or to MCSD's fp32
+    constants), the gradients of a loss over the packed row are the sum of each document's alone,
+    and the state after the row is the last document's, which decodes on as it does. An
+    architecture that cannot keep documents apart yet refuses them in one line."""
+    architecture = registry.get(case.split("/")[0])
+    model = tiny_model(case, chunk_size=16).double()
+    position_ids = document_position_ids(DOCUMENT_LENGTHS)
+    input_ids = torch.randint(0, 101, position_ids.shape)
+    if not model.separates_documents:
+        with pytest.raises(mcsd.ConfigError, match="cannot keep the documents of a packed batch apart yet: use "
+                                                   "data.documents=joined"):
+            model(input_ids, position_ids=position_ids)
+        return
+    tolerance = 1e-6 if architecture.fp32_constants else 1e-12
+    documents = input_ids.split(DOCUMENT_LENGTHS, dim=1)
+    weights = torch.randn(*input_ids.shape, 101, dtype=torch.float64)
+    for form in architecture.forms:
+        model.zero_grad()
+        packed = model(input_ids, form=form, position_ids=position_ids)
+        (packed * weights).sum().backward()
+        packed_gradients = [parameter.grad.clone() for parameter in model.parameters()]
+        model.zero_grad()
+        alone = [model(document, form=form) for document in documents]
+        sum((logits * part).sum() for logits, part in zip(alone, weights.split(DOCUMENT_LENGTHS, dim=1))).backward()
+        assert relative_rms_error(packed, torch.cat(alone, dim=1)) < tolerance, form
+        for (name, parameter), gradient in zip(model.named_parameters(), packed_gradients):
+            assert relative_rms_error(gradient, parameter.grad) < tolerance, (form, name)
+    with torch.no_grad():
+        _, state = model.prefill(input_ids, position_ids=position_ids)
+        _, alone_state = model.prefill(documents[-1])
+        next_token = torch.tensor([7])
+        assert relative_rms_error(model.step(next_token, state)[0], model.step(next_token, alone_state)[0]) < tolerance

@@ -120,3 +120,32 @@ def test_the_chunk_forms_carry_stays_fp32_under_autocast() -> None:
         autocast = chunk_exp_filter(x, LOG_DECAY, initial, chunk_size=16)
     assert autocast[1].dtype == torch.float32
     assert torch.equal(autocast[0], plain[0]) and torch.equal(autocast[1], plain[1])
+
+
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
+def test_documents_apart_are_each_filtered_alone(chunk_size: int) -> None:
+    """``starts``: row 0 packs documents of lengths 1, 2, 63, 64, 65, 22 (one starting at each
+    chunk edge and inside chunks), row 1 one document continuing the initial state then one of
+    its own. Every form gives each document its output alone (the initial state only the first
+    document of a row that does not start one) and the last document's final state."""
+    lengths = [[1, 2, 63, 64, 65, 22], [100, 117]]
+    length = 217
+    x = torch.randn(2, 3, length, 4, dtype=torch.float64)
+    initial = torch.randn(2, 3, 4, dtype=torch.float64)
+    starts = torch.zeros(2, length, dtype=torch.bool)
+    for row, parts in enumerate(lengths):
+        starts[row, torch.tensor([0, *parts[:-1]]).cumsum(0)] = True
+    starts[1, 0] = False  # row 1's first document goes on from the initial state
+    forms = {"parallel": parallel_exp_filter, "recurrent": recurrent_exp_filter,
+             "chunk": lambda *arguments: chunk_exp_filter(*arguments[:3], chunk_size, arguments[3])}
+    for row, parts in enumerate(lengths):
+        pieces, state, offset = [], None, 0
+        for number, part in enumerate(parts):
+            carried = initial[row:row + 1] if number == 0 and not starts[row, 0] else None
+            piece, state = parallel_exp_filter(x[row:row + 1, :, offset:offset + part], LOG_DECAY, carried)
+            pieces.append(piece)
+            offset += part
+        for name, form in forms.items():
+            y, final = form(x, LOG_DECAY, initial, starts)
+            assert relative_rms_error(y[row:row + 1], torch.cat(pieces, dim=2)) < TOLERANCE, (name, row)
+            assert relative_rms_error(final[row:row + 1], state) < TOLERANCE, (name, row)

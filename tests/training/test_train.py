@@ -249,6 +249,35 @@ def test_steps_typed_on_the_command_line_win_over_an_experiments_budget(tmp_path
             in train_refusal(tmp_path / "both", *FAST, "data.token_budget=1500"))
 
 
+def test_documents_apart_reach_the_loss_and_a_model_that_cannot_keep_them_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """data.documents=apart: every training and validation step's loss gets its blocks'
+    position_ids (each input token's position in its document: 0 at each separator and at the
+    block's start); an architecture that cannot keep documents apart, or an unknown setting, is
+    refused in one line before anything is built."""
+    calls = []
+    loss = mcsd.CausalLM.loss
+
+    def recorded(model: mcsd.CausalLM, input_ids: torch.Tensor, *arguments: object, **keywords: object) -> object:
+        if input_ids.device.type != "meta":  # not the FLOP count on the meta device (elementwise masks: no FLOPs)
+            calls.append((input_ids, keywords.get("position_ids")))
+        return loss(model, input_ids, *arguments, **keywords)
+
+    monkeypatch.setattr(mcsd.CausalLM, "loss", recorded)
+    train(compose_train(tmp_path / "apart", *FAST, "trainer.max_steps=2", "data.documents=apart", "logger=csv",
+                        "test_after_training=false"))
+    assert len(calls) >= 2 + 2 and all(position_ids is not None for _, position_ids in calls)
+    eos = Tokenizer.from_file(str(tmp_path / "apart" / "model" / "tokenizer.json")).token_to_id("<|endoftext|>")
+    for input_ids, position_ids in calls:
+        assert position_ids.shape == input_ids.shape and (position_ids[:, 0] == 0).all()
+        assert torch.equal((position_ids == 0)[:, 1:], (input_ids == eos)[:, 1:])
+    assert ("data.documents=apart: transformer cannot keep the documents of a packed batch apart yet: use "
+            "data.documents=joined") in train_refusal(tmp_path / "refused", *FAST, "model=transformer",
+                                                      "data.documents=apart")
+    assert "data.documents=separate is unknown: use one of joined, apart" in train_refusal(
+        tmp_path / "unknown", *FAST, "data.documents=separate")
+
+
 def test_bf16_mixed_precision_trains(tmp_path: Path) -> None:
     train(compose_train(tmp_path, *FAST, "trainer.max_steps=3", "trainer.precision=bf16-mixed", "logger=csv"))
     losses = series(read_metrics(tmp_path), "train/loss")

@@ -136,13 +136,16 @@ class MCSDBlock(TokenMixer):
         projected = self.in_proj(x.view(*x.shape[:-1], self.num_channels, self.channel_width))
         return list(zip(*[iter(projected.split(self.channel_width, dim=-1))] * 2))
 
+    separates_documents = True  # the histories restart at each document (filter_histories' position_ids)
+
     def forward(
-        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int, form: str
+        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int, form: str,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         batch, length, hidden = x.shape
         inputs = self.section_inputs(x)
         mixed = filter_histories([history for _, history in inputs], [section.history for section in self.sections],
-                                 layer_state, position, form, self.chunk_size, self.kernels)
+                                 layer_state, position, form, self.chunk_size, self.kernels, position_ids)
         thetas = [section.gate(history, current) for section, (current, _), (history, _) in zip(self.sections, inputs, mixed)]
         return self.out_proj(self.fuse(thetas, batch, length, hidden)), [state for _, state in mixed]
 

@@ -25,6 +25,7 @@ from torch import nn
 from mcsd.models.config import LMConfig
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.modules.rotary import rotary, rotary_step
+from mcsd.ops.common import document_index
 from mcsd.ops.flops import attention_flops
 
 
@@ -89,6 +90,7 @@ class CausalSelfAttention(TokenMixer):
     (the Transformer's, the hybrid's)."""
 
     state_rewinds = True  # the KV cache holds each position's key and value
+    separates_documents = True  # a mask of each query's own document, rotary from each document's start
 
     def __init__(self, config: LMConfig) -> None:
         super().__init__()
@@ -121,11 +123,17 @@ class CausalSelfAttention(TokenMixer):
         return None
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None, position: int, form: str
+        self, x: torch.Tensor, cache: KVCache | None, position: int, form: str,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         batch, length, hidden = x.shape
         qkv = self.qkv_proj(x).view(batch, length, 3, self.num_heads, self.head_width)
         query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, N, Dh]
+        if position_ids is not None:
+            if position != 0:
+                raise ValueError("documents apart (position_ids) start from no state: attention has no way to "
+                                 "continue a cache into a packed batch")
+            return self._documents_apart(query, key, value, position_ids)
         query = rotary(query, position, self.rope_base)
         key = rotary(key, position, self.rope_base)
         bias = self.key_bias(value)
@@ -140,6 +148,29 @@ class CausalSelfAttention(TokenMixer):
                 cache = self.init_state(batch, position + length, x.device, key.dtype)
             attended = self._attend_cached(query, key, value, bias, cache, position, block)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, hidden)), cache
+
+    def _documents_apart(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, KVCache]:
+        """Every form with documents apart (``position_ids`` ``[B, N]``): rotary at each token's
+        position in its document, each query attending to the keys of its own document up to
+        itself (one masked SDPA call: a block-diagonal causal mask, ``[B, 1, N, N]``). The cache
+        returned holds every position; :meth:`last_document` keeps the last document's for decoding."""
+        batch, _, length, _ = query.shape
+        query, key = (rotary(part, position_ids, self.rope_base) for part in (query, key))
+        bias = self.key_bias(value)
+        document = document_index(position_ids == 0)
+        causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+        visible = ((document[:, :, None] == document[:, None, :]) & causal)[:, None]  # [B, 1, N, N]
+        mask = visible if bias is None else bias[..., None, :].masked_fill(~visible, float("-inf"))
+        attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        cache = KVCache(key, value, bias)
+        return self.out_proj(attended.transpose(1, 2).reshape(batch, length, -1)), cache
+
+    def last_document(self, cache: KVCache, length: int) -> KVCache:
+        """The cache of a packed run's last ``length`` positions (its last document's) at positions
+        ``0..length-1``: what decoding that document on reads."""
+        return KVCache(*(None if part is None else part[:, :, -length:].clone() for part in cache._fields()))
 
     def step(
         self, x: torch.Tensor, cache: KVCache | None, position: int | torch.Tensor

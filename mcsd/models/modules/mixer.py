@@ -9,9 +9,13 @@ from torch import nn
 
 
 class TokenMixer(nn.Module):
-    """Interface of a token mixer: ``forward(x, layer_state, position, form) -> (y, new_state)``.
+    """Interface of a token mixer: ``forward(x, layer_state, position, form, position_ids=None)
+    -> (y, new_state)``.
 
-    ``x`` is ``[B, N, D]`` at absolute positions ``position .. position+N-1``;
+    ``x`` is ``[B, N, D]`` at absolute positions ``position .. position+N-1``, or, given
+    ``position_ids`` ``[B, N]`` (a packed batch of documents apart: each token's position in its
+    own document, 0 where one starts), at those: nothing of one document reaches another's tokens
+    (no state, no attention, no position), and the state returned is the last document's.
     ``layer_state`` is ``None`` at the start of a sequence. A mixer initialises its own
     parameters (``reset_parameters``) and names the weights that write into the residual
     stream (``residual_weights``, drawn at ``init_std``), which the skeleton scales to a depth-scaled std.
@@ -27,6 +31,10 @@ class TokenMixer(nn.Module):
     which ``FlopCounterMode`` counts; ``False`` where they are elementwise (RWKV-4's WKV), which
     it does not see."""
 
+    separates_documents: ClassVar[bool] = False
+    """Whether ``forward`` honours ``position_ids`` (documents apart in a packed batch); a model
+    with a mixer that does not refuses them in one line (:meth:`CausalLM.run`)."""
+
     state_rewinds: ClassVar[bool] = False
     """Whether the state keeps an entry per position (a KV cache), so that moving the position
     back forgets the tokens after it (assisted decoding's cache crop); a recurrent state has
@@ -36,6 +44,12 @@ class TokenMixer(nn.Module):
         """The state before the first token (``None`` where the mixer needs none);
         ``capacity`` is a hint of how many tokens will follow (a KV cache preallocates)."""
         return None
+
+    def last_document(self, state: Any, length: int) -> Any:
+        """The state after a packed run (``position_ids``) as decoding the run's last document on
+        needs it, that document being its last ``length`` tokens: a recurrent state is already
+        the last document's; a state with an entry per position (a KV cache) keeps its last ``length``."""
+        return state
 
     def reset_parameters(self) -> None:
         raise NotImplementedError(f"{type(self).__qualname__} must initialise its parameters")

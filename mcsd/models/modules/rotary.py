@@ -8,13 +8,17 @@ import functools
 import torch
 
 
-def rotary(x: torch.Tensor, position: int, base: float) -> torch.Tensor:
-    """Rotate ``x`` ``[B, H, N, Dh]`` at absolute positions ``position..`` (RoPE, half-split),
+def rotary(x: torch.Tensor, position: int | torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate ``x`` ``[B, H, N, Dh]`` at absolute positions ``position..`` (RoPE, half-split), or
+    at each token's own position (``position`` ``[B, N]``: documents apart, each from 0),
     computed in fp32 (fp64 for an fp64 ``x``)."""
     length, width = x.shape[2], x.shape[3]
     dtype = torch.promote_types(x.dtype, torch.float32)
-    positions = torch.arange(position, position + length, device=x.device, dtype=dtype)
-    angles = positions[:, None] * inverse_frequency(width, base, x.device, dtype)[None, :]
+    if isinstance(position, torch.Tensor):
+        positions = position.to(dtype)[:, None, :, None]  # [B, 1, N, 1]: every head alike
+    else:
+        positions = torch.arange(position, position + length, device=x.device, dtype=dtype)[:, None]
+    angles = positions * inverse_frequency(width, base, x.device, dtype)
     return _rotate(x, angles.cos(), angles.sin())
 
 

@@ -8,6 +8,13 @@ itself computed for all chunks at once, with a small ``[nc, nc]`` matrix of powe
 
 The sequence is zero-padded to a multiple of ``L`` with at least one extra position, so
 the final state is simply the output at position ``N`` (outputs are strictly causal).
+
+Documents apart (``starts``), exactly, as Mamba-2's ``seq_idx`` does: each position's document
+index (:func:`mcsd.ops.common.document_index`) masks the intra-chunk matrix to pairs of one
+document; a chunk's contribution to the state at its end keeps the tokens of the document open
+there; a carry from chunk ``c'`` reaches chunk ``c`` only if no document starts between them; the
+state at a chunk's start reaches only its tokens before the chunk's first start. The padding
+belongs to the last document, so the final state is the last document's.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mcsd.ops.common import in_state_dtype
+from mcsd.ops.common import document_index, in_state_dtype
 from mcsd.ops.exp_filter.parallel import (
     decay_powers,
     exp_filter_matrix,
@@ -29,6 +36,7 @@ def chunk_exp_filter(
     log_decay: torch.Tensor,
     initial_state: torch.Tensor | None = None,
     chunk_size: int = 64,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`parallel_exp_filter`, O(N * chunk_size) time and memory."""
     if chunk_size < 1:
@@ -39,13 +47,26 @@ def chunk_exp_filter(
     padded = F.pad(x, (0, 0, 0, num_chunks * chunk_size - length))
     chunks = padded.view(batch, channels, num_chunks, chunk_size, width)
 
+    if starts is not None:
+        index = document_index(starts, num_chunks * chunk_size).view(batch, num_chunks, chunk_size)
+        ends = index[:, :, -1]  # [B, nc]: the document open at each chunk's end
+        before = F.pad(ends, (1, 0))[:, :-1]  # ... and at its start (0: the initial state's)
+
     # Within a chunk: y[t] = sum_{s<t} a^(t-s) x[s].
     intra = exp_filter_matrix(log_decay, chunk_size).to(x.dtype)  # [C, L, L]
-    y = torch.matmul(intra[None, :, None], chunks).to(accumulate)
+    if starts is None:
+        y = torch.matmul(intra[None, :, None], chunks).to(accumulate)
+    else:  # pairs of one document: [B, C, nc, L, L]
+        same = (index[:, :, :, None] == index[:, :, None, :]).to(x.dtype)
+        y = torch.matmul(intra[None, :, None] * same[:, None], chunks).to(accumulate)
 
     # Each chunk's own contribution to the state at its end: sum_s a^(L-s) x[s].
     to_end = decay_powers(log_decay, chunk_size + 1).flip(-1)[:, :chunk_size]  # a^(L-s)
-    local = torch.einsum("cs,bcnsd->bcnd", to_end.to(x.dtype), chunks).to(accumulate)
+    if starts is None:
+        local = torch.einsum("cs,bcnsd->bcnd", to_end.to(x.dtype), chunks).to(accumulate)
+    else:  # the tokens of the document open at the chunk's end
+        open_at_end = (index == ends[:, :, None]).to(x.dtype)  # [B, nc, L]
+        local = torch.einsum("cs,bns,bcnsd->bcnd", to_end.to(x.dtype), open_at_end, chunks).to(accumulate)
 
     # State at the start of chunk c: sum_{c'<c} a^(L(c-1-c')) local[c'] + a^(Lc) h0.
     chunk_log_decay = log_decay.float() * chunk_size
@@ -55,13 +76,21 @@ def chunk_exp_filter(
     # nc is symbolic (torch 2.13; a product's backward reads the matrix transposed).
     carry = masked_powers(chunk_log_decay, distance, keep=distance >= 0).permute(1, 2, 0).contiguous()
     with in_state_dtype(x.device):  # the carry stays fp32 under autocast too
-        starts = torch.einsum("ijc,bcjd->bcid", carry.to(accumulate), local)  # [B, C, nc, D]
+        if starts is None:
+            chunk_starts = torch.einsum("ijc,bcjd->bcid", carry.to(accumulate), local)  # [B, C, nc, D]
+        else:  # from c' to c only within one document: [B, nc, nc, C]
+            unbroken = (ends[:, None, :] == before[:, :, None]).to(accumulate)
+            chunk_starts = torch.einsum("bijc,bcjd->bcid", carry.to(accumulate)[None] * unbroken[..., None], local)
     if initial_state is not None:
-        to_start = decay_powers(chunk_log_decay, num_chunks).to(accumulate)
-        starts = starts + to_start[None, :, :, None] * initial_state.to(accumulate)[:, :, None, :]
+        to_start = decay_powers(chunk_log_decay, num_chunks).to(accumulate)[None, :, :, None]  # [1, C, nc, 1]
+        if starts is not None:
+            to_start = to_start * (before == 0)[:, None, :, None]
+        chunk_starts = chunk_starts + to_start * initial_state.to(accumulate)[:, :, None, :]
 
-    # Inside chunk c the carried state reaches position t as a^t * start[c].
-    from_start = decay_powers(log_decay, chunk_size).to(accumulate)  # a^t
-    y = y + from_start[None, :, None, :, None] * starts[:, :, :, None, :]
+    # Inside chunk c the carried state reaches position t as a^t * start[c] (t of its document).
+    from_start = decay_powers(log_decay, chunk_size).to(accumulate)[None, :, None, :, None]  # a^t
+    if starts is not None:
+        from_start = from_start * (index == before[:, :, None])[:, None, :, :, None]
+    y = y + from_start * chunk_starts[:, :, :, None, :]
     y = y.reshape(batch, channels, num_chunks * chunk_size, width)
     return y[:, :, :length].to(x.dtype), y[:, :, length : length + 1].squeeze(2).clone()  # a state of its own

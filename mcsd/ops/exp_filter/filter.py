@@ -21,11 +21,14 @@ def exp_filter(
     form: str = "chunk",
     chunk_size: int = 64,
     kernels: str = "torch",
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
-    ``(output [B, C, N, D], final_state [B, C, D] fp32)``."""
+    ``(output [B, C, N, D], final_state [B, C, D] fp32)``. ``starts`` ``[B, N]`` bool: where the
+    documents of a packed batch start (the PyTorch forms; fla's adapter takes none yet)."""
     return dispatch(form, kernels, x.device, {
-        "parallel": functools.partial(parallel_exp_filter, x, log_decay, initial_state),
-        "chunk": functools.partial(chunk_exp_filter, x, log_decay, initial_state, chunk_size),
-        "recurrent": functools.partial(recurrent_exp_filter, x, log_decay, initial_state),
-    }, fla=functools.partial(fla_exp_filter, x, log_decay, initial_state, form))
+        "parallel": functools.partial(parallel_exp_filter, x, log_decay, initial_state, starts),
+        "chunk": functools.partial(chunk_exp_filter, x, log_decay, initial_state, chunk_size, starts),
+        "recurrent": functools.partial(recurrent_exp_filter, x, log_decay, initial_state, starts),
+    }, fla=functools.partial(fla_exp_filter, x, log_decay, initial_state, form),
+        fla_problem=lambda: None if starts is None else "fla's exp_filter adapter does not keep documents apart")

@@ -18,6 +18,10 @@ and convert at the boundaries: an averaged state times its weight sum on the way
 the final state divided on the way out. The recurrent form is the step (:func:`history_step`)
 token by token. Per-position constants come from tables built once per decay (eager calls) or
 are computed in a compiled graph (a symbolic or tensor position: one graph for every position).
+
+Documents apart in a packed batch (``position_ids`` ``[B, N]``: each token's position in its own
+document, 0 where one starts): the filter drops the state at every start, every divisor is read
+at the position in the document, and every document's first row is its token itself.
 """
 
 from __future__ import annotations
@@ -56,29 +60,36 @@ class History:
 
 
 def geometric_sum(log_decay: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """``sum_{k=0}^{count-1} a^k`` per channel and count, ``[C, len(count)]``, fp32.
+    """``sum_{k=0}^{count-1} a^k`` per channel and count, ``[C, *count.shape]``, fp32.
 
     ``expm1`` keeps it exact for decays close to 1.
     """
-    log_decay = log_decay.float()[:, None]
-    return torch.expm1(count.float()[None, :] * log_decay) / torch.expm1(log_decay)
+    log_decay = log_decay.float().view(-1, *([1] * count.dim()))
+    return torch.expm1(count.float()[None] * log_decay) / torch.expm1(log_decay)
 
 
 def history_weight_sum(log_decay: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The sum of row n's history weights, ``sum_{k=1}^{n} a^k``, ``[C, len(positions)]``: the
+    """The sum of row n's history weights, ``sum_{k=1}^{n} a^k``, ``[C, *positions.shape]``: the
     divisor of an averaged output. Position 0 (whose row is the token itself) gets 1 so that
     dividing there is harmless."""
-    denominator = torch.exp(log_decay.float())[:, None] * geometric_sum(log_decay, positions)
-    return torch.where(positions[None, :] == 0, torch.ones_like(denominator), denominator)
+    denominator = torch.exp(log_decay.float()).view(-1, *([1] * positions.dim())) * geometric_sum(log_decay, positions)
+    return torch.where(positions[None] == 0, torch.ones_like(denominator), denominator)
+
+
+def _row_weight_sums(log_decay: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """:func:`history_weight_sum` at per-row positions ``[B, *]``, batch first: ``[B, C, *]``."""
+    return history_weight_sum(log_decay, positions).transpose(0, 1)
 
 
 def filter_histories(
     histories: Sequence[torch.Tensor], groups: Sequence[History], states: Sequence[torch.Tensor | None] | None,
     position: int, form: str, chunk_size: int = 64, kernels: str = "torch",
+    position_ids: torch.Tensor | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each group's history ``[B, N, C, D]`` (channels last, as a block's projection gives them)
-    at absolute positions ``position..``, continuing its state (``None``: from nothing); returns
-    each group's ``(mixed [B, N, C, D] in the input's dtype, state [B, C, D] fp32)``.
+    at absolute positions ``position..`` (or, given ``position_ids`` ``[B, N]``, at each token's
+    position in its document: documents apart), continuing its state (``None``: from nothing);
+    returns each group's ``(mixed [B, N, C, D] in the input's dtype, state [B, C, D] fp32)``.
 
     The chunk form filters every group together (one set of batched products over all their
     channels); the parallel form filters each group alone (its ``[C, N+1, N]`` matrices are large
@@ -87,8 +98,12 @@ def filter_histories(
     """
     states = list(states) if states is not None else [None] * len(groups)
     if form == "recurrent":
+        if position_ids is not None:
+            return [_recurrent_documents(history, group, state, position_ids) for history, group, state in
+                    zip(histories, groups, states)]
         return [_recurrent_history(history, group, state, position) for history, group, state in
                 zip(histories, groups, states)]
+    starts = None if position_ids is None else position_ids == 0
     if form != "chunk" or len(groups) == 1:
         parts = [([history], [group], [state]) for history, group, state in zip(histories, groups, states)]
     else:
@@ -100,9 +115,10 @@ def filter_histories(
         log_decay = torch.cat([group.log_decay_tensor(channels_first.device) for group in part_groups])
         initial = None
         if part_states[0] is not None:
-            initial = torch.cat([_raw_state(group, state, position) for group, state in zip(part_groups, part_states)],
-                                dim=1)
-        filtered, final = exp_filter(channels_first, log_decay, initial, form, chunk_size, kernels)
+            state_position = position if position_ids is None else position_ids[:, 0]
+            initial = torch.cat([_raw_state(group, state, state_position)
+                                 for group, state in zip(part_groups, part_states)], dim=1)
+        filtered, final = exp_filter(channels_first, log_decay, initial, form, chunk_size, kernels, starts)
         # Slices, not split(): _finish may add token 0's row in place, which autograd allows on a
         # view of one slice but not on one of split()'s several. Each state a tensor of its own:
         # decoding advances them in place, and a compiled step given views of one base (two decay
@@ -112,15 +128,22 @@ def filter_histories(
             part = slice(start, start + group.num_channels)
             start = part.stop
             final_part = final[:, part].clone() if len(part_groups) > 1 else final
-            mixed.append(_finish(group, filtered[:, part], final_part, channels_first[:, part], position))
+            if position_ids is None:
+                mixed.append(_finish(group, filtered[:, part], final_part, channels_first[:, part], position))
+            else:
+                mixed.append(_finish_documents(group, filtered[:, part], final_part, channels_first[:, part],
+                                               position_ids))
     return mixed
 
 
-def _raw_state(group: History, state: torch.Tensor, position: int) -> torch.Tensor:
-    """The filter's initial state (a raw sum) from the group's state: an average times its weight sum."""
+def _raw_state(group: History, state: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+    """The filter's initial state (a raw sum) from the group's state: an average times its weight
+    sum (at ``position``, or at each row's: a ``[B]`` tensor)."""
     if not group.average_state:
         return state
     log_decay = group.log_decay_tensor(state.device)
+    if isinstance(position, torch.Tensor):
+        return state * _row_weight_sums(log_decay, position)[:, :, None]
     return state * history_weight_sum(log_decay, torch.tensor([position], device=state.device))[None]
 
 
@@ -145,6 +168,50 @@ def _finish(
         filtered[:, :, 0] += channels_first[:, :, 0].to(filtered.dtype)
     # The fp32 divisors promote a 16-bit input's output: back to its dtype (the state stays fp32).
     return filtered.transpose(1, 2).to(channels_first.dtype), final
+
+
+def _finish_documents(
+    group: History, filtered: torch.Tensor, final: torch.Tensor, channels_first: torch.Tensor,
+    position_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_finish` with each token's position in its document: divisors at those positions,
+    the final state's at the last document's count, and every document's row 0 its token."""
+    log_decay = group.log_decay_tensor(filtered.device)
+    if group.average_output:
+        filtered = filtered / _row_weight_sums(log_decay, position_ids)[..., None]  # [B, C, N, 1]
+    if group.average_state:
+        final = final / _row_weight_sums(log_decay, position_ids[:, -1] + 1)[:, :, None]
+    # Each document's first row: its token itself (the filter's output there is exactly 0).
+    filtered = filtered + channels_first.to(filtered.dtype) * (position_ids == 0)[:, None, :, None]
+    return filtered.transpose(1, 2).to(channels_first.dtype), final
+
+
+def _recurrent_documents(
+    history: torch.Tensor, group: History, state: torch.Tensor | None, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrent form with documents apart, token by token: a raw sum set to zero at each
+    start (an average needs nothing: its first update's weight is 1), constants per row."""
+    batch, length, channels, width = history.shape
+    if state is None:
+        state = history.new_zeros(batch, channels, width, dtype=torch.float32)
+    log_decay = group.log_decay_tensor(history.device)
+    decay = torch.exp(log_decay)[:, None]  # [C, 1]
+    outputs = []
+    for offset in range(length):
+        value, positions = history[:, offset], position_ids[:, offset]
+        first = (positions == 0)[:, None, None]
+        if not group.average_state:
+            state = state * ~first
+        output = torch.where(first, value, state.to(value.dtype))
+        if group.average_state:
+            weight = 1.0 / geometric_sum(log_decay, positions + 1).T[:, :, None]  # 1 / sum_{k=0}^{n} a^k
+            state = state + (value.float() - state) * weight
+        else:
+            if group.average_output:
+                output = (output / _row_weight_sums(log_decay, positions)[:, :, None]).to(value.dtype)
+            state = decay * (state + value.float())
+        outputs.append(output)
+    return torch.stack(outputs, dim=1), state
 
 
 def _recurrent_history(

@@ -33,9 +33,11 @@ def absorb_average_(state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) 
 
 
 def recurrent_exp_filter(
-    x: torch.Tensor, log_decay: torch.Tensor, initial_state: torch.Tensor | None = None
+    x: torch.Tensor, log_decay: torch.Tensor, initial_state: torch.Tensor | None = None,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`parallel_exp_filter`, one token at a time (reference for decoding)."""
+    """Same contract as :func:`parallel_exp_filter`, one token at a time (reference for decoding):
+    the state is set to zero before each document's start."""
     batch, channels, length, width = x.shape
     accumulate = state_dtype(x)
     state = (
@@ -45,6 +47,8 @@ def recurrent_exp_filter(
     )
     outputs = []
     for position in range(length):
+        if starts is not None:
+            state = state * ~starts[:, position, None, None]
         y, state = exp_filter_step(x[:, :, position], log_decay, state)
         outputs.append(y)
     return torch.stack(outputs, dim=2), state
