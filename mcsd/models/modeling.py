@@ -311,6 +311,8 @@ class CausalLM(DecodingMixin, nn.Module):
                 raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}: expected input_ids' "
                                  f"{tuple(input_ids.shape)}")
         x = self.streams.split(self.embed(input_ids))
+        if position_ids is not None and self.streams.count > 1:  # every stream's rows alike (stream-major)
+            position_ids = position_ids.repeat(self.streams.count, 1)
         layers = []
         for layer, layer_state in zip(self.layers, state.layers):
             x, layer_state = layer(x, layer_state, state.position, form, position_ids)

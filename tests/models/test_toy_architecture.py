@@ -18,7 +18,7 @@ from torch import nn
 
 import mcsd
 from helpers.models import relative_rms_error
-from helpers.runs import FAST, compose_train, read_metrics, series
+from helpers.runs import FAST, compose_train, read_metrics, series, train_refusal
 from mcsd.models import CausalLM, LMConfig, TokenMixer, registry
 from mcsd.plots.cost import model_label, plot_inference
 from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
@@ -96,11 +96,17 @@ def test_the_toy_is_registered_without_a_config_file(toy: registry.Architecture)
         reference = model(ids, form="parallel")
         assert relative_rms_error(decode_all(model, ids, split=10, hint=False), reference[:, 9:]) < 1e-6
         assert relative_rms_error(model(ids, form="recurrent"), reference) < 1e-6
+        # A mixer that does not say it keeps documents apart: a packed batch of them is refused.
+        with pytest.raises(mcsd.ConfigError, match="^toy cannot keep the documents of a packed batch apart yet: use "
+                                                   "data.documents=joined$"):
+            model(ids, position_ids=torch.arange(40).repeat(2, 1))
 
 
 def test_the_toy_trains_benches_plots_and_enters_the_comparison(toy: registry.Architecture, tmp_path: Path) -> None:
     compare = tmp_path / "compare"  # the layout of experiments/compare_architectures/<corpus>/
     run_dir = compare / "0"
+    assert ("data.documents=apart: toy cannot keep the documents of a packed batch apart yet: use "
+            "data.documents=joined") in train_refusal(tmp_path / "apart", "model=toy", *FAST, "data.documents=apart")
     train(compose_train(run_dir, "model=toy", *FAST, "logger=csv"))
     assert len(series(read_metrics(run_dir), "train/loss")) == 6
     loaded = mcsd.load(run_dir)

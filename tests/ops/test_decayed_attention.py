@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.documents import each_alone, packed_starts
 from helpers.models import relative_rms_error
+from mcsd.ops.common import FORMS
 from mcsd.ops.decayed_attention import (
     chunk_decayed_attention,
     decayed_attention,
@@ -217,3 +219,29 @@ def test_the_chunk_forms_carries_stay_fp32_under_autocast() -> None:
         autocast = chunk_decayed_attention(q, k, v, log_decay, initial, chunk_size=32)
     assert autocast[1].dtype == torch.float32
     assert torch.equal(autocast[0], plain[0]) and torch.equal(autocast[1], plain[1])
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["per_head", "per_token"])
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
+def test_documents_apart_are_each_attended_alone(chunk_size: int, per_token: bool) -> None:
+    """``starts`` (tests/helpers/documents.py), with RetNet's decay per head or an SSD's per
+    token: every form gives each document its output alone (the initial state only the first
+    document of a row that does not start one) and the last document's final state."""
+    starts = packed_starts()
+    batch, length = starts.shape
+    q, k = (torch.randn(batch, 3, length, 4, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(batch, 3, length, 5, dtype=torch.float64)
+    log_decay = -torch.rand(batch, 3, length, dtype=torch.float64) if per_token else HEAD_LOG_DECAY.double()
+    initial = torch.randn(batch, 3, 4, 5, dtype=torch.float64)
+
+    def alone(row: int, tokens: slice, carried: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        decay = log_decay[row:row + 1, :, tokens] if per_token else log_decay
+        return decayed_attention(q[row:row + 1, :, tokens], k[row:row + 1, :, tokens], v[row:row + 1, :, tokens],
+                                 decay, initial[row:row + 1] if carried else None, form="parallel")
+
+    for form in FORMS:
+        output, final = decayed_attention(q, k, v, log_decay, initial, form, chunk_size, starts=starts)
+        for row in range(batch):
+            expected, state = each_alone(alone, row, axis=2)
+            assert relative_rms_error(output[row:row + 1], expected) < TOLERANCE, (form, row)
+            assert relative_rms_error(final[row:row + 1], state) < TOLERANCE, (form, row)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.documents import each_alone, packed_starts
 from helpers.models import relative_rms_error
 from mcsd.ops.wkv import EMPTY_LOG_SCALE, FORMS, empty_wkv_state, wkv
 from mcsd.ops.wkv import chunk as wkv_chunk
@@ -173,3 +174,28 @@ def test_unknown_form_is_refused() -> None:
         wkv(w, u, k, v, form="chunked")
     with pytest.raises(ValueError, match="chunk_size=0"):
         wkv(w, u, k, v, chunk_size=0)
+
+
+@pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
+def test_documents_apart_are_each_read_alone(chunk_size: int) -> None:
+    """``starts`` (tests/helpers/documents.py): every form gives each document its wkv alone (the
+    initial state only the first document of a row that does not start one) and the last
+    document's final state; the token before a start is never read."""
+    starts = packed_starts()
+    batch, length, channels = starts.shape[0], starts.shape[1], 4
+    w, u = torch.rand(channels, dtype=torch.float64) + 0.1, torch.randn(channels, dtype=torch.float64)
+    k, v = torch.randn(batch, length, channels, dtype=torch.float64), torch.randn(batch, length, channels, dtype=torch.float64)
+    initial = wkv(w, u, torch.randn(batch, 5, channels, dtype=torch.float64),
+                  torch.randn(batch, 5, channels, dtype=torch.float64), form="parallel")[1]
+
+    def alone(row: int, tokens: slice, carried: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        return wkv(w, u, k[row:row + 1, tokens], v[row:row + 1, tokens], initial[row:row + 1] if carried else None,
+                   form="parallel")
+
+    for form in FORMS:
+        output, final = wkv(w, u, k, v, initial, form=form, chunk_size=chunk_size, starts=starts)
+        for row in range(batch):
+            expected, state = each_alone(alone, row, axis=1)
+            assert relative_rms_error(output[row:row + 1], expected) < TOLERANCE, (form, row)
+            assert relative_rms_error(final[row:row + 1, :2] * final[row:row + 1, 2:].exp(),
+                                      state[:, :2] * state[:, 2:].exp()) < TOLERANCE, (form, row)

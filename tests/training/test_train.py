@@ -249,7 +249,7 @@ def test_steps_typed_on_the_command_line_win_over_an_experiments_budget(tmp_path
             in train_refusal(tmp_path / "both", *FAST, "data.token_budget=1500"))
 
 
-def test_documents_apart_reach_the_loss_and_a_model_that_cannot_keep_them_is_refused(
+def test_documents_apart_reach_the_loss_and_an_unknown_setting_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """data.documents=apart: every training and validation step's loss gets its blocks'
     position_ids (each input token's position in its document: 0 at each separator and at the
@@ -271,9 +271,6 @@ def test_documents_apart_reach_the_loss_and_a_model_that_cannot_keep_them_is_ref
     for input_ids, position_ids in calls:
         assert position_ids.shape == input_ids.shape and (position_ids[:, 0] == 0).all()
         assert torch.equal((position_ids == 0)[:, 1:], (input_ids == eos)[:, 1:])
-    assert ("data.documents=apart: transformer cannot keep the documents of a packed batch apart yet: use "
-            "data.documents=joined") in train_refusal(tmp_path / "refused", *FAST, "model=transformer",
-                                                      "data.documents=apart")
     assert "data.documents=separate is unknown: use one of joined, apart" in train_refusal(
         tmp_path / "unknown", *FAST, "data.documents=separate")
 

@@ -57,17 +57,23 @@ class MultiScaleRetention(TokenMixer):
     def residual_weights(self) -> list[nn.Parameter]:
         return [self.out_proj.weight]
 
+    separates_documents = True  # -inf log-decay at each start, rotary from it
+
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, length, _ = x.shape
         query, key = self.qk_proj(x).view(batch, length, 2, self.num_heads, self.key_width).permute(2, 0, 3, 1, 4)
         value, gate = self.vg_proj(x).view(batch, length, 2, self.num_heads, self.value_width).unbind(2)
-        query = rotary(query, position, self.rope_base)
-        key = rotary(key, position, self.rope_base) / math.sqrt(self.key_width)
+        positions = position if position_ids is None else position_ids
+        query = rotary(query, positions, self.rope_base)
+        key = rotary(key, positions, self.rope_base) / math.sqrt(self.key_width)
         value = value.transpose(1, 2)
         log_decay = section_log_decay("decay", self.num_heads, x.device, state_dtype(value))  # log(1 - 2^(-5-h))
-        retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size, self.kernels)
+        starts = None if position_ids is None else position_ids == 0
+        retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size, self.kernels,
+                                            starts)
         mixed = self.norm(retained.transpose(1, 2)) * F.silu(gate)  # [B, N, H, dv]
         return self.out_proj(mixed.reshape(batch, length, -1)), state
 

@@ -22,11 +22,13 @@ def depth_ratios(layer_index: int, num_layers: int) -> tuple[float, float]:
     return (layer_index / (num_layers - 1) if num_layers > 1 else 0.0), 1.0 - layer_index / num_layers
 
 
-def token_shift(x: torch.Tensor, last: torch.Tensor | None) -> torch.Tensor:
+def token_shift(x: torch.Tensor, last: torch.Tensor | None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """``x_{t-1}`` for every position of ``x [B, N, D]``: ``last`` (the token before the
-    chunk, zeros at the start of a sequence) then ``x`` without its last token."""
+    chunk, zeros at the start of a sequence) then ``x`` without its last token; zeros at each
+    document's start too, given ``position_ids`` (documents apart)."""
     first = torch.zeros_like(x[:, :1]) if last is None else last[:, None].to(x.dtype)
-    return torch.cat([first, x[:, :-1]], dim=1)
+    shifted = torch.cat([first, x[:, :-1]], dim=1)
+    return shifted if position_ids is None else shifted.masked_fill((position_ids == 0)[..., None], 0.0)
 
 
 def mixing_coefficients(perspectives: int, width: int, count: int) -> list[nn.Parameter]:
@@ -77,14 +79,17 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         """The WKV over every channel; the token shift's blend of two neighbours is elementwise."""
         return wkv_flops(length, self.time_decay.numel(), form, self.chunk_size)
 
-    def forward(self, x: torch.Tensor, state, position: int, form: str):
+    separates_documents = True  # the token shift and the WKV restart at each document
+
+    def forward(self, x: torch.Tensor, state, position: int, form: str, position_ids: torch.Tensor | None = None):
         last, wkv_state = state if state is not None else (None, None)
-        shifted = token_shift(x, last)
+        shifted = token_shift(x, last, position_ids)
         k = self.key(mix(shifted, x, self.mix_k))
         v = self.value(mix(shifted, x, self.mix_v))
         r = self.receptance(mix(shifted, x, self.mix_r))
         mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, form=form,
-                               chunk_size=self.chunk_size, kernels=self.kernels)
+                               chunk_size=self.chunk_size, kernels=self.kernels,
+                               starts=None if position_ids is None else position_ids == 0)
         return self.output(torch.sigmoid(r) * mixed), (x[:, -1].to(state_dtype(x)), wkv_state)
 
     def step(self, x: torch.Tensor, state, position: int | torch.Tensor):
@@ -131,8 +136,10 @@ class ChannelMix(PerspectiveMixes, TokenMixer):
         """None: an MLP whose only tie between positions is the token shift (elementwise)."""
         return 0
 
-    def forward(self, x: torch.Tensor, state, position: int, form: str):
-        shifted = token_shift(x, state)
+    separates_documents = True  # its token shift restarts at each document
+
+    def forward(self, x: torch.Tensor, state, position: int, form: str, position_ids: torch.Tensor | None = None):
+        shifted = token_shift(x, state, position_ids)
         k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()
         r = torch.sigmoid(self.receptance(mix(shifted, x, self.mix_r)))
         return r * self.value(k), x[:, -1].to(state_dtype(x))

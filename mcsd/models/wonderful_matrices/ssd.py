@@ -69,19 +69,25 @@ class StateSpaceDuality(TokenMixer):
     def residual_weights(self) -> list[nn.Parameter]:
         return [self.out_proj.weight]
 
+    separates_documents = True  # -inf log-decay at each start (the op), rotary from it
+
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, length, _ = x.shape
         gate, inner, keys, queries, dt = self.in_proj(x).split(self.split_widths, dim=-1)
-        keys = rotary(keys[:, None], position, self.rope_base).expand(-1, self.num_heads, -1, -1)  # B
-        queries = rotary(queries[:, None], position, self.rope_base).expand(-1, self.num_heads, -1, -1)  # C
+        positions = position if position_ids is None else position_ids
+        keys = rotary(keys[:, None], positions, self.rope_base).expand(-1, self.num_heads, -1, -1)  # B
+        queries = rotary(queries[:, None], positions, self.rope_base).expand(-1, self.num_heads, -1, -1)  # C
         accumulate = state_dtype(dt)  # fp32 (fp64 for an fp64 model)
         dt = F.softplus(dt.to(accumulate) + self.dt_bias.to(accumulate)).transpose(1, 2)  # [B, H, N]
         log_decay = dt * -torch.exp(self.A_log.to(accumulate))[:, None]  # dt A
         inner = inner.view(batch, length, self.num_heads, self.head_width).transpose(1, 2)  # [B, H, N, P]
         values = inner * dt[..., None].to(inner.dtype)
-        mixed, state = decayed_attention(queries, keys, values, log_decay, state, form, self.chunk_size, self.kernels)
+        starts = None if position_ids is None else position_ids == 0
+        mixed, state = decayed_attention(queries, keys, values, log_decay, state, form, self.chunk_size, self.kernels,
+                                         starts)
         mixed = mixed + self.skip[:, None, None].to(inner.dtype) * inner
         gated = self.gated_norm(mixed.transpose(1, 2).reshape(batch, length, self.inner_width), gate)
         return self.out_proj(gated), state

@@ -28,16 +28,19 @@ from mcsd.ops.dispatch import dispatch
 def decayed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
     initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64, kernels: str = "torch",
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
-    ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``."""
+    ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``. ``starts`` ``[B, N]`` bool: where
+    the documents of a packed batch start (the PyTorch forms; fla's adapter takes none yet)."""
     inputs = (q, k, v, log_decay, initial_state)
     return dispatch(form, kernels, q.device, {
-        "parallel": functools.partial(parallel_decayed_attention, *inputs),
-        "chunk": functools.partial(chunk_decayed_attention, *inputs, chunk_size),
-        "recurrent": functools.partial(recurrent_decayed_attention, *inputs),
+        "parallel": functools.partial(parallel_decayed_attention, *inputs, starts),
+        "chunk": functools.partial(chunk_decayed_attention, *inputs, chunk_size, starts),
+        "recurrent": functools.partial(recurrent_decayed_attention, *inputs, starts),
     }, fla=functools.partial(fla_decayed_attention, *inputs, form),
-        fla_problem=functools.partial(fla_problem, q, k, v, log_decay, form))
+        fla_problem=lambda: ("fla's decayed_attention adapter does not keep documents apart" if starts is not None
+                             else fla_problem(q, k, v, log_decay, form)))
 
 
 __all__ = [

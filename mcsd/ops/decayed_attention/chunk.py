@@ -21,9 +21,10 @@ from mcsd.ops.decayed_attention.parallel import per_token_log_decay, segment_log
 
 def chunk_decayed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None, chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None, chunk_size: int = 64, starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`parallel_decayed_attention`."""
+    """Same contract as :func:`parallel_decayed_attention` (a start's -inf log-decay makes a
+    chunk's total -inf too, so no carry crosses it)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be a positive integer")
     batch, heads, length, key_width = q.shape
@@ -36,7 +37,7 @@ def chunk_decayed_attention(
         return F.pad(x, (0, 0, 0, padding)).view(batch, heads, num_chunks, chunk_size, x.shape[-1])
 
     q_chunks, k_chunks, v_chunks = chunked(q), chunked(k), chunked(v)
-    log_decay = F.pad(per_token_log_decay(log_decay, batch, length), (0, padding))
+    log_decay = F.pad(per_token_log_decay(log_decay, batch, length, starts), (0, padding))
     log_decay = log_decay.view(batch, heads, num_chunks, chunk_size)
 
     # Inside each chunk, from a zero state: the parallel form.

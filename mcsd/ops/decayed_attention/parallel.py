@@ -9,6 +9,12 @@ the cumulative log-decay ``G_n = g_0 + ... + g_n``: the current token is include
 retention; Mamba-2's SSD with ``q = C``, ``k = B``, ``v = dt x``). This form materialises the
 ``[N, N]`` decay matrix from :func:`segment_log_decays` (-inf above the diagonal before
 ``exp``, so no entry overflows) and is the reference for the chunkwise and recurrent forms.
+
+Documents apart (``starts`` ``[B, N]``, True where a document of a packed row starts): the
+log-decay of a start is -inf (:func:`per_token_log_decay`), so ``exp`` of every sum that spans
+it is exactly 0 and the state before it is dropped, in every form alike: the segment sums are
+masked cumulative sums (no difference of two of them, so no ``inf - inf``), and the chunk form's
+carries are ``exp`` of such sums too.
 """
 
 from __future__ import annotations
@@ -18,13 +24,17 @@ import torch
 from mcsd.ops.common import state_dtype
 
 
-def per_token_log_decay(log_decay: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+def per_token_log_decay(
+    log_decay: torch.Tensor, batch: int, length: int, starts: torch.Tensor | None = None
+) -> torch.Tensor:
     """``log_decay`` as ``[B, H, N]`` in fp32 (fp64 for fp64 input): a constant per head
     (``[H]``, RetNet) is broadcast over batch and positions; a per-token one (``[B, H, N]``,
-    SSD) is taken as it is."""
+    SSD) is taken as it is. With ``starts`` ``[B, N]``, -inf at each document's start."""
     log_decay = log_decay.to(state_dtype(log_decay))
     if log_decay.dim() == 1:
-        return log_decay[None, :, None].expand(batch, -1, length)
+        log_decay = log_decay[None, :, None].expand(batch, -1, length)
+    if starts is not None:
+        log_decay = log_decay.masked_fill(starts[:, None, :], float("-inf"))
     return log_decay
 
 
@@ -43,14 +53,15 @@ def segment_log_decays(log_decay: torch.Tensor) -> torch.Tensor:
 
 def parallel_decayed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None, starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``q``, ``k`` ``[B, H, N, Dk]``, ``v`` ``[B, H, N, Dv]``, ``log_decay`` ``[H]`` or
-    ``[B, H, N]``, ``initial_state`` ``[B, H, Dk, Dv]``. Returns the output ``[B, H, N, Dv]``
-    (dtype of ``v``) and the final state ``[B, H, Dk, Dv]`` (:func:`state_dtype`)."""
+    ``[B, H, N]``, ``initial_state`` ``[B, H, Dk, Dv]``, ``starts`` ``[B, N]`` bool (documents
+    apart). Returns the output ``[B, H, N, Dv]`` (dtype of ``v``) and the final state
+    ``[B, H, Dk, Dv]`` (:func:`state_dtype`; the last document's)."""
     batch, _, length, _ = q.shape
     accumulate = state_dtype(v)
-    log_decay = per_token_log_decay(log_decay, batch, length)
+    log_decay = per_token_log_decay(log_decay, batch, length, starts)
     segments = segment_log_decays(log_decay)
     decay = torch.exp(segments)  # exp(g_{m+1} + ... + g_n), 0 above the diagonal
     scores = torch.matmul(q, k.transpose(-1, -2)) * decay.to(q.dtype)

@@ -29,11 +29,11 @@ def decayed_attention_step(
 
 def recurrent_decayed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None, starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`parallel_decayed_attention`, one token at a time."""
     batch, heads, length, key_width = q.shape
-    log_decay = per_token_log_decay(log_decay, batch, length)
+    log_decay = per_token_log_decay(log_decay, batch, length, starts)
     state = (torch.zeros(batch, heads, key_width, v.shape[-1], device=q.device, dtype=state_dtype(v))
              if initial_state is None else initial_state.to(state_dtype(v)))
     outputs = []

@@ -25,15 +25,18 @@ from mcsd.ops.wkv.recurrent import recurrent_wkv, wkv_step
 def wkv(
     w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64, kernels: str = "torch",
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
-    ``(wkv [B, N, D], final_state [B, 3, D] fp32)``."""
+    ``(wkv [B, N, D], final_state [B, 3, D] fp32)``. ``starts`` ``[B, N]`` bool: where the
+    documents of a packed batch start (the PyTorch forms; fla's adapter takes none yet)."""
     inputs = (w, u, k, v, initial_state)
     return dispatch(form, kernels, k.device, {
-        "parallel": functools.partial(parallel_wkv, *inputs),
-        "chunk": functools.partial(chunk_wkv, *inputs, chunk_size),
-        "recurrent": functools.partial(recurrent_wkv, *inputs),
-    }, fla=functools.partial(fla_wkv, *inputs, form))
+        "parallel": functools.partial(parallel_wkv, *inputs, starts),
+        "chunk": functools.partial(chunk_wkv, *inputs, chunk_size, starts),
+        "recurrent": functools.partial(recurrent_wkv, *inputs, starts),
+    }, fla=functools.partial(fla_wkv, *inputs, form),
+        fla_problem=lambda: None if starts is None else "fla's wkv adapter does not keep documents apart")
 
 
 __all__ = [

@@ -14,6 +14,12 @@ compiled, the choice is a guard on the length: one graph up to ``G`` chunks, one
 The sequence is padded at the end to a multiple of the chunk with tokens of weight zero
 (``k = -1e38``, ``v = 0``), which no real token reads; the final state is the last chunk's
 start carried through its real tokens only.
+
+Documents apart (``starts``): a chunk's own state keeps the tokens of the document open at its
+end; chunk ``c'`` reaches chunk ``c``'s start only if no document starts between them (and the
+initial state only chunks before the first start), in one level over every pair of chunks
+(memory ``O(nc^2 D)`` per row); inside a chunk a token reads its own document's tokens, and the
+carried state only before the chunk's first start. A masked logit is ``-1e38``: weight 0.
 """
 
 from __future__ import annotations
@@ -21,25 +27,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mcsd.ops.common import state_dtype
+from mcsd.ops.common import document_index, state_dtype
 from mcsd.ops.wkv.parallel import EMPTY_LOG_SCALE, empty_wkv_state, wkv_outputs
 
 GROUP_CHUNKS = 32  # chunks per group of the two-level carry
 
 
 def prefix_states(
-    items: torch.Tensor, step_log_decay: torch.Tensor, initial_state: torch.Tensor
+    items: torch.Tensor, step_log_decay: torch.Tensor, initial_state: torch.Tensor,
+    reaches: torch.Tensor | None = None, initial_reaches: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The states before each item and after the last: ``items`` ``[B, n, 3, D]`` (each an
     ``(a, b, p)`` state, as seen one step after it), ``step_log_decay`` ``[D]`` (the log-decay
     per item, negative), ``initial_state`` ``[B, 3, D]`` -> ``[B, n + 1, 3, D]``: row ``r`` is
-    the initial state decayed by ``r`` steps with the items before ``r`` decayed by ``r - 1 - j``."""
+    the initial state decayed by ``r`` steps with the items before ``r`` decayed by ``r - 1 - j``.
+    Documents apart: only items ``j`` with ``reaches[b, r, j]`` (``[B, n + 1, n]``), and the
+    initial state where ``initial_reaches[b, r]``."""
     count = items.shape[1]
     rows = torch.arange(count + 1, device=items.device)
     distance = (rows[:, None] - 1 - rows[None, :count]).to(items.dtype)  # r - 1 - j
     item_logits = (items[:, None, :, 2] + distance[..., None] * step_log_decay)  # [B, n + 1, n, D]
     item_logits = item_logits.masked_fill((distance < 0)[..., None], float("-inf"))
     initial_logits = initial_state[:, None, 2] + rows.to(items.dtype)[:, None] * step_log_decay  # [B, n + 1, D]
+    if reaches is not None:
+        item_logits = item_logits.masked_fill(~reaches[..., None], EMPTY_LOG_SCALE)
+        initial_logits = initial_logits.masked_fill(~initial_reaches[..., None], EMPTY_LOG_SCALE)
     scale = torch.maximum(item_logits.amax(dim=2), initial_logits).detach()
     item_weights = torch.exp(item_logits - scale[:, :, None])
     initial_weights = torch.exp(initial_logits - scale)
@@ -100,7 +112,7 @@ def own_states(k: torch.Tensor, v: torch.Tensor, w: torch.Tensor, end: int) -> t
 
 def chunk_wkv(
     w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    initial_state: torch.Tensor | None = None, chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None, chunk_size: int = 64, starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as :func:`parallel_wkv`."""
     if chunk_size < 1:
@@ -114,12 +126,30 @@ def chunk_wkv(
     k_chunks = F.pad(k.to(dtype), (0, 0, 0, filler), value=EMPTY_LOG_SCALE).view(batch, chunks, chunk_size, channels)
     v_chunks = F.pad(v.to(dtype), (0, 0, 0, filler)).view(batch, chunks, chunk_size, channels)
 
-    starts = carried_states(own_states(k_chunks, v_chunks, w32, chunk_size), -chunk_size * w32, state)  # [B, nc, 3, D]
+    if starts is None:
+        chunk_starts = carried_states(own_states(k_chunks, v_chunks, w32, chunk_size), -chunk_size * w32, state)
+        same = carried_visible = None
+        k_own = k_chunks
+    else:
+        index = document_index(starts, chunks * chunk_size).view(batch, chunks, chunk_size)
+        ends = index[:, :, -1]  # the document open at each chunk's end (the filler's: the last)
+        before = F.pad(ends, (1, 0))  # ... at each chunk's start, and after the last chunk
+        k_own = k_chunks.masked_fill((index != ends[:, :, None])[..., None], EMPTY_LOG_SCALE)
+        chunk_starts = prefix_states(own_states(k_own, v_chunks, w32, chunk_size), -chunk_size * w32, state,
+                                     ends[:, None, :] == before[:, :, None], before == 0)[:, :chunks]
+        same = (index[..., :, None] == index[..., None, :]).view(batch * chunks, chunk_size, chunk_size)
+        carried_visible = (index == before[:, :chunks, None]).view(batch * chunks, chunk_size)
     output = wkv_outputs(w32, u.to(dtype), k_chunks.view(batch * chunks, chunk_size, channels),
-                         v_chunks.view(batch * chunks, chunk_size, channels), starts.reshape(batch * chunks, 3, channels))
+                         v_chunks.view(batch * chunks, chunk_size, channels),
+                         chunk_starts.reshape(batch * chunks, 3, channels), same, carried_visible)
     # The final state: the last chunk's start carried through its real tokens only (the filler
-    # after them would decay it, and undoing that in log-space costs digits).
+    # after them would decay it, and undoing that in log-space costs digits); with documents
+    # apart, the last document's tokens, and the start only if that document was open there.
     last = chunk_size - filler
-    tail = own_states(k_chunks[:, -1:], v_chunks[:, -1:], w32, last)[:, 0]
-    final = merge_states(decayed(starts[:, -1], -last * w32), tail)
+    tail = own_states(k_own[:, -1:], v_chunks[:, -1:], w32, last)[:, 0]
+    carried = decayed(chunk_starts[:, -1], -last * w32)
+    if starts is not None:
+        carried = torch.where((before[:, chunks - 1] == ends[:, -1])[:, None, None], carried,
+                              empty_wkv_state(batch, channels, k.device, dtype))
+    final = merge_states(carried, tail)
     return output.view(batch, chunks * chunk_size, channels)[:, :length].to(v.dtype), final

@@ -12,13 +12,17 @@ unguarded (``e^k`` overflows fp32 above k = 88). The state after the sequence is
 sum as seen by the next token, with ``p`` its largest logit. Materialises
 ``[B, N, N, D]``: the reference for the chunkwise and recurrent forms, and the chunkwise
 form's work inside each chunk.
+
+Documents apart (``starts`` ``[B, N]``, True where a document of a packed row starts): a token
+reads only the tokens of its own document, and the carried state only until the row's first
+start; every other logit is :data:`EMPTY_LOG_SCALE` (weight exactly 0, every number finite).
 """
 
 from __future__ import annotations
 
 import torch
 
-from mcsd.ops.common import state_dtype
+from mcsd.ops.common import document_index, state_dtype
 
 EMPTY_LOG_SCALE = -1e38  # p of an empty state: e^{p - anything} is exactly 0, and p stays finite
 
@@ -40,13 +44,21 @@ def token_offsets(w: torch.Tensor, u: torch.Tensor, length: int) -> torch.Tensor
     return offsets.masked_fill((distance < -1)[..., None], float("-inf"))
 
 
-def wkv_outputs(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+def wkv_outputs(
+    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor,
+    same: torch.Tensor | None = None, carried_visible: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Every token's wkv from the carried ``state`` (``[B, 3, D]``) and the tokens before it, all
     in the state's dtype: ``[B, N, D]``. The carried state's logit at ``t`` is ``p0 - t w``; each
-    row's sums are taken after subtracting the row's largest logit."""
+    row's sums are taken after subtracting the row's largest logit. Documents apart: ``same``
+    ``[B, t, i]`` (token ``i`` is of ``t``'s document) and ``carried_visible`` ``[B, t]`` (the
+    carried state is of ``t``'s document)."""
     length = k.shape[1]
     logits = k[:, None] + token_offsets(w, u, length)  # [B, t, i, D]
     carried = state[:, None, 2] - torch.arange(length, device=k.device, dtype=w.dtype)[:, None] * w  # [B, t, D]
+    if same is not None:
+        logits = logits.masked_fill(~same[..., None], EMPTY_LOG_SCALE)
+        carried = carried.masked_fill(~carried_visible[..., None], EMPTY_LOG_SCALE)
     scale = torch.maximum(logits.amax(dim=2), carried).detach()
     weights = torch.exp(logits - scale[:, :, None])
     carried_weight = torch.exp(carried - scale)
@@ -56,19 +68,27 @@ def wkv_outputs(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def parallel_wkv(
-    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None = None
+    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None = None,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``w``, ``u`` ``[D]`` (w: the decay rate, positive), ``k``, ``v`` ``[B, N, D]``,
-    ``initial_state`` ``[B, 3, D]`` (a, b, p) -> (``wkv [B, N, D]`` in v's dtype, final state
-    ``[B, 3, D]`` fp32)."""
+    ``initial_state`` ``[B, 3, D]`` (a, b, p), ``starts`` ``[B, N]`` bool (documents apart) ->
+    (``wkv [B, N, D]`` in v's dtype, final state ``[B, 3, D]`` fp32: the last document's)."""
     dtype, output_dtype = state_dtype(v), v.dtype
     batch, length, channels = k.shape
     state = (empty_wkv_state(batch, channels, k.device, dtype) if initial_state is None else initial_state.to(dtype))
     w, u, k, v = w.to(dtype), u.to(dtype), k.to(dtype), v.to(dtype)
-    output = wkv_outputs(w, u, k, v, state)
+    same = carried_visible = None
+    if starts is not None:
+        index = document_index(starts)
+        same, carried_visible = index[:, :, None] == index[:, None, :], index == 0
+    output = wkv_outputs(w, u, k, v, state, same, carried_visible)
     # The state for the next token (t = N): every token at distance N - 1 - i, no bonus.
     positions = torch.arange(length, device=k.device, dtype=dtype)
     final_logits = torch.cat([k - (length - 1 - positions)[:, None] * w, (state[:, 2] - length * w)[:, None]], dim=1)
+    if starts is not None:  # the last document's tokens, and the carried state if no document started
+        final_logits = final_logits.masked_fill(~torch.cat([same[:, -1], carried_visible[:, -1:]], 1)[..., None],
+                                                EMPTY_LOG_SCALE)
     final_scale = final_logits.amax(dim=1, keepdim=True).detach()  # [B, 1, D]
     final_weights = torch.exp(final_logits - final_scale)
     final_a = (final_weights[:, :-1] * v).sum(1) + final_weights[:, -1] * state[:, 0]

@@ -34,14 +34,18 @@ def wkv_step(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def recurrent_wkv(
-    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None = None
+    w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor | None = None,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`parallel_wkv`, one token at a time."""
+    """Same contract as :func:`parallel_wkv`, one token at a time (the empty state again at each
+    document's start)."""
     batch, length, channels = k.shape
-    state = (empty_wkv_state(batch, channels, k.device, state_dtype(v)) if initial_state is None
-             else initial_state.to(state_dtype(v)))
+    empty = empty_wkv_state(batch, channels, k.device, state_dtype(v))
+    state = empty if initial_state is None else initial_state.to(state_dtype(v))
     outputs = []
     for position in range(length):
+        if starts is not None:
+            state = torch.where(starts[:, position, None, None], empty, state)
         output, state = wkv_step(w, u, k[:, position], v[:, position], state)
         outputs.append(output)
     return torch.stack(outputs, dim=1), state
