@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -31,6 +33,21 @@ def in_state_dtype(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type), enabled=False)
 
 
+def cached_tensors(maxsize: int | None = None) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+    """``functools.lru_cache`` for a function that builds a constant tensor (a table, fixed decays),
+    the tensor built outside inference mode: one first built under ``torch.inference_mode``
+    (``generate``) would be an inference tensor, which autograd refuses to save when a later
+    step builds a graph (training after sampling, a step with gradients)."""
+    def decorate(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        @functools.lru_cache(maxsize=maxsize)
+        @functools.wraps(function)
+        def cached(*arguments: Any) -> torch.Tensor:
+            with torch.inference_mode(False):
+                return function(*arguments)
+        return cached
+    return decorate
+
+
 def constant_tensor(values: tuple[float, ...], device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Fixed ``values`` (a decay per channel or head) as a tensor on ``device``, built from fp64 and
     cast once: cached for eager calls (a step replayed at fixed addresses never copies from the
@@ -44,7 +61,7 @@ def _constant_tensor(values: tuple[float, ...], device: torch.device, dtype: tor
     return torch.tensor(values, dtype=torch.float64).to(device=device, dtype=dtype)
 
 
-_cached_constant_tensor = functools.lru_cache(maxsize=None)(_constant_tensor)
+_cached_constant_tensor = cached_tensors()(_constant_tensor)
 
 
 def document_index(starts: torch.Tensor, length: int | None = None) -> torch.Tensor:

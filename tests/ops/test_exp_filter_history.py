@@ -95,3 +95,21 @@ def test_groups_filtered_together_equal_each_alone() -> None:
 def test_an_average_state_needs_an_averaged_output() -> None:
     with pytest.raises(ValueError, match="average_state needs average_output"):
         History(LOG_DECAY, average_state=True)
+
+
+def test_tables_first_built_in_inference_mode_serve_a_graph_later() -> None:
+    """The cached per-position tables and decay factors are plain tensors even when first built
+    under ``torch.inference_mode`` (generate's): a later step that builds a graph (training after
+    sampling) saves them for its backward."""
+    group = History((-0.0123, -0.0456), average_output=True, average_state=True)  # decays no other test uses
+    raw = History((-0.0789,), average_output=True)
+    value = torch.randn(2, 2, 4)
+    with torch.inference_mode():
+        history_step(value, group, torch.zeros(2, 2, 4), 3)
+        history_step(value[:, :1], raw, torch.zeros(2, 1, 4), 3)
+    leaf = value.clone().requires_grad_()
+    state, raw_state = torch.zeros(2, 2, 4), torch.zeros(2, 1, 4)
+    output = history_step(leaf, group, state, 3)
+    raw_output = history_step(leaf[:, :1], raw, raw_state, 3)
+    (output.sum() + state.sum() + raw_output.sum() + raw_state.sum()).backward()
+    assert leaf.grad is not None and bool(leaf.grad.abs().sum() > 0)

@@ -3,9 +3,9 @@ queries and keys (the Transformer, RetNet, the hybrid's SSD and attention)."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from mcsd.ops.common import cached_tensors
 
 
 def rotary(x: torch.Tensor, position: int | torch.Tensor, base: float) -> torch.Tensor:
@@ -48,4 +48,4 @@ def _inverse_frequency_values(width: int, base: float, device: torch.device, dty
     return base ** (-torch.arange(0, width, 2, device=device, dtype=dtype) / width)
 
 
-_cached_inverse_frequency = functools.lru_cache(maxsize=None)(_inverse_frequency_values)
+_cached_inverse_frequency = cached_tensors()(_inverse_frequency_values)

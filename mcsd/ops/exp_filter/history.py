@@ -26,13 +26,12 @@ at the position in the document, and every document's first row is its token its
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from mcsd.ops.common import constant_tensor
+from mcsd.ops.common import cached_tensors, constant_tensor
 from mcsd.ops.exp_filter.filter import exp_filter
 from mcsd.ops.exp_filter.recurrent import absorb_average_, absorb_sum_
 
@@ -255,7 +254,7 @@ def decay_factors(group: History, device: torch.device) -> torch.Tensor:
     return _decay_factors(group, device)
 
 
-@functools.lru_cache(maxsize=None)
+@cached_tensors()
 def _decay_factors(group: History, device: torch.device) -> torch.Tensor:
     return torch.exp(group.log_decay_tensor(device))
 
@@ -278,7 +277,7 @@ def position_constants(quantity: str, group: History, device: torch.device, posi
     return _position_table(quantity, group, device, max(1024, 1 << position.bit_length()))[:, position]
 
 
-@functools.lru_cache(maxsize=16)
+@cached_tensors(maxsize=16)
 def _position_table(quantity: str, group: History, device: torch.device, length: int) -> torch.Tensor:
     return _position_values(quantity, group, torch.arange(length, device=device))
 
