@@ -99,3 +99,21 @@ def test_mcsd_generate_decodes_in_the_dtype_it_is_given(tmp_path: Path, dtype: s
     assert model.embed.weight.dtype == getattr(torch, dtype)
     ids = torch.tensor([tokenizer.encode("the king").ids])
     assert generate(cfg) == "the king" + tokenizer.decode(model.generate(ids, 10)[0, ids.shape[1]:].tolist())
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+@torch.no_grad()
+def test_a_16_bit_model_keeps_documents_apart_in_every_form(name: str) -> None:
+    """``position_ids`` (documents of 1, 2, 30 and 17 tokens packed in each row) in a model cast to
+    bf16 and to fp16: every form within :data:`SIXTEEN_BIT_TOLERANCE` of the fp32 model's logits
+    with the same documents (the masks, the -inf log-decays and the WKV's masked logits hold in
+    16 bits; states and carries stay fp32)."""
+    model = tiny_model(name)
+    position_ids = torch.cat([torch.arange(length) for length in (1, 2, 30, 17)]).repeat(2, 1)
+    input_ids = torch.randint(0, 101, position_ids.shape)
+    reference = model(input_ids, form="parallel", position_ids=position_ids)
+    for dtype, tolerance in SIXTEEN_BIT_TOLERANCE.items():
+        cast = copy.deepcopy(model).to(dtype)
+        for form in registry.get(name).forms:
+            logits = cast(input_ids, form=form, position_ids=position_ids)
+            assert logits.dtype == dtype and relative_rms_error(logits, reference) < tolerance, (dtype, form)
