@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,13 @@ class _FileSecondsRecorder:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_wandb_service() -> Iterator[None]:
+    """A W&B run made in this process (a command run through its entry point here) leaves its
+    service's address in ``os.environ`` (``WANDB_SERVICE``); every process a later test starts
+    would inherit it and connect to that service, which may have ended by then ("Failed to
+    connect to service on socket"). Each test's processes start their own, as a user's would."""
+    yield
+    os.environ.pop("WANDB_SERVICE", None)

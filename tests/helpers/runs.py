@@ -130,7 +130,8 @@ def run_cli(*args: str, cwd: Path, env: dict[str, str | None] | None = None,
     """Run an mcsd console script (``mcsd-train``, ...) as a user would, capturing its output
     (``env``: variables to set, or to remove where the value is None)."""
     script = command(args[0])
-    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(env or {})}
+    # Not this process's W&B service (tests/conftest.py): the command starts its own, as from a shell.
+    full_env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", "WANDB_SERVICE": None, **(env or {})}
     full_env = {key: value for key, value in full_env.items() if value is not None}
     return subprocess.run([str(script), *args[1:]], cwd=cwd, env=full_env, capture_output=True, text=True,
                           timeout=timeout)
