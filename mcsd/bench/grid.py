@@ -37,6 +37,7 @@ from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_
 from mcsd.bench.peaks import mfu_peak
 from mcsd.checkpoint.run_folder import model_node_of
 from mcsd.checkpoint.saved_model import locate, read_config
+from mcsd.data.tokens import DOCUMENTS
 from mcsd.runtime import StopAfterCurrent, apply_threads, git_commit, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
@@ -51,7 +52,7 @@ COLUMNS = {
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
                   "read_bandwidth_bytes_per_s", "limit_ratio", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
                   "threads", "other_cores", "shared", "compiled", "graphs_recorded_timed", "point_s", "status", "reason"],
-    "train": ["model", "arch", "variant", "kernels", "form", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
+    "train": ["model", "arch", "variant", "kernels", "form", "documents", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
               "step_s_min", "step_s_max", "unsteady", "threads", "other_cores", "shared", "compiled", "point_s", "status", "reason"],
 }
@@ -224,18 +225,29 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
             points.append((labels, arguments))
     else:
         grid_cfg = cfg.train
-        variants = [(name, kernels, form) for name, kernels in with_kernels for form in train_forms(cfg, sources[name][0])]
-        for seq_len, (name, kernels, form) in itertools.product(sorted(grid_cfg.seq_lens), variants):
+        variants = [(name, kernels, form, documents) for name, kernels in with_kernels
+                    for form in train_forms(cfg, sources[name][0]) for documents in documents_of(grid_cfg)]
+        for seq_len, (name, kernels, form, documents) in itertools.product(sorted(grid_cfg.seq_lens), variants):
             arch, variant, source = sources[name]
             for batch, checkpointing in train_batches(grid_cfg, seq_len):
                 labels = {"model": name, "arch": arch, "variant": variant, "kernels": kernels, "form": form,
-                          "size": _size_label(cfg, name, arch), "batch": batch, "seq_len": seq_len,
-                          "activation_checkpointing": checkpointing}
+                          "documents": documents, "size": _size_label(cfg, name, arch), "batch": batch,
+                          "seq_len": seq_len, "activation_checkpointing": checkpointing}
                 arguments = {"model_cfg": source, "form": form, "batch_size": batch, "seq_len": seq_len,
                              "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, "compile": cfg.compile,
-                             "activation_checkpointing": checkpointing, "kernels": kernels, **common}
+                             "activation_checkpointing": checkpointing, "kernels": kernels, "documents": documents,
+                             "document_tokens": grid_cfg.get("document_tokens", DOCUMENT_TOKENS), **common}
                 points.append((labels, arguments))
     return points
+
+
+DOCUMENT_TOKENS = 512  # train.document_tokens by default: the mean length of the documents apart
+
+
+def documents_of(grid_cfg: DictConfig) -> list[str]:
+    """The documents settings each training point is measured in (``train.documents``, a grid
+    axis; results written before it had none: joined)."""
+    return list(dict.fromkeys(grid_cfg.get("documents") or ["joined"]))
 
 
 def train_batches(grid_cfg: DictConfig, seq_len: int) -> list[tuple[int, bool]]:
@@ -286,6 +298,15 @@ def grid_problems(cfg: DictConfig) -> list[str]:
     numbers = {"repeats": 1, "warmup": 0, **({"prompt_len": 1} if cfg.mode == "inference" else {})}
     if cfg.mode == "train":
         numbers |= {key: 1 for key in ("batch_size", "tokens_per_step") if grid_cfg.get(key) is not None}
+    if cfg.mode == "train":
+        documents = grid_cfg.get("documents")
+        if documents is not None and (isinstance(documents, str) or len(documents) == 0
+                                      or any(value not in DOCUMENTS for value in documents)):
+            problems.append(f"train.documents={documents if documents is None or isinstance(documents, str) else list(documents)} "
+                            f"must be a list of some of {', '.join(DOCUMENTS)}, e.g. train.documents=[joined,apart] "
+                            "(each point measured with each)")
+        if grid_cfg.get("document_tokens") is not None:
+            numbers["document_tokens"] = 1
     for key, least in numbers.items():
         if not _whole(grid_cfg.get(key), least):
             problems.append(f"{cfg.mode}.{key}={grid_cfg.get(key)} must be a whole number of at least {least}")

@@ -252,16 +252,35 @@ def counted_training_flops(model: CausalLM, batch_size: int, seq_len: int, form:
     return counter.get_total_flops()
 
 
+def document_positions(batch_size: int, seq_len: int, mean_tokens: float, generator: torch.Generator) -> torch.Tensor:
+    """Each token's position in its own document ``[batch_size, seq_len]``, for sequences packed
+    with documents whose lengths are drawn from an exponential distribution of mean
+    ``mean_tokens`` (at least one token each; the last one cut at the sequence's end): what
+    ``data.documents=apart`` gives a model, with boundaries at seeded places."""
+    positions = torch.empty(batch_size, seq_len, dtype=torch.long)
+    for row in positions:
+        start = 0
+        while start < seq_len:
+            length = max(1, round(float(torch.empty(1).exponential_(1 / mean_tokens, generator=generator))))
+            end = min(start + length, seq_len)
+            row[start:end] = torch.arange(end - start)
+            start = end
+    return positions
+
+
 def train_point(
     model_cfg: dict[str, Any] | str, form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
     dtype: str, seed: int, compile: bool = False, activation_checkpointing: bool = False, kernels: str = "auto",
+    documents: str = "joined", document_tokens: int = 512,
 ) -> dict[str, Any]:
     """Tokens/s and peak memory of forward + backward + AdamW step in one form; with ``compile``
     through the compiled loss that training uses (:meth:`CausalLM.loss_function`; compiled by the
     warm-up, which then runs at least once: ``first_step_s`` is its first step, compiling
     included); with ``activation_checkpointing`` each layer keeps only its input for the backward
     (the model FLOPs do not count the recomputation). ``kernels``: ``model.kernels`` of the point
-    (the FLOPs counted are the same either way)."""
+    (the FLOPs counted are the same either way). ``documents``: ``joined``, or ``apart``: each
+    sequence packed with documents of ``document_tokens`` tokens on average
+    (:func:`document_positions`), none of which sees another (``data.documents=apart``)."""
     device_, dtype_ = torch.device(device), DTYPES[dtype]
     model = build(model_cfg, device_, torch.float32, seed).train()
     model.use_kernels(kernels)
@@ -270,13 +289,15 @@ def train_point(
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len + 1), generator=generator).to(device_)
+    position_ids = (document_positions(batch_size, seq_len, document_tokens, generator).to(device_)
+                    if documents == "apart" else None)
     autocast = torch.autocast(device_.type, dtype=dtype_, enabled=dtype_ != torch.float32)
 
     loss_function = model.loss_function(compile)
 
     def step() -> None:
         with autocast:
-            loss, _ = loss_function(ids[:, :-1], ids[:, 1:], form=form)
+            loss, _ = loss_function(ids[:, :-1], ids[:, 1:], form=form, position_ids=position_ids)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -40,7 +40,7 @@ from mcsd.data.corpus import (
     text_files,
 )
 from mcsd.data.tokenizer import eos_id, load_tokenizer, train_tokenizer
-from mcsd.data.tokens import PackedBlocks, TokenStore, open_or_build
+from mcsd.data.tokens import DOCUMENTS, PackedBlocks, TokenStore, open_or_build
 
 log = logging.getLogger(__name__)
 SOURCES = ("embedded", "text_files", "hub")
@@ -277,7 +277,7 @@ class LanguageModelDataModule(SplitsDataModule):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise DataError(f"data.{field}={value!r} must be a positive number of documents (or null: "
                                 f"data.{field.split('_')[0]}_fraction)")
-        if documents not in ("joined", "apart"):
+        if documents not in DOCUMENTS:
             raise DataError(f"data.documents={documents!r} is unknown: use joined (a block's documents run on into "
                             "each other) or apart (each block says where its documents start: position_ids)")
         if token_budget is not None and token_budget < 1:

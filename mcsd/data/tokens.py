@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 INDEX_FILE = "index.json"
 CRC_CHUNK_BYTES = 1 << 24
+# data.documents: a block's documents run on into each other (joined), or each token says its position
+# in its own document and nothing crosses a document's start (apart: PackedBlocks's position_ids).
+DOCUMENTS = ("joined", "apart")
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,10 @@ def read_results(path: str | Path, kind: str | None = None) -> tuple[dict, pd.Da
                         "or results.json") from None
     if kind is not None:
         _check_results(path, frame, kind)
-    if "kernels" in frame and len(frame):  # a model measured with several kernel backends: a series for each
-        several = frame.groupby("model")["kernels"].transform("nunique") > 1
-        frame.loc[several, "model"] = frame.loc[several, "model"] + KERNELS_MARK + frame.loc[several, "kernels"]
+    for column, mark in SERIES_MARKS.items():  # a model measured with several kernel backends (or document
+        if column in frame and len(frame):    # settings): a series for each
+            several = frame.groupby("model")[column].transform("nunique") > 1
+            frame.loc[several, "model"] = frame.loc[several, "model"] + mark + frame.loc[several, column].astype(str)
     return head, frame
 
 
@@ -100,16 +101,18 @@ def _color(arch: str) -> str:
     return architecture_color(arch)
 
 
-KERNELS_MARK = " kernels="  # in a model entry: the series of one kernel backend (read_results)
+# In a model entry (read_results): the series of one kernel backend, of one documents setting.
+SERIES_MARKS = {"kernels": " kernels=", "documents": " documents="}
 
 
 def model_label(arch: str, model: str) -> str:
     """The registry's label of ``arch``; a saved model adds its file or folder name; a series of
-    one kernel backend, its name (``MCSD, fla kernels``)."""
-    model, _, kernels = model.partition(KERNELS_MARK)
+    one kernel backend or documents setting, its name (``MCSD, fla kernels, documents apart``)."""
+    model, _, documents = model.partition(SERIES_MARKS["documents"])
+    model, _, kernels = model.partition(SERIES_MARKS["kernels"])
     label = registry.get(arch).label if arch in registry.architectures() else arch
     label = label if model == arch else f"{label} ({Path(model).name})"
-    return f"{label}, {kernels} kernels" if kernels else label
+    return label + (f", {kernels} kernels" if kernels else "") + (f", documents {documents}" if documents else "")
 
 
 def flagged(frame: pd.DataFrame) -> pd.Series:

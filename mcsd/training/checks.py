@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import torch
 from omegaconf import DictConfig
 
+from mcsd.data.tokens import DOCUMENTS
 from mcsd.errors import MCSDError
 from mcsd.models import build_model
 from mcsd.ops.kernels import KERNELS, kernels_problem
@@ -89,9 +90,6 @@ def optimization_problems(optimizer: DictConfig | None, scheduler: DictConfig | 
     elif isinstance(steps, int) and steps >= 1 and warmup > steps:
         yield (f"scheduler.warmup_steps={warmup} is longer than the run (trainer.max_steps={steps}): give at most "
                f"{steps} (or auto: a tenth of the run, {max(steps // 10, 1)}), or more trainer.max_steps")
-
-
-DOCUMENTS = ("joined", "apart")
 
 
 def documents_problems(cfg: DictConfig) -> Iterator[str]:

@@ -29,6 +29,7 @@ from mcsd.bench.measure import kv_positions_read
 from mcsd.bench.grid import model_source, run_point
 from mcsd.errors import MCSDError
 from mcsd.models import registry
+from mcsd.models.modeling import CausalLM
 from mcsd.models.cuda_graphs import StaticStep
 from mcsd.plots.cost import HOLLOW_NOTE, model_label, plot_inference, plot_train
 
@@ -189,12 +190,18 @@ def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path) -> None
     """In one process, every compiled point compiles its own model's step: with dynamo's recompile
     limit at 2 (a point compiles one or two graphs), models that shared one step function would hit
     it by the third point (a point that hits it is an error, never a silent eager run); each row
-    says it ran compiled."""
+    says it ran compiled. Three one-layer MCSD models, each a model node of its own (the same
+    graphs: inductor compiles them once, and its cache serves the other two)."""
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        node = model_source("mcsd", "tiny", None)[2]
+    models = [tmp_path / f"mcsd_{index}.yaml" for index in range(3)]
+    for model in models:
+        model.write_text(yaml.safe_dump({"model": {**node, "num_layers": 1}}))
     with torch._dynamo.config.patch(recompile_limit=2):
         csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.batch_sizes=[2]", "inference.gen_lengths=[4]",
-                             "models=[mcsd,transformer,retnet,rwkv4]", "compile=true", "isolate=false")
+                             f"models=[{','.join(map(str, models))}]", "compile=true", "isolate=false")
     frame = pd.read_csv(csv_path)
-    assert list(frame["status"]) == ["ok"] * 4 and frame["compiled"].all()
+    assert list(frame["status"]) == ["ok"] * 3 and frame["compiled"].all()
     assert all(point["compiled"] is True for point in json.loads((tmp_path / "results.json").read_text())["points"])
 
 
@@ -290,21 +297,54 @@ def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) 
     assert (frame["step_s"] < 0.5).all() and (frame["first_step_s"] > 10 * frame["step_s"]).all()
 
 
-def test_kernels_are_a_grid_axis_recorded_per_row_and_drawn_apart(tmp_path: Path) -> None:
+def test_kernels_and_documents_are_grid_axes_recorded_per_row_and_drawn_apart(tmp_path: Path) -> None:
     """``kernels=[torch,auto]`` (auto is torch on a CPU): each model whose mixers run an op is
-    measured with each, side by side at every point, the Transformer once; each row says its
-    backend, and the figures draw a series per backend."""
+    measured with each, side by side at every point, the Transformer once; ``train.documents=
+    [joined,apart]``: every point with its documents joined and apart. Each row says its backend
+    and documents, and the figures draw a series for each."""
     csv_path = run_bench(tmp_path, "mode=train", "model_size=tiny", "models=[mcsd,transformer]", "kernels=[torch,auto]",
+                         "train.documents=[joined,apart]", "train.document_tokens=8",
                          "train.seq_lens=[32]", "train.forms=[training]", "train.repeats=1", "train.warmup=0",
                          "train.peak_matmul_size=256", "isolate=false")
     frame = pd.read_csv(csv_path)
-    assert list(zip(frame["model"], frame["kernels"])) == [("mcsd", "torch"), ("mcsd", "auto"), ("transformer", "torch")]
+    assert list(zip(frame["model"], frame["kernels"], frame["documents"])) == [
+        ("mcsd", "torch", "joined"), ("mcsd", "torch", "apart"), ("mcsd", "auto", "joined"), ("mcsd", "auto", "apart"),
+        ("transformer", "torch", "joined"), ("transformer", "torch", "apart")]
     assert (frame["status"] == "ok").all()
     from mcsd.plots.cost import read_results
 
     labels = [model_label(arch, model) for arch, model in zip(*[read_results(csv_path)[1][key] for key in ("arch", "model")])]
-    assert labels == ["MCSD, torch kernels", "MCSD, auto kernels", "Transformer"]
+    assert labels == [f"MCSD, {kernels} kernels, documents {documents}" for kernels in ("torch", "auto")
+                      for documents in ("joined", "apart")] + ["Transformer, documents joined", "Transformer, documents apart"]
     assert plot_train(csv_path)[0].stat().st_size > 5000
+
+
+def test_a_point_with_documents_apart_trains_on_documents_that_start_where_the_positions_say(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``documents=apart``: the loss gets each token's position in its document, documents of
+    exponential lengths of the asked mean, the same from the same seed; joined, none."""
+    positions = measure.document_positions(4, 2000, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(positions, measure.document_positions(4, 2000, 16, torch.Generator().manual_seed(0)))
+    assert (positions[:, 0] == 0).all()
+    stepped = positions[:, 1:] == positions[:, :-1] + 1  # within a document: one more; else a new one at 0
+    assert (stepped | (positions[:, 1:] == 0)).all()
+    starts = int((positions == 0).sum())
+    assert 4 * 2000 / 16 * 0.8 < starts < 4 * 2000 / 16 * 1.2  # the mean length, 16 tokens, within 20%
+    seen = []
+    loss = CausalLM.loss
+
+    def recorded(self: CausalLM, input_ids: torch.Tensor, *args: object, **kwargs: object) -> object:
+        if input_ids.device.type != "meta":  # not the FLOP count's run on the meta device
+            seen.append(kwargs.get("position_ids"))
+        return loss(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(CausalLM, "loss", recorded)
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        node = model_source("mcsd", "tiny", None)[2]
+    for documents in ("joined", "apart"):
+        measure.train_point(node, "chunk", 2, 32, repeats=1, warmup=0, device="cpu", dtype="float32", seed=0,
+                            documents=documents, document_tokens=8)
+    assert seen[0] is None and seen[-1].shape == (2, 32) and int((seen[-1] == 0).sum()) > 2
 
 
 @pytest.mark.parametrize(
@@ -319,7 +359,9 @@ def test_kernels_are_a_grid_axis_recorded_per_row_and_drawn_apart(tmp_path: Path
      (["busy_machine=sometimes"], "busy_machine='sometimes' is unknown: use refuse, wait, measure"),
      (["kernels=[]"], r"kernels=\[\] must be a list of some of auto, torch, fla, e.g. kernels=\[torch,fla\]"),
      (["kernels=fla"], "kernels=fla must be a list of some of auto, torch, fla"),
-     (["kernels=[torch,fla]"], "model.kernels=fla runs Triton kernels on a CUDA GPU, and this model runs on cpu")],
+     (["kernels=[torch,fla]"], "model.kernels=fla runs Triton kernels on a CUDA GPU, and this model runs on cpu"),
+     (["mode=train", "train.documents=[split]"], r"train.documents=\['split'\] must be a list of some of joined, apart"),
+     (["mode=train", "train.document_tokens=0"], "train.document_tokens=0 must be a whole number of at least 1")],
 )
 def test_bad_bench_settings_fail_in_one_line(tmp_path: Path, overrides: list[str], message: str) -> None:
     with pytest.raises(MCSDError, match=message):

@@ -1,7 +1,7 @@
 """Every registered architecture, in each of its variants, cast to bf16 and to fp16 (not autocast):
-every form, decoding (eager; compiled in bf16, and in fp16 for each architecture's default variant) and
-``generate`` run in the model's dtype within a stated tolerance of fp32, with recurrent states in fp32
-(bf16 autocast at N = 4096: tests/models/test_conformance.py)."""
+every form, decoding (eager; compiled for each architecture's default variant) and ``generate`` run
+in the model's dtype within a stated tolerance of fp32, with recurrent states in fp32 (bf16 autocast
+at N = 4096: tests/models/test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ from mcsd.models import registry
 from mcsd.precision import model_dtype
 
 CASES = variant_cases()
-# Compiled decoding: every case in bf16 (a GPU's dtype); in fp16 each architecture's default variant
-# (the dtype changes no code path a variant chooses, and each compile costs seconds here).
-DEFAULT_CASES = {f"{name}/{next(iter(registry.get(name).variants))}" for name in registry.architectures()}
-COMPILED_CASES = [(case, dtype) for case in CASES for dtype in SIXTEEN_BIT_TOLERANCE
-                  if dtype == torch.bfloat16 or case in DEFAULT_CASES]
+# Compiled decoding: each architecture's default variant in both dtypes. A variant changes what the
+# step computes, not how it is compiled (every variant decodes in both dtypes eagerly above); a cold
+# compile costs 5-60 s here, and CI's machine always starts cold (issue 64: 12 more cases took ~190 s).
+DEFAULT_CASES = [f"{name}/{next(iter(registry.get(name).variants))}" for name in registry.architectures()]
+COMPILED_CASES = [(case, dtype) for case in DEFAULT_CASES for dtype in SIXTEEN_BIT_TOLERANCE]
 
 
 @pytest.mark.parametrize("dtype", list(SIXTEEN_BIT_TOLERANCE), ids=str)
