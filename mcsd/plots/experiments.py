@@ -118,6 +118,7 @@ DRAWINGS: dict[str, Drawing] = {
     "compare_architectures": Drawing(_comparison),
     "rwkv_perspectives": Drawing(_sweep("ablation", "rwkv_perspectives", "RWKV-4", notes="perspective_weights.md")),
     "wm_ablation": Drawing(_sweep("ablation", "wm_ablation", "Wonderful Matrices default, attention_every=0")),
+    "documents_apart": Drawing(_sweep("ablation", "documents_apart", "Transformer")),
 }
 
 

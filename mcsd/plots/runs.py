@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mcsd.checkpoint.run_folder import csv_logs, data_files  # noqa: E402
+from mcsd.data.tokens import DOCUMENTS  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
@@ -61,6 +62,7 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
     files = data_files(config.get("data"))  # local corpora are named by their files
     rows["experiment"] = choices.get("experiment") or ""
     rows["data"] = (choices.get("data") or "") + (": " + ", ".join(Path(f).name for f in files) if files else "")
+    rows["documents"] = (config.get("data") or {}).get("documents") or "joined"  # (logged before the setting: joined)
     rows["seed"] = config.get("seed")
     rows["params"] = config.get("model/params")
     return rows
@@ -116,8 +118,15 @@ def load_wandb_runs(path: str, group: str) -> pd.DataFrame:
 
 
 def _curve_key(kind: str, rows: pd.DataFrame) -> pd.Series:
-    """One curve per (architecture, size) for scaling, per (architecture, variant) for ablation."""
-    return rows["arch"] + "|" + rows["size" if kind == "scaling" else "variant"]
+    """One curve per (architecture, size) for scaling, per (architecture, variant) for ablation;
+    runs that differ in ``data.documents`` (a sweep over it) a curve per setting too."""
+    key = rows["arch"] + "|" + rows["size" if kind == "scaling" else "variant"]
+    if "documents" in rows and rows["documents"].nunique() > 1:
+        key = key + DOCUMENTS_MARK + rows["documents"]
+    return key
+
+
+DOCUMENTS_MARK = ", documents "  # in a curve's key and label: its runs' data.documents
 
 
 def _arch_label(arch: str) -> str:
@@ -128,19 +137,24 @@ def curve_label(kind: str, key: str, params: float | None) -> str:
     arch, detail = key.split("|", 1)
     if kind == "scaling":
         return f"{_arch_label(arch)} {detail}" + (f" ({params / 1e6:.1f}M)" if params else "")
-    return _arch_label(arch) if detail in ("default", "") else f"{_arch_label(arch)} {detail}"
+    detail, _, documents = detail.partition(DOCUMENTS_MARK)
+    label = _arch_label(arch) if detail in ("default", "") else f"{_arch_label(arch)} {detail}"
+    return f"{label}{DOCUMENTS_MARK}{documents}" if documents else label
 
 
 def curve_order(kind: str, key: str) -> tuple:
-    """Registry order of architectures, then sizes small to large or the registry's variant order."""
+    """Registry order of architectures, then sizes small to large or the registry's variant order,
+    then documents joined before apart."""
     arch, detail = key.split("|", 1)
+    detail, _, documents = detail.partition(DOCUMENTS_MARK)
+    documents_rank = DOCUMENTS.index(documents) if documents in DOCUMENTS else -1
     names = registry.architectures()
     arch_rank = names.index(arch) if arch in names else len(names)
     if kind == "scaling":
-        return (arch_rank, arch, SIZE_ORDER.index(detail) if detail in SIZE_ORDER else 99, detail)
+        return (arch_rank, arch, SIZE_ORDER.index(detail) if detail in SIZE_ORDER else 99, detail, documents_rank)
     variants = list(registry.get(arch).variants) if arch in names else []
     variant = detail.split(", ")[0]  # a variant with settings changed sorts after the variant itself
-    return (arch_rank, arch, variants.index(variant) if variant in variants else 99, detail)
+    return (arch_rank, arch, variants.index(variant) if variant in variants else 99, detail, documents_rank)
 
 
 def _band(points: pd.DataFrame, smooth: bool) -> pd.DataFrame:
@@ -183,9 +197,13 @@ def seed_table(kind: str, rows: pd.DataFrame, reference: str | None = None) -> p
     table.columns = [f"seed {seed}" for seed in table.columns]
     table["mean"] = table.mean(axis=1)
     if reference is not None:
-        if reference not in table.index:
+        # A sweep over data.documents: each curve against the reference with its own documents setting.
+        references = [reference if reference in table.index else f"{reference}{DOCUMENTS_MARK}{curve.partition(DOCUMENTS_MARK)[2]}"
+                      for curve in table.index]
+        if any(name not in table.index for name in references):
             raise MCSDError(f"--reference {reference!r} is not a curve of this sweep: use one of {', '.join(table.index)}")
-        ratios = table.filter(like="seed ").div(table.filter(like="seed ").loc[reference], axis=1)
+        seeds = table.filter(like="seed ")
+        ratios = seeds / seeds.loc[references].to_numpy()
         table["ratio"], table["ratio_min"], table["ratio_max"] = ratios.mean(axis=1), ratios.min(axis=1), ratios.max(axis=1)
     table.attrs["reference"] = reference
     return table

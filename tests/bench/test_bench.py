@@ -561,8 +561,8 @@ def test_mfu_on_a_known_gpu_is_over_its_dense_datasheet_peak() -> None:
 def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> None:
     """``bench=paper_quick``: 1.6B in bf16 on a GPU; MCSD and the Transformer decoding at batch 1,
     16 and 64 and 1,024 and 8,192 new tokens, compiled and replayed as CUDA graphs; training forms at 2048-16384 tokens,
-    in a 32768-token step each (activation-checkpointed), no batch-1 point; every model whose mixers run an op
-    with the PyTorch forms and fla's kernels (the Transformer once)."""
+    in a 32768-token step each (activation-checkpointed), no batch-1 point, each with its documents joined
+    and apart; every model whose mixers run an op with the PyTorch forms and fla's kernels (the Transformer once)."""
     from mcsd.bench.grid import grid
 
     with initialize_config_module("mcsd.conf", version_base="1.3"):
@@ -580,10 +580,12 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
         (model, kernels, batch, length) for length in (1024, 8192) for batch in (1, 16, 64)
         for model in ("mcsd", "transformer") for kernels in backends(model)]
     assert all(labels["kernels"] == arguments["kernels"] for labels, arguments in inference + train)
-    assert [(labels["model"], labels["kernels"], labels["batch"], labels["seq_len"], labels["activation_checkpointing"])
-            for labels, _ in train] == [(name, kernels, *step)
-                                        for step in ((16, 2048, True), (4, 8192, True), (2, 16384, True))
-                                        for name in registry.architectures() for kernels in backends(name)]
+    assert [(labels["model"], labels["kernels"], labels["documents"], labels["batch"], labels["seq_len"],
+             labels["activation_checkpointing"]) for labels, _ in train] == [
+        (name, kernels, documents, *step) for step in ((16, 2048, True), (4, 8192, True), (2, 16384, True))
+        for name in registry.architectures() for kernels in backends(name) for documents in ("joined", "apart")]
+    assert all(labels["documents"] == arguments["documents"] and arguments["document_tokens"] == 512
+               for labels, arguments in train)
 
 
 def test_spread_is_the_range_over_the_median() -> None:

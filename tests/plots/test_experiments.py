@@ -147,6 +147,22 @@ def test_seed_table_pairs_each_curve_with_the_reference_by_seed(tmp_path: Path) 
         seed_table("ablation", rows, reference="RWKV")
 
 
+def test_runs_that_differ_in_their_documents_setting_are_curves_of_their_own(tmp_path: Path) -> None:
+    """A sweep over ``data.documents``: a curve per architecture and setting, named by it; a sweep
+    with one setting (every committed one) keeps its labels."""
+    values = {("mcsd", 0): 110.0, ("transformer", 0): 100.0}
+    joined, apart = seed_rows(values).assign(documents="joined"), seed_rows({**values}).assign(documents="apart")
+    rows = pd.concat([joined, apart.assign(run=apart["run"] + "-apart", value=apart["value"] * 0.5)], ignore_index=True)
+    figure = plot_sweep("ablation", rows, tmp_path)
+    assert figure.labels == ["MCSD full, documents joined", "MCSD full, documents apart",
+                             "Transformer, documents joined", "Transformer, documents apart"]
+    assert figure.table.loc[figure.table["curve"] == "MCSD full, documents apart", "val_ppl"].item() == 55.0
+    assert plot_sweep("ablation", joined, tmp_path / "one").labels == ["MCSD full", "Transformer"]
+    # Paired with the reference of its own documents setting (and seed).
+    table = seed_table("ablation", rows, reference="Transformer")
+    assert table["ratio"].tolist() == pytest.approx([1.1, 1.1, 1.0, 1.0])
+
+
 @pytest.mark.slow
 def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_path: Path) -> None:
     result = run_here("mcsd-plot", "scaling", str(scaling_sweep), "--out", str(tmp_path), cwd=tmp_path)
@@ -278,7 +294,7 @@ def _sweep_env() -> dict[str, str]:
 
 
 @pytest.mark.parametrize("script", ["fig9_ablation/run.sh", "compare_architectures/run.sh", "long_context/run.sh",
-                                    "rwkv_perspectives/run.sh", "wm_ablation/run.sh"])
+                                    "rwkv_perspectives/run.sh", "wm_ablation/run.sh", "documents_apart/run.sh"])
 def test_an_experiment_given_no_corpus_prints_its_usage_and_starts_nothing(script: str, tmp_path: Path) -> None:
     for arguments in ([], ["--replace"], ["--replace", "logger=csv"]):  # no corpus, or an override in its place
         result = subprocess.run(["bash", str(EXPERIMENTS / script), *arguments], cwd=tmp_path, env=_sweep_env(),
