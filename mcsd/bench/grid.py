@@ -236,12 +236,9 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
                 arguments = {"model_cfg": source, "form": form, "batch_size": batch, "seq_len": seq_len,
                              "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, "compile": cfg.compile,
                              "activation_checkpointing": checkpointing, "kernels": kernels, "documents": documents,
-                             "document_tokens": grid_cfg.get("document_tokens", DOCUMENT_TOKENS), **common}
+                             "document_tokens": grid_cfg.get("document_tokens", measure.DOCUMENT_TOKENS), **common}
                 points.append((labels, arguments))
     return points
-
-
-DOCUMENT_TOKENS = 512  # train.document_tokens by default: the mean length of the documents apart
 
 
 def documents_of(grid_cfg: DictConfig) -> list[str]:
@@ -298,11 +295,10 @@ def grid_problems(cfg: DictConfig) -> list[str]:
     numbers = {"repeats": 1, "warmup": 0, **({"prompt_len": 1} if cfg.mode == "inference" else {})}
     if cfg.mode == "train":
         numbers |= {key: 1 for key in ("batch_size", "tokens_per_step") if grid_cfg.get(key) is not None}
-    if cfg.mode == "train":
         documents = grid_cfg.get("documents")
         if documents is not None and (isinstance(documents, str) or len(documents) == 0
                                       or any(value not in DOCUMENTS for value in documents)):
-            problems.append(f"train.documents={documents if documents is None or isinstance(documents, str) else list(documents)} "
+            problems.append(f"train.documents={documents if isinstance(documents, str) else list(documents)} "
                             f"must be a list of some of {', '.join(DOCUMENTS)}, e.g. train.documents=[joined,apart] "
                             "(each point measured with each)")
         if grid_cfg.get("document_tokens") is not None:

@@ -252,6 +252,9 @@ def counted_training_flops(model: CausalLM, batch_size: int, seq_len: int, form:
     return counter.get_total_flops()
 
 
+DOCUMENT_TOKENS = 512  # the documents' mean length apart, by default (mcsd-bench's train.document_tokens)
+
+
 def document_positions(batch_size: int, seq_len: int, mean_tokens: float, generator: torch.Generator) -> torch.Tensor:
     """Each token's position in its own document ``[batch_size, seq_len]``, for sequences packed
     with documents whose lengths are drawn from an exponential distribution of mean
@@ -271,7 +274,7 @@ def document_positions(batch_size: int, seq_len: int, mean_tokens: float, genera
 def train_point(
     model_cfg: dict[str, Any] | str, form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
     dtype: str, seed: int, compile: bool = False, activation_checkpointing: bool = False, kernels: str = "auto",
-    documents: str = "joined", document_tokens: int = 512,
+    documents: str = "joined", document_tokens: int = DOCUMENT_TOKENS,
 ) -> dict[str, Any]:
     """Tokens/s and peak memory of forward + backward + AdamW step in one form; with ``compile``
     through the compiled loss that training uses (:meth:`CausalLM.loss_function`; compiled by the
