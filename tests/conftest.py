@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._inductor.config
 
 FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
 
@@ -28,6 +29,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # The benchmarks measure anyway where the suite's other worker shares the cores (no test reads a
     # time as the machine's); tests/bench/test_bench.py checks the refusal itself.
     os.environ["MCSD_BUSY_MACHINE"] = "measure"
+    # Inductor's C++ without vectorisation, here and in every process a test starts: the same functions,
+    # a fifth less of a cold compile (its tiling analysis of symbolic lengths), and CI always compiles
+    # cold (issue 64, docs/layout.md). A GPU compiles through Triton, untouched (tests/gpu).
+    os.environ["TORCHINDUCTOR_VEC_ISA_OK"] = "0"
+    torch._inductor.config.cpp.vec_isa_ok = False
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
@@ -60,6 +66,20 @@ class _FileSecondsRecorder:
         recorded = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
         recorded.update({path: round(value, 1) for path, value in self.seconds.items()})
         FILE_SECONDS.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
+
+
+@pytest.fixture
+def compile_without_inductor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.compile`` through dynamo and AOTAutograd alone (``backend="aot_eager"``; inductor's
+    ``mode`` and ``options`` dropped): what a model's code can break (graph breaks, guards,
+    recompiles, mutation of its states) is traced as inductor would receive it, without inductor's
+    C++ code generation, for paths whose inductor backend is a GPU's (Triton: tests/gpu)."""
+    compile_with = torch.compile
+
+    def compile(model=None, *, backend="inductor", mode=None, options=None, **kwargs):  # noqa: ANN001,ANN202
+        return compile_with(model, backend="aot_eager", **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile)
 
 
 @pytest.fixture(autouse=True)

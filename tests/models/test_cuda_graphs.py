@@ -122,13 +122,18 @@ def test_the_static_step_of_a_16_bit_model(name: str, dtype: torch.dtype) -> Non
 
 
 @pytest.mark.parametrize("name", registry.architectures())
-def test_a_compiled_static_step_equals_the_eager_step(name: str) -> None:
+def test_a_compiled_static_step_equals_the_eager_step(name: str, compile_without_inductor: None) -> None:
     """``compile=True``: the static step through ``torch.compile`` (what CUDA graphs record on a GPU
-    with ``compile``), across KV-cache buckets; its logits equal the eager step's to float rounding."""
+    with ``compile``), across KV-cache buckets; its logits equal the eager step's to float rounding.
+    Traced by dynamo and AOTAutograd (``compile_without_inductor``): the static step is a GPU's path,
+    where inductor compiles it (test_gpu.py's CUDA-graph decoding, compiled)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     model = tiny_model_to_compile(name)
     input_ids = torch.randint(0, model.config.vocab_size, (2, LENGTH))
     step = StaticStep(model, compile=True, record="call", min_capacity=4)
     logits, _ = static_decode(step, model, input_ids)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it was traced
     torch.testing.assert_close(logits, decode_all(model, input_ids, split=PROMPT, hint=False), rtol=1e-5, atol=1e-5)
 
 

@@ -25,6 +25,9 @@ CASES = variant_cases()
 # Compiled decoding: each architecture's default variant in both dtypes. A variant changes what the
 # step computes, not how it is compiled (every variant decodes in both dtypes eagerly above); a cold
 # compile costs 5-60 s here, and CI's machine always starts cold (issue 64: 12 more cases took ~190 s).
+# Traced without inductor (compile_without_inductor): 16-bit decoding is a GPU's, where inductor
+# compiles it (tests/gpu/test_gpu.py, each default variant in bf16); fp32 compiled decoding goes through
+# inductor here for every architecture (tests/models/test_generate.py).
 DEFAULT_CASES = [f"{name}/{next(iter(registry.get(name).variants))}" for name in registry.architectures()]
 COMPILED_CASES = [(case, dtype) for case in DEFAULT_CASES for dtype in SIXTEEN_BIT_TOLERANCE]
 
@@ -54,10 +57,12 @@ def test_a_model_cast_to_16_bits_runs_every_form_and_decodes(case: str, dtype: t
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "dtype"), COMPILED_CASES, ids=str)
 @torch.inference_mode()  # as generate's: its states are inference tensors too, which a graph guards on
-def test_a_model_cast_to_16_bits_decodes_compiled(case: str, dtype: torch.dtype) -> None:
+def test_a_model_cast_to_16_bits_decodes_compiled(case: str, dtype: torch.dtype, compile_without_inductor: None) -> None:
     """The compiled step of a 16-bit model (one layer of each kind): the fp32 model's logits within
     :data:`SIXTEEN_BIT_TOLERANCE` along a fixed token path, recurrent states fp32, and
     ``generate(compile=True)`` runs."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     name = case.split("/")[0]
     model = tiny_model(case, **ONE_LAYER_OF_EACH_KIND.get(name, {"num_layers": 1}))
     input_ids = torch.randint(0, 101, (2, 24))
@@ -68,6 +73,7 @@ def test_a_model_cast_to_16_bits_decodes_compiled(case: str, dtype: torch.dtype)
     assert_recurrent_states_stay_fp32(cast, state)
     generated = cast.generate(input_ids[:, :5], 6, compile=True)
     assert generated.shape == (2, 11) and torch.equal(generated[:, :5], input_ids[:, :5])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it was traced
 
 
 def test_dtype_auto_is_bf16_on_a_gpu_that_supports_it(monkeypatch: pytest.MonkeyPatch) -> None:
