@@ -100,9 +100,10 @@ def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path) -> None:
+def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path, compile_without_inductor: None) -> None:
     """``compile=true``: the points decode through the compiled step (compiled in the warm-up,
-    which runs even when ``inference.warmup=0``) and the results say so."""
+    which runs even when ``inference.warmup=0``) and the results say so. (The bench's handling of a
+    compiled point, traced without inductor: inductor's step is tests/models/test_generate.py's.)"""
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.warmup=0", "inference.batch_sizes=[2]",
                          "models=[mcsd]", "compile=true", "isolate=false")
     frame = pd.read_csv(csv_path)
@@ -186,12 +187,12 @@ def test_a_point_that_fails_in_its_own_process_is_an_error_row() -> None:
 
 
 @pytest.mark.slow
-def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path) -> None:
+def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path, compile_without_inductor: None) -> None:
     """In one process, every compiled point compiles its own model's step: with dynamo's recompile
     limit at 2 (a point compiles one or two graphs), models that shared one step function would hit
     it by the third point (a point that hits it is an error, never a silent eager run); each row
-    says it ran compiled. Three one-layer MCSD models, each a model node of its own (the same
-    graphs: inductor compiles them once, and its cache serves the other two)."""
+    says it ran compiled. Three one-layer MCSD models, each a model node of its own, traced without
+    inductor (dynamo's guards and recompile limit are what this checks)."""
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         node = model_source("mcsd", "tiny", None)[2]
     models = [tmp_path / f"mcsd_{index}.yaml" for index in range(3)]
@@ -278,10 +279,11 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
         plot_inference(csv_path)
 
 
-def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) -> None:
+def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path, compile_without_inductor: None) -> None:
     """``mode=train compile=true``: the points step through the compiled model + loss (compiled in
     the warm-up, which runs even when ``train.warmup=0``) and the results say so. One layer of
-    MCSD's tiny model, as a model node of its own (compiling takes time per layer)."""
+    MCSD's tiny model, as a model node of its own (compiling takes time per layer), traced without
+    inductor (inductor's loss: tests/training/test_train.py)."""
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         node = model_source("mcsd", "tiny", None)[2]
     one_layer = tmp_path / "one_layer.yaml"

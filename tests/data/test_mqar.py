@@ -181,9 +181,10 @@ def test_training_scores_the_labelled_positions_and_logs_accuracy(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_compile_trains_mqar_as_eager_does(tmp_path: Path) -> None:
+def test_compile_trains_mqar_as_eager_does(tmp_path: Path, compile_without_inductor: None) -> None:
     """``compile=true`` compiles MQAR's loss too (the model and the LM head at the labelled
-    positions alone, in one graph): the same losses and accuracy as the eager run."""
+    positions alone, in one graph): the same losses and accuracy as the eager run. Traced without
+    inductor: the model's loss through inductor is tests/training/test_train.py's."""
     overrides = [*FAST, *MQAR_RUN, "model.num_layers=1", "trainer.max_steps=2", "trainer.val_check_interval=2",
                  "logger=csv", "validate_before_training=false", "test_after_training=false"]
     train(compose_train(tmp_path / "eager", *overrides))
