@@ -341,3 +341,22 @@ def test_a_packed_batch_gives_each_document_what_it_gets_alone(case: str) -> Non
     for (name, parameter), gradient in zip(model.named_parameters(), packed_gradients):
         same = torch.equal(gradient, parameter.grad)  # all zero, too (the dynamic mask's at A = 0)
         assert same or relative_rms_error(gradient, parameter.grad) < tolerance, name
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # its eager form, on purpose
+@pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "key_bias"])
+def test_fused_document_attention_is_the_masked_one(with_bias: bool) -> None:
+    """``document_attention(fused=True)`` (FlexAttention with the documents' block mask: a CUDA
+    device's path, here its eager form on the CPU) computes the masked SDPA call's values, in fp64
+    to round-off, for documents of lengths 1..365 that start inside and at the edges of its
+    128-position blocks, with and without a bias per key (the hybrid's dynamic mask). FlexAttention
+    has no backward on a CPU: the gradients are compared on a GPU (tests/gpu/test_gpu.py)."""
+    from mcsd.models.modules.attention import document_attention
+    from mcsd.ops.common import document_index
+
+    position_ids = torch.cat([document_position_ids(DOCUMENT_LENGTHS), document_position_ids([128, 3, 365])])
+    document = document_index(position_ids == 0)
+    query, key, value = (torch.randn(2, 3, position_ids.shape[1], 8, dtype=torch.float64) for _ in range(3))
+    key_bias = -torch.rand(2, 3, position_ids.shape[1], dtype=torch.float64) if with_bias else None
+    masked, fused = (document_attention(query, key, value, document, key_bias, fused=fused) for fused in (False, True))
+    assert relative_rms_error(fused, masked) < 1e-12

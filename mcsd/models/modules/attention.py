@@ -17,8 +17,11 @@ needs), so decoding any number of tokens costs amortised O(1) copies per token.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import torch
+import torch.nn.attention.flex_attention as flex
 import torch.nn.functional as F
 from torch import nn
 
@@ -154,16 +157,12 @@ class CausalSelfAttention(TokenMixer):
     ) -> tuple[torch.Tensor, KVCache]:
         """Every form with documents apart (``position_ids`` ``[B, N]``): rotary at each token's
         position in its document, each query attending to the keys of its own document up to
-        itself (one masked SDPA call: a block-diagonal causal mask, ``[B, 1, N, N]``). The cache
-        returned holds every position; :meth:`last_document` keeps the last document's for decoding."""
+        itself (:func:`document_attention`). The cache returned holds every position;
+        :meth:`last_document` keeps the last document's for decoding."""
         batch, _, length, _ = query.shape
         query, key = (rotary(part, position_ids, self.rope_base) for part in (query, key))
         bias = self.key_bias(value)
-        document = document_index(position_ids == 0)
-        causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
-        visible = ((document[:, :, None] == document[:, None, :]) & causal)[:, None]  # [B, 1, N, N]
-        mask = visible if bias is None else bias[..., None, :].masked_fill(~visible, float("-inf"))
-        attended = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        attended = document_attention(query, key, value, document_index(position_ids == 0), bias)
         cache = KVCache(key, value, bias)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, -1)), cache
 
@@ -293,6 +292,49 @@ def causal_attention(
     key = padded(key, (key_bias / scale).to(key.dtype)[..., None])
     value = padded(value, torch.zeros_like(value[..., :1]))
     return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)[..., :width]
+
+
+def document_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, document: torch.Tensor,
+    key_bias: torch.Tensor | None = None, fused: bool | None = None,
+) -> torch.Tensor:
+    """Causal attention within each document of a packed batch: ``query``, ``key``, ``value``
+    ``[B, H, N, Dh]``, ``document`` ``[B, N]`` (each position's document, non-decreasing), an
+    optional additive bias per key ``[B, H, N]``. Each query attends to the keys of its own
+    document up to itself.
+
+    ``fused`` (by default on a CUDA device): FlexAttention with a block mask of the documents,
+    compiled (blocks of 128 x 128 positions that no document spans are skipped, fully visible
+    ones run unmasked, and no ``N x N`` mask is made); otherwise one SDPA call with a
+    block-diagonal causal mask ``[B, 1, N, N]`` (the CPU's path: FlexAttention is fused there only
+    through inductor's CPU template, whose cold compile costs more than a CPU-sized run gains)."""
+    if fused is None:
+        fused = query.is_cuda
+    batch, _, length, _ = query.shape
+    if not fused:
+        causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+        visible = ((document[:, :, None] == document[:, None, :]) & causal)[:, None]  # [B, 1, N, N]
+        mask = visible if key_bias is None else key_bias[..., None, :].masked_fill(~visible, float("-inf"))
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+
+    def own_document_causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return (q >= kv) & (document[b, q] == document[b, kv])
+
+    def add_key_bias(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor,
+                     kv: torch.Tensor) -> torch.Tensor:
+        return score + key_bias[b, h, kv].to(score.dtype)
+
+    block_mask = flex.create_block_mask(own_document_causal, batch, None, length, length, device=query.device,
+                                        _compile=query.is_cuda)
+    attend = _compiled_flex_attention() if query.is_cuda else flex.flex_attention
+    return attend(query, key, value, score_mod=None if key_bias is None else add_key_bias, block_mask=block_mask)
+
+
+@functools.cache
+def _compiled_flex_attention() -> Callable:
+    """FlexAttention through ``torch.compile`` (its fused kernel; called eagerly it computes the
+    scores in full), compiled once per process; inside a compiled model dynamo traces it in place."""
+    return torch.compile(flex.flex_attention, dynamic=False)
 
 
 def biased_mask(key_bias: torch.Tensor, first_query: int, num_queries: int) -> torch.Tensor:
