@@ -312,7 +312,8 @@ def test_a_packed_batch_gives_each_document_what_it_gets_alone(case: str) -> Non
     form each document's logits are those it gets alone (in the parallel form; fp64: to round-off,
     or to MCSD's fp32 constants); in the training form the gradients of a loss over the packed row are the sum of
     each document's alone; the state after the row is the last document's, which decodes on as
-    it does. An architecture that cannot keep documents apart yet refuses them in one line."""
+    it does. A row whose only start is its first token is the joined row, and a block of one token
+    is that token alone. An architecture that cannot keep documents apart yet refuses them in one line."""
     architecture = registry.get(case.split("/")[0])
     model = tiny_model(case, chunk_size=16).double()
     position_ids = document_position_ids(DOCUMENT_LENGTHS)
@@ -326,8 +327,13 @@ def test_a_packed_batch_gives_each_document_what_it_gets_alone(case: str) -> Non
     documents = input_ids.split(DOCUMENT_LENGTHS, dim=1)
     with torch.no_grad():  # each document alone in the reference form (the forms agree: tests above)
         alone = torch.cat([model(document, form="parallel") for document in documents], dim=1)
+        one_document = torch.arange(input_ids.shape[1])[None]  # a start at position 0 only: the joined row
+        joined = model(input_ids, form="parallel")
         for form in architecture.forms:
             assert relative_rms_error(model(input_ids, form=form, position_ids=position_ids), alone) < tolerance, form
+            assert relative_rms_error(model(input_ids, form=form, position_ids=one_document), joined) < tolerance, form
+            one_token = model(input_ids[:, :1], form=form, position_ids=one_document[:, :1])  # a block of one token
+            assert relative_rms_error(one_token, alone[:, :1]) < tolerance, form
         _, state = model.prefill(input_ids, position_ids=position_ids)
         _, alone_state = model.prefill(documents[-1])
         next_token = torch.tensor([7])
