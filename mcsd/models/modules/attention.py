@@ -306,8 +306,8 @@ def document_attention(
     ``fused`` (by default on a CUDA device): FlexAttention with a block mask of the documents,
     compiled (blocks of 128 x 128 positions that no document spans are skipped, fully visible
     ones run unmasked, and no ``N x N`` mask is made); otherwise one SDPA call with a
-    block-diagonal causal mask ``[B, 1, N, N]`` (the CPU's path: FlexAttention is fused there only
-    through inductor's CPU template, whose cold compile costs more than a CPU-sized run gains)."""
+    block-diagonal causal mask ``[B, 1, N, N]`` (the CPU's path: FlexAttention has no backward on a
+    CPU, and its forward is fused there only through an inductor compile)."""
     if fused is None:
         fused = query.is_cuda
     batch, _, length, _ = query.shape
