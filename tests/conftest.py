@@ -22,23 +22,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "keeping the files this run did not reach")
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one worker more than the cores this process may use (PYTEST_XDIST_AUTO_NUM_WORKERS
-    overrides it, as in pytest-xdist). The suite's tests wait on the processes they start (a command's
-    imports, a signal, a sweep's jobs), so a third worker on 2 cores keeps them busy: the whole suite
-    took 1099 s with 3 workers against 1258 s with 2 and 1283 s with 4 (docs/layout.md)."""
-    if "PYTEST_XDIST_AUTO_NUM_WORKERS" in os.environ:
-        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores + 1
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, split the cores between the workers (torch and the CLIs the tests
     start would otherwise each take every core and slow each other down); benchmarks measure on
     the shared machine."""
-    # The benchmarks measure anyway where the suite's other workers share the cores (no test reads a
+    # The benchmarks measure anyway where the suite's other worker shares the cores (no test reads a
     # time as the machine's); tests/bench/test_bench.py checks the refusal itself.
     os.environ["MCSD_BUSY_MACHINE"] = "measure"
     # Inductor's C++ without vectorisation, here and in every process a test starts: the same functions,
