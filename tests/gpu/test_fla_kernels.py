@@ -126,6 +126,52 @@ def test_wkv_through_rwkv4(length: int, dtype: torch.dtype) -> None:
     _compare(run, [k, v, w, u, initial], dtype, cast=2, differentiate=[0, 1], state_view=what_it_holds)
 
 
+def _document_starts() -> torch.Tensor:
+    """``[2, 2048]`` bool on the GPU: row 0 documents of 1, 2, 63, 64, 65, 301 and 1,552 tokens;
+    row 1 one going on from the initial state and one of 1,048 tokens."""
+    starts = torch.zeros(2, 2048, dtype=torch.bool)
+    starts[0, torch.tensor([0, 1, 2, 63, 64, 65, 301]).cumsum(0)] = True
+    starts[1, 1000] = True
+    return starts.to(CUDA)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_exp_filter_keeps_documents_apart_through_hgrn(form: str, dtype: torch.dtype) -> None:
+    """A gate of -inf at each start in fla's kernels: the PyTorch chunk form with ``starts``."""
+    starts = _document_starts()
+    x = _random(2, 6, 2048, 32, seed=0).transpose(1, 2).contiguous().transpose(1, 2)
+    log_decay = torch.log(torch.linspace(0.5, 0.999, 6))
+    initial = _random(2, 6, 32, seed=1)
+
+    def run(kernels, x, log_decay, initial):
+        if kernels == "torch":
+            return chunk_exp_filter(x, log_decay, initial, starts=starts)
+        return exp_filter(x, log_decay, initial, form, kernels="fla", starts=starts)
+
+    _compare(run, [x, log_decay, initial], dtype, cast=1, differentiate=[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_decayed_attention_keeps_documents_apart_through_simple_gla(form: str, per_token: bool,
+                                                                    dtype: torch.dtype) -> None:
+    """fla's variable-length sequences (``cu_seqlens``): the PyTorch chunk form with ``starts``."""
+    starts = _document_starts()
+    q, k, v = (_random(2, 4, 2048, 64, seed=seed, scale=64 ** -0.25) for seed in (0, 1, 2))
+    log_decay = -torch.rand(2, 4, 2048) * 0.1 if per_token else torch.log1p(-(2.0 ** -torch.arange(5.0, 9.0)))
+    initial = _random(2, 4, 64, 64, seed=3)
+
+    def run(kernels, q, k, v, log_decay, initial):
+        if kernels == "torch":
+            return chunk_decayed_attention(q, k, v, log_decay, initial, starts=starts)
+        return decayed_attention(q, k, v, log_decay, initial, form, kernels="fla", starts=starts)
+
+    refused = per_token and form == "chunk" and gated_chunk_backward_refused()
+    _compare(run, [q, k, v, log_decay, initial], dtype, cast=3, differentiate=[] if refused else [0, 1, 2])
+
+
 @torch.no_grad()
 def test_decoding_steps_through_fused_recurrences() -> None:
     """RetNet's and SSD's step (simple GLA) and RWKV-4's (its fused kernel) on the GPU, fla

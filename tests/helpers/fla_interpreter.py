@@ -62,6 +62,23 @@ def main() -> None:
     expected = parallel_decayed_attention(*leaves64[:3], head_decay.double(), state.double())
     errors["decayed_attention per head"] = max(relative_rms_error(a, b) for a, b in zip(got, expected))
 
+    # Documents apart: HGRN's gate at -inf at each start, simple GLA's variable-length sequences
+    starts = torch.zeros(2, length, dtype=torch.bool)
+    starts[0, [0, 1, 3, 40]] = True
+    starts[1, 20] = True  # row 1's first document goes on from its initial state
+    got = fla_exp_filter(x, log_decay, initial, "recurrent", kernel=fused_recurrent_hgrn, starts=starts)
+    expected = parallel_exp_filter(x64, log_decay.double(), initial.double(), starts)
+    errors["exp_filter documents apart"] = max(relative_rms_error(a, b) for a, b in zip(got, expected))
+    errors["exp_filter documents apart gradient"] = gradient_error(got[0], expected[0], [x], [x64])
+    state = torch.randn(2, 3, 4, 5)
+    got = fla_decayed_attention(q, k, v, per_token, state, "recurrent", kernel=fused_recurrent_simple_gla,
+                                starts=starts)
+    leaves64 = [tensor.detach().double().requires_grad_() for tensor in (q, k, v, per_token)]
+    expected = parallel_decayed_attention(*leaves64, state.double(), starts)
+    errors["decayed_attention documents apart"] = max(relative_rms_error(a, b) for a, b in zip(got, expected))
+    errors["decayed_attention documents apart gradient"] = gradient_error(got[0], expected[0], [q, k, v, per_token],
+                                                                          leaves64)
+
     w, u = torch.rand(8) + 0.05, torch.randn(8)
     k, v = torch.randn(2, length, 8, requires_grad=True), torch.randn(2, length, 8, requires_grad=True)
     state = parallel_wkv(w, u, torch.randn(2, 5, 8), torch.randn(2, 5, 8))[1]

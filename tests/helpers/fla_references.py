@@ -2,7 +2,8 @@
 which has no naive reference of its own) written out in PyTorch from its Triton source, in its
 conventions (the decay is ``exp(-exp(w))``, the state ``[B, 3, 1, D]`` holds ``(alpha, beta, eps)``;
 the interpreter test checks it against the kernel itself), and its simple GLA references given
-the per-head decay ``g_gamma`` that its kernels take."""
+the per-head decay ``g_gamma`` and the variable-length sequences (``cu_seqlens``) that its
+kernels take."""
 
 from __future__ import annotations
 
@@ -36,10 +37,19 @@ def naive_recurrent_rwkv4(
 
 def with_head_decay(reference: Callable) -> Callable:
     """fla's simple GLA reference given ``g_gamma`` (a log-decay per head ``[H]``, which its kernels
-    take and its references do not) as the per-token ``g`` it stands for."""
+    take and its references do not) as the per-token ``g`` it stands for, and ``cu_seqlens`` (one
+    row ``[1, T, ...]`` holding sequences end to end, each from its own initial state, as fla's
+    kernels take them and its references do not) as one call per sequence."""
     def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
-               g_gamma: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+               g_gamma: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+               initial_state: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if g_gamma is not None:
             g = g_gamma.expand(q.shape[0], q.shape[1], -1)
-        return reference(q, k, v, g=g, **kwargs)
+        if cu_seqlens is None:
+            return reference(q, k, v, g=g, initial_state=initial_state, **kwargs)
+        assert q.shape[0] == 1 and cu_seqlens[0] == 0 and cu_seqlens[-1] == q.shape[1]  # fla's own conditions
+        pieces = [reference(q[:, start:end], k[:, start:end], v[:, start:end], g=g[:, start:end],
+                            initial_state=None if initial_state is None else initial_state[index:index + 1], **kwargs)
+                  for index, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()))]
+        return torch.cat([output for output, _ in pieces], dim=1), torch.cat([final for _, final in pieces])
     return kernel

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.documents import packed_starts
 from helpers.fla_references import naive_recurrent_rwkv4, with_head_decay
 from helpers.models import TINY, decode_with_state, relative_rms_error, tiny_model
 from mcsd.models import registry
@@ -164,6 +165,50 @@ def test_decayed_attention_step_over_simple_gla_is_the_step() -> None:
     assert_close(got, decayed_attention_step(*fp64(q, k, v, log_decay, state)))
 
 
+# Documents apart: HGRN's gate at -inf at each start, simple GLA's variable-length sequences
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_exp_filter_over_hgrn_keeps_documents_apart(form: str) -> None:
+    """With ``starts``, the filter's outputs, final state and gradients (of the inputs, the decays
+    and the initial state, which row 1's first document goes on from) are the parallel form's,
+    which computes each document alone (tests/ops/test_exp_filter.py)."""
+    starts = packed_starts()
+    x = torch.randn(2, 3, starts.shape[1], 4, generator=generator()).requires_grad_()
+    log_decay = torch.log(torch.tensor([0.5, 0.9, 0.999])).requires_grad_()
+    initial = torch.randn(2, 3, 4, generator=generator(2)).requires_grad_()
+    got = fla_exp_filter(x, log_decay, initial, form, kernel=naive_recurrent_hgrn, starts=starts)
+    x64, log_decay64, initial64 = fp64(x, log_decay, initial)
+    expected = parallel_exp_filter(x64, log_decay64, initial64, starts)
+    assert_close(got, expected)
+    assert not got[0].transpose(1, 2)[starts].any()  # a document's first token reads no history
+    assert_close(gradients(got, [x, log_decay, initial]), gradients(expected, [x64, log_decay64, initial64]))
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_decayed_attention_over_simple_gla_keeps_documents_apart(per_token: bool, form: str) -> None:
+    """With ``starts``, fla's variable-length sequences give the parallel form's outputs, final
+    states and gradients, for RetNet's per-head decay and the SSD's per-token one."""
+    starts = packed_starts()
+    length = starts.shape[1]
+    q, k = (torch.randn(2, 3, length, 4, generator=generator(seed)).requires_grad_() for seed in (0, 1))
+    v = torch.randn(2, 3, length, 5, generator=generator(2)).requires_grad_()
+    log_decay = (-torch.rand(2, 3, length, generator=generator(3)) * 0.5 if per_token
+                 else torch.log1p(-(2.0 ** -torch.arange(5.0, 8.0)))).requires_grad_(per_token)
+    initial = torch.randn(2, 3, 4, 5, generator=generator(4)).requires_grad_()
+    got = fla_decayed_attention(q, k, v, log_decay, initial, form, kernel=REFERENCES[form], starts=starts)
+    q64, k64, v64, log_decay64, initial64 = fp64(q, k, v, log_decay, initial)
+    expected = parallel_decayed_attention(q64, k64, v64, log_decay64, initial64, starts)
+    assert got[0].dtype == v.dtype and got[1].dtype == torch.float32
+    assert_close(got, expected)
+    leaves = [q, k, v] + ([log_decay] if per_token else [])
+    leaves64 = [q64, k64, v64] + ([log_decay64] if per_token else [])
+    if form == "recurrent":  # the chunk reference starts from its state in place: no gradient
+        leaves, leaves64 = leaves + [initial], leaves64 + [initial64]
+    assert_close(gradients(got, leaves), gradients(expected, leaves64))
+
+
 # RWKV-4's WKV through fla's fused recurrence, as its Triton source reads
 
 
@@ -292,6 +337,37 @@ def test_every_architecture_with_fla_kernels_is_itself(name: str, fla_on_the_cpu
 
 
 @pytest.mark.parametrize("name", registry.architectures())
+def test_every_architecture_with_fla_kernels_keeps_documents_apart(name: str, fla_on_the_cpu: list,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """With documents apart (``position_ids``), ``kernels=auto`` where fla runs (its references
+    standing in) gives the logits of every form and the loss's gradients of ``kernels=torch``:
+    fla serves the filter and decayed attention with their documents apart, and RWKV-4's WKV,
+    which fla's kernel cannot reset at a start, runs its PyTorch form, said once."""
+    model = tiny_model(name, kernels="torch").eval()
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 70), generator=generator())
+    position_ids = torch.cat([torch.arange(length) for length in (1, 2, 63, 4)]).repeat(2, 1)
+    position_ids[1] = torch.cat([torch.arange(30), torch.arange(40)])
+
+    def loss_gradients() -> torch.Tensor:
+        model.zero_grad()
+        model.loss(tokens[:, :-1], tokens[:, 1:], position_ids=position_ids[:, :-1])[0].backward()
+        return torch.cat([parameter.grad.flatten() for parameter in model.parameters() if parameter.grad is not None])
+
+    expected_gradients = loss_gradients()
+    with torch.no_grad():
+        expected = {form: model(tokens, form=form, position_ids=position_ids) for form in model.architecture.forms}
+    model.use_kernels("auto")
+    with caplog.at_level("WARNING", logger="mcsd.ops.kernels"):
+        assert relative_rms_error(loss_gradients(), expected_gradients) < TOLERANCE
+        with torch.no_grad():
+            for form, logits in expected.items():
+                assert relative_rms_error(model(tokens, form=form, position_ids=position_ids), logits) < TOLERANCE, form
+    served = {op for op, _ in fla_on_the_cpu}
+    assert served == set(model.architecture.ops) - {"wkv"}
+    assert ("fla's RWKV-4 kernel cannot keep documents apart" in caplog.text) == ("wkv" in model.architecture.ops)
+
+
+@pytest.mark.parametrize("name", registry.architectures())
 @torch.no_grad()
 def test_the_step_at_fixed_addresses_runs_through_fla(name: str, fla_on_the_cpu: list) -> None:
     """The step that CUDA graphs replay (here each replay a call: ``record="call"``), with
@@ -362,7 +438,8 @@ def test_what_fla_refuses_runs_the_pytorch_form_under_auto(fla_on_the_cpu: list,
 @pytest.mark.slow
 def test_fla_fused_recurrences_in_the_triton_interpreter() -> None:
     """fla's fused recurrent kernels (HGRN, simple GLA, RWKV-4: forward and backward) run on the
-    CPU in Triton's interpreter, through the adapters, and equal the parallel forms; the RWKV-4
+    CPU in Triton's interpreter, through the adapters, and equal the parallel forms, HGRN's and
+    simple GLA's with documents apart too (a gate of -inf; variable-length sequences); the RWKV-4
     reference the tests above use equals fla's kernel. (Its chunk kernels use what the
     interpreter lacks: the GPU tests hold them.)"""
     tests = Path(__file__).resolve().parents[1]
@@ -373,5 +450,7 @@ def test_fla_fused_recurrences_in_the_triton_interpreter() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     errors = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(errors) == {"exp_filter", "exp_filter gradient", "decayed_attention", "decayed_attention gradient",
-                           "decayed_attention per head", "wkv", "wkv gradient", "rwkv4 reference"}
+                           "decayed_attention per head", "exp_filter documents apart",
+                           "exp_filter documents apart gradient", "decayed_attention documents apart",
+                           "decayed_attention documents apart gradient", "wkv", "wkv gradient", "rwkv4 reference"}
     assert all(error < TOLERANCE for error in errors.values()), errors

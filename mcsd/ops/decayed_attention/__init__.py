@@ -32,15 +32,14 @@ def decayed_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
     ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``. ``starts`` ``[B, N]`` bool: where
-    the documents of a packed batch start (the PyTorch forms; fla's adapter takes none yet)."""
+    the documents of a packed batch start."""
     inputs = (q, k, v, log_decay, initial_state)
     return dispatch(form, kernels, q.device, {
         "parallel": functools.partial(parallel_decayed_attention, *inputs, starts),
         "chunk": functools.partial(chunk_decayed_attention, *inputs, chunk_size, starts),
         "recurrent": functools.partial(recurrent_decayed_attention, *inputs, starts),
-    }, fla=functools.partial(fla_decayed_attention, *inputs, form),
-        fla_problem=lambda: ("fla's decayed_attention adapter does not keep documents apart" if starts is not None
-                             else fla_problem(q, k, v, log_decay, form)))
+    }, fla=functools.partial(fla_decayed_attention, *inputs, form, starts=starts),
+        fla_problem=lambda: fla_problem(q, k, v, log_decay, form))
 
 
 __all__ = [

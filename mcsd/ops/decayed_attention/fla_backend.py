@@ -5,6 +5,13 @@ head ``g_gamma`` ``[H]`` (RetNet): ours exactly, with ``scale = 1`` (the callers
 and the heads moved behind the positions (``[B, T, H, D]``: a view when the caller's
 ``[B, H, N, D]`` is one of ``[B, N, H, D]``). States are fp32 ``[B, H, Dk, Dv]`` on both sides.
 
+Documents apart (``starts``): fla's variable-length sequences (``cu_seqlens``), the field's
+convention for a packed batch: the rows are laid end to end as one sequence of ``B * N`` tokens,
+cut at every document start and every row start; each piece starts from a zero state (a row's
+first piece from its initial state, where the row does not begin with a document start), and a
+row's final state is that of its last piece. A log-decay of ``-inf`` would not do here: fla's
+chunk kernel takes differences of cumulative decays (``inf - inf``).
+
 fla refuses two backwards of its chunk kernel (:func:`fla_problem`): 16-bit keys or values of
 odd width, and a per-token decay's on Hopper GPUs with Triton 3.4 to 3.7.0 (wrong results
 there, fla issue 640: the GPU image's Triton 3.6 is one), where ``auto`` trains with the
@@ -18,6 +25,7 @@ from collections.abc import Callable
 import importlib
 
 import torch
+import torch.nn.functional as F
 
 from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention.parallel import per_token_log_decay
@@ -28,21 +36,38 @@ from mcsd.ops.kernels import fla_kernel, outside_compiled_graphs
 def fla_decayed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
     initial_state: torch.Tensor | None = None, form: str = "chunk", kernel: Callable | None = None,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`mcsd.ops.decayed_attention.decayed_attention`'s contract through fla's ``form``
     kernel (or ``kernel``, a function with fla's simple GLA keywords: its naive references in
-    the CPU tests)."""
+    the CPU tests), ``starts`` ``[B, N]`` bool where the documents of a packed batch start."""
     kernel = kernel if kernel is not None else fla_kernel("decayed_attention", form)
-    batch, _, length, _ = q.shape
+    batch, heads, length, _ = q.shape
     accumulate = state_dtype(v)
     decay = ({"g_gamma": log_decay.to(accumulate)} if log_decay.dim() == 1
              else {"g": per_token_log_decay(log_decay, batch, length).transpose(1, 2)})  # [B, N, H]
     # fla's kernels take q, k and v in one dtype: the values' (what autocast's products would use)
-    q, k = q.to(v.dtype), k.to(v.dtype)
-    output, final = kernel(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2), **decay, scale=1.0,
-                           initial_state=None if initial_state is None else initial_state.to(accumulate),
-                           output_final_state=True)
-    return output.transpose(1, 2).to(v.dtype), final.to(accumulate)
+    q, k, v = (tensor.transpose(1, 2) for tensor in (q.to(v.dtype), k.to(v.dtype), v))  # [B, N, H, D]
+    initial_state = None if initial_state is None else initial_state.to(accumulate)
+    if starts is None:
+        output, final = kernel(q=q, k=k, v=v, **decay, scale=1.0, initial_state=initial_state,
+                               output_final_state=True)
+        return output.transpose(1, 2).to(v.dtype), final.to(accumulate)
+    pieces = starts.clone()
+    pieces[:, 0] = True  # a row's first token begins a piece, a document's start or not
+    first = pieces.flatten().nonzero().squeeze(1)  # [S]: each piece's first token in the B * N
+    cu_seqlens = F.pad(first, (0, 1), value=batch * length)
+    row_first = torch.searchsorted(first, torch.arange(batch, device=first.device) * length)  # [B]
+    initial = q.new_zeros(len(first), heads, q.shape[-1], v.shape[-1], dtype=accumulate)
+    if initial_state is not None:  # a row that does not begin with a document goes on from its state
+        initial[row_first] = initial_state * ~starts[:, 0, None, None, None]
+    if "g" in decay:
+        decay["g"] = decay["g"].reshape(1, batch * length, heads)
+    output, finals = kernel(q=q.reshape(1, batch * length, heads, -1), k=k.reshape(1, batch * length, heads, -1),
+                            v=v.reshape(1, batch * length, heads, -1), **decay, scale=1.0, initial_state=initial,
+                            output_final_state=True, cu_seqlens=cu_seqlens)
+    row_last = torch.cat([row_first[1:], row_first.new_tensor([len(first)])]) - 1
+    return output.reshape(batch, length, heads, -1).transpose(1, 2).to(v.dtype), finals[row_last].to(accumulate)
 
 
 def fla_decayed_attention_step(

@@ -25,10 +25,9 @@ def exp_filter(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
     ``(output [B, C, N, D], final_state [B, C, D] fp32)``. ``starts`` ``[B, N]`` bool: where the
-    documents of a packed batch start (the PyTorch forms; fla's adapter takes none yet)."""
+    documents of a packed batch start."""
     return dispatch(form, kernels, x.device, {
         "parallel": functools.partial(parallel_exp_filter, x, log_decay, initial_state, starts),
         "chunk": functools.partial(chunk_exp_filter, x, log_decay, initial_state, chunk_size, starts),
         "recurrent": functools.partial(recurrent_exp_filter, x, log_decay, initial_state, starts),
-    }, fla=functools.partial(fla_exp_filter, x, log_decay, initial_state, form),
-        fla_problem=lambda: None if starts is None else "fla's exp_filter adapter does not keep documents apart")
+    }, fla=functools.partial(fla_exp_filter, x, log_decay, initial_state, form, starts=starts))

@@ -29,14 +29,17 @@ def wkv(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
     ``(wkv [B, N, D], final_state [B, 3, D] fp32)``. ``starts`` ``[B, N]`` bool: where the
-    documents of a packed batch start (the PyTorch forms; fla's adapter takes none yet)."""
+    documents of a packed batch start (the PyTorch forms only: fla's RWKV-4 kernel takes neither
+    variable-length sequences nor a per-token decay, so fla cannot reset its state at a start)."""
     inputs = (w, u, k, v, initial_state)
     return dispatch(form, kernels, k.device, {
         "parallel": functools.partial(parallel_wkv, *inputs, starts),
         "chunk": functools.partial(chunk_wkv, *inputs, chunk_size, starts),
         "recurrent": functools.partial(recurrent_wkv, *inputs, starts),
     }, fla=functools.partial(fla_wkv, *inputs, form),
-        fla_problem=lambda: None if starts is None else "fla's wkv adapter does not keep documents apart")
+        fla_problem=lambda: None if starts is None else (
+            "fla's RWKV-4 kernel cannot keep documents apart (it takes neither variable-length sequences nor a "
+            "per-token decay): use data.documents=joined"))
 
 
 __all__ = [
