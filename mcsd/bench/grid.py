@@ -389,7 +389,8 @@ def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, A
     json_path.write_text(json.dumps({"header": head, "points": rows}, indent=2) + "\n")
     columns = COLUMNS[head["mode"]]
     frame = pd.DataFrame(rows).reindex(columns=columns)
-    for key in ("device", "dtype", "torch", "git_commit", "compile", "cuda_graphs", "complete", "points_planned"):
+    for key in ("device", "dtype", "torch", "git_commit", "compile", "cuda_graphs", "complete", "points_planned",
+                "stopped_by"):
         frame[key] = head[key]
     frame.to_csv(csv_path, index=False)
     return json_path, csv_path
@@ -418,7 +419,8 @@ def bench(cfg: DictConfig) -> Path:
     others_before = check_machine(cfg)
     rows = []
     output_dir = Path(cfg.output_dir)
-    head = {**header(cfg), "complete": False, "points_planned": len(points), "other_cores_before": others_before}
+    head = {**header(cfg), "complete": False, "points_planned": len(points), "stopped_by": None,
+            "other_cores_before": others_before}
     budget = PointBudget(cfg.time_budget_s)
     bar = tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point")
     # Ctrl-C: stop after the point under way (again: at once); the points measured are kept.
@@ -430,6 +432,7 @@ def bench(cfg: DictConfig) -> Path:
                             "the grid stops here, %d of %d points measured (complete=false)", cfg.time_budget_s,
                             " ".join(f"{key}={value}" for key, value in labels.items()), budget.estimate(arguments),
                             budget.elapsed(), len(rows), len(points))
+                head["stopped_by"] = f"time_budget_s={cfg.time_budget_s}"
                 break
             # The machine's limit right before each point (this process is idle while a point runs):
             # on a shared machine it moves by a third between minutes, so each point has its own.
@@ -447,6 +450,7 @@ def bench(cfg: DictConfig) -> Path:
             rows.append(_row(cfg.mode, labels, result, limit, peak))
             write_results(output_dir, head, rows)  # after every point: a crash or a kill loses none measured
             if stop.requested:
+                head["stopped_by"] = "Ctrl-C"
                 break
     bar.close()
     head["complete"] = len(rows) == len(points)

@@ -54,7 +54,7 @@ def read_results(path: str | Path, kind: str | None = None) -> tuple[dict, pd.Da
         else:
             frame = pd.read_csv(path)
             head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit", "compile", "complete",
-                                                         "points_planned") if key in frame and len(frame)}
+                                                         "points_planned", "stopped_by") if key in frame and len(frame)}
     except (ValueError, KeyError, TypeError, pd.errors.ParserError) as error:
         raise MCSDError(f"{path} is not a results file of mcsd-bench ({type(error).__name__}): give its results.csv "
                         "or results.json") from None
@@ -170,10 +170,13 @@ def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scal
 
 
 def _title(head: dict, text: str, frame: pd.DataFrame) -> str:
-    """The figure's title, the machine, for a run that Ctrl-C stopped how much of it there is,
-    and how many points were taken on a shared machine or with unsteady repeats."""
+    """The figure's title, the machine, for a run stopped early (by Ctrl-C or its time budget) how
+    much of it there is and what stopped it, and how many points were taken on a shared machine
+    or with unsteady repeats."""
     compiled = ", compiled step" if head.get("compile") else ""
-    incomplete = (f"; incomplete: {len(frame)} of {head.get('points_planned', '?')} points (stopped by Ctrl-C)"
+    stopped_by = head.get("stopped_by")  # results written before it was recorded have none
+    reason = f" (stopped by {stopped_by})" if isinstance(stopped_by, str) and stopped_by else ""
+    incomplete = (f"; incomplete: {len(frame)} of {head.get('points_planned', '?')} points{reason}"
                   if not bool(head.get("complete", True)) else "")
     ok = frame[frame["status"] == "ok"]
     marked = int(flagged(ok).sum())

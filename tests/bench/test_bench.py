@@ -31,7 +31,7 @@ from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.modeling import CausalLM
 from mcsd.models.cuda_graphs import StaticStep
-from mcsd.plots.cost import HOLLOW_NOTE, model_label, plot_inference, plot_train
+from mcsd.plots.cost import HOLLOW_NOTE, _title, model_label, plot_inference, plot_train
 
 
 
@@ -394,7 +394,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the app leaves Ctrl-C ignored as it exits
     assert stopped.value.code == 130 and measured == [4, 4]  # 4 points planned, the third never started
     head = json.loads((tmp_path / "stopped" / "results.json").read_text())["header"]
-    assert head["complete"] is False and head["points_planned"] == 4
+    assert head["complete"] is False and head["points_planned"] == 4 and head["stopped_by"] == "Ctrl-C"
     kept = pd.read_csv(tmp_path / "stopped" / "results.csv")
     monkeypatch.setattr(measure, "inference_point", point)
     whole = pd.read_csv(run_bench(tmp_path / "whole", *grid))
@@ -402,7 +402,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     timings = ["prefill_s", "decode_s_per_token", "latency_s", "tokens_per_s", "peak_mem_bytes",
                "peak_mem_minus_weights_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "complete",
                "points_planned", "git_commit", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
-               "other_cores", "shared", "point_s"]
+               "other_cores", "shared", "point_s", "stopped_by"]
     pd.testing.assert_frame_equal(kept.drop(columns=timings), whole.head(2).drop(columns=timings))
     figures = plot_inference(tmp_path / "stopped" / "results.csv")
     assert figures and all(path.stat().st_size > 0 for path in figures)
@@ -751,7 +751,11 @@ def test_a_grid_past_its_time_budget_keeps_what_it_measured(tmp_path: Path) -> N
                          "isolate=false", "time_budget_s=0.001")
     frame = pd.read_csv(csv_path)
     assert len(frame) == 1 and (frame["point_s"] > 0).all() and not frame["complete"].any()
-    assert json.loads((tmp_path / "results.json").read_text())["header"]["points_planned"] == 4
+    head = json.loads((tmp_path / "results.json").read_text())["header"]
+    assert head["points_planned"] == 4 and head["stopped_by"] == "time_budget_s=0.001"
+    # The figure's title says what stopped the grid (read from the CSV as from the JSON).
+    assert "incomplete: 1 of 4 points (stopped by time_budget_s=0.001)" in _title(
+        {**head, "stopped_by": frame["stopped_by"].iloc[0]}, "Decoding", frame)
 
 
 def test_the_old_spelling_mcsd_ablation_still_picks_the_variant(caplog: pytest.LogCaptureFixture) -> None:
