@@ -193,7 +193,7 @@ def test_documents_apart_attend_through_flex_attention_as_through_the_mask(with_
     """On CUDA, ``document_attention``'s default is FlexAttention with the documents' block mask,
     compiled (called eagerly, and inside a compiled function): its values and gradients (with
     respect to queries, keys, values and the key bias)
-    are the masked SDPA call's in fp32 (within 1e-4 and 1e-3 relative), at 4,096 tokens packed
+    are the unfused path's (SDPA over each document's span) in fp32 (within 1e-4 and 1e-3 relative), at 4,096 tokens packed
     with documents of lengths 1..1,500 (its CPU test compares the values alone: FlexAttention
     has no backward on a CPU)."""
     from mcsd.models.modules.attention import document_attention

@@ -176,11 +176,15 @@ def test_unknown_form_is_refused() -> None:
         wkv(w, u, k, v, chunk_size=0)
 
 
+@pytest.mark.parametrize("group_chunks", [2, 32])
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
-def test_documents_apart_are_each_read_alone(chunk_size: int) -> None:
+def test_documents_apart_are_each_read_alone(chunk_size: int, group_chunks: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """``starts`` (tests/helpers/documents.py): every form gives each document its wkv alone (the
     initial state only the first document of a row that does not start one) and the last
-    document's final state; the token before a start is never read."""
+    document's final state; the token before a start is never read. The chunk form's carry in
+    groups of 2 chunks and of 32 (one level, or two with documents starting inside groups and
+    running across them)."""
+    monkeypatch.setattr(wkv_chunk, "GROUP_CHUNKS", group_chunks)
     starts = packed_starts()
     batch, length, channels = starts.shape[0], starts.shape[1], 4
     w, u = torch.rand(channels, dtype=torch.float64) + 0.1, torch.randn(channels, dtype=torch.float64)

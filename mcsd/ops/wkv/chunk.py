@@ -17,9 +17,10 @@ start carried through its real tokens only.
 
 Documents apart (``starts``): a chunk's own state keeps the tokens of the document open at its
 end; chunk ``c'`` reaches chunk ``c``'s start only if no document starts between them (and the
-initial state only chunks before the first start), in one level over every pair of chunks
-(memory ``O(nc^2 D)`` per row); inside a chunk a token reads its own document's tokens, and the
-carried state only before the chunk's first start. A masked logit is ``-1e38``: weight 0.
+initial state only chunks before the first start), in the same two levels (a group's carry
+reaches a chunk only if no document starts in the group before it); inside a chunk a token
+reads its own document's tokens, and the carried state only before the chunk's first start. A
+masked logit is ``-1e38``: weight 0.
 """
 
 from __future__ import annotations
@@ -35,23 +36,26 @@ GROUP_CHUNKS = 32  # chunks per group of the two-level carry
 
 def prefix_states(
     items: torch.Tensor, step_log_decay: torch.Tensor, initial_state: torch.Tensor,
-    reaches: torch.Tensor | None = None, initial_reaches: torch.Tensor | None = None,
+    ends: torch.Tensor | None = None, first: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The states before each item and after the last: ``items`` ``[B, n, 3, D]`` (each an
     ``(a, b, p)`` state, as seen one step after it), ``step_log_decay`` ``[D]`` (the log-decay
     per item, negative), ``initial_state`` ``[B, 3, D]`` -> ``[B, n + 1, 3, D]``: row ``r`` is
     the initial state decayed by ``r`` steps with the items before ``r`` decayed by ``r - 1 - j``.
-    Documents apart: only items ``j`` with ``reaches[b, r, j]`` (``[B, n + 1, n]``), and the
-    initial state where ``initial_reaches[b, r]``."""
+    Documents apart: ``ends`` ``[B, n]``, the document open at each item's end, and ``first``
+    ``[B]``, the initial state's: row ``r`` takes item ``j`` only if no document starts after
+    it and before ``r`` (the document open at ``r`` is ``j``'s), and the initial state only if
+    none starts before ``r``."""
     count = items.shape[1]
     rows = torch.arange(count + 1, device=items.device)
     distance = (rows[:, None] - 1 - rows[None, :count]).to(items.dtype)  # r - 1 - j
     item_logits = (items[:, None, :, 2] + distance[..., None] * step_log_decay)  # [B, n + 1, n, D]
     item_logits = item_logits.masked_fill((distance < 0)[..., None], float("-inf"))
     initial_logits = initial_state[:, None, 2] + rows.to(items.dtype)[:, None] * step_log_decay  # [B, n + 1, D]
-    if reaches is not None:
-        item_logits = item_logits.masked_fill(~reaches[..., None], EMPTY_LOG_SCALE)
-        initial_logits = initial_logits.masked_fill(~initial_reaches[..., None], EMPTY_LOG_SCALE)
+    if ends is not None:
+        before = torch.cat([first[:, None], ends], dim=1)  # the document open at each row
+        item_logits = item_logits.masked_fill((ends[:, None, :] != before[:, :, None])[..., None], EMPTY_LOG_SCALE)
+        initial_logits = initial_logits.masked_fill((before != first[:, None])[..., None], EMPTY_LOG_SCALE)
     scale = torch.maximum(item_logits.amax(dim=2), initial_logits).detach()
     item_weights = torch.exp(item_logits - scale[:, :, None])
     initial_weights = torch.exp(initial_logits - scale)
@@ -75,26 +79,41 @@ def decayed(state: torch.Tensor, log_decay: torch.Tensor) -> torch.Tensor:
     return torch.cat([state[..., :2, :], (state[..., 2, :] + log_decay).unsqueeze(-2)], dim=-2)
 
 
-def carried_states(items: torch.Tensor, step_log_decay: torch.Tensor, initial_state: torch.Tensor) -> torch.Tensor:
+def carried_states(
+    items: torch.Tensor, step_log_decay: torch.Tensor, initial_state: torch.Tensor, ends: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The states before each item (rows ``0 .. n - 1`` of :func:`prefix_states`) in two levels:
     within groups of :data:`GROUP_CHUNKS` items (the last group filled with empty items after
     the real ones), then across groups (each item's prefix in its group merged with the state
-    carried into the group); at most :data:`GROUP_CHUNKS` items in one level."""
+    carried into the group); at most :data:`GROUP_CHUNKS` items in one level. Documents apart
+    (``ends`` ``[B, n]``, the document open at each item's end; the initial state's is 0): each
+    level keeps only what no document start separates from the row, and the state carried into
+    a group reaches an item only if no document starts in the group before it."""
     batch, count, _, channels = items.shape
+    first = None if ends is None else ends.new_zeros(batch)
     if count <= GROUP_CHUNKS:
-        return prefix_states(items, step_log_decay, initial_state)[:, :count]
+        return prefix_states(items, step_log_decay, initial_state, ends, first)[:, :count]
     groups = -(-count // GROUP_CHUNKS)
     filler = groups * GROUP_CHUNKS - count
     empty = empty_wkv_state(batch * filler, channels, items.device, items.dtype).view(batch, filler, 3, channels)
     items = torch.cat([items, empty], dim=1)
+    group_ends = group_firsts = before = None
+    if ends is not None:
+        ends = torch.cat([ends, ends[:, -1:].expand(-1, filler)], dim=1).view(batch, groups, GROUP_CHUNKS)
+        before = torch.cat([first[:, None], ends.flatten(1)[:, :-1]], dim=1).view(batch, groups, GROUP_CHUNKS)
+        group_ends, group_firsts = ends[:, :, -1], before[:, :, 0]
     within = prefix_states(items.view(batch * groups, GROUP_CHUNKS, 3, channels), step_log_decay,
-                           empty_wkv_state(batch * groups, channels, items.device, items.dtype))
+                           empty_wkv_state(batch * groups, channels, items.device, items.dtype),
+                           None if ends is None else ends.flatten(0, 1), None if ends is None else group_firsts.flatten())
     within = within.view(batch, groups, GROUP_CHUNKS + 1, 3, channels)
     group_starts = prefix_states(within[:, :, GROUP_CHUNKS], GROUP_CHUNKS * step_log_decay,
-                                 initial_state)[:, :groups]  # the state entering each group
+                                 initial_state, group_ends, first)[:, :groups]  # the state entering each group
     steps = torch.arange(GROUP_CHUNKS, device=items.device, dtype=items.dtype)
     entering = decayed(group_starts[:, :, None].expand(-1, -1, GROUP_CHUNKS, -1, -1),
                        steps[:, None] * step_log_decay)  # [B, groups, G, 3, D]
+    if ends is not None:
+        reached = (before == group_firsts[:, :, None])[..., None, None]
+        entering = torch.where(reached, entering, empty_wkv_state(1, channels, items.device, items.dtype))
     starts = merge_states(entering, within[:, :, :GROUP_CHUNKS])
     return starts.view(batch, groups * GROUP_CHUNKS, 3, channels)[:, :count]
 
@@ -135,8 +154,7 @@ def chunk_wkv(
         ends = index[:, :, -1]  # the document open at each chunk's end (the filler's: the last)
         before = F.pad(ends, (1, 0))  # ... at each chunk's start, and after the last chunk
         k_own = k_chunks.masked_fill((index != ends[:, :, None])[..., None], EMPTY_LOG_SCALE)
-        chunk_starts = prefix_states(own_states(k_own, v_chunks, w32, chunk_size), -chunk_size * w32, state,
-                                     ends[:, None, :] == before[:, :, None], before == 0)[:, :chunks]
+        chunk_starts = carried_states(own_states(k_own, v_chunks, w32, chunk_size), -chunk_size * w32, state, ends)
         same = (index[..., :, None] == index[..., None, :]).view(batch * chunks, chunk_size, chunk_size)
         carried_visible = (index == before[:, :chunks, None]).view(batch * chunks, chunk_size)
     output = wkv_outputs(w32, u.to(dtype), k_chunks.view(batch * chunks, chunk_size, channels),
