@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import math
@@ -22,6 +23,7 @@ from tokenizers import Tokenizer
 from helpers.runs import FAST, compose_train, read_metrics, run_here, series, train_refusal
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.models import registry
+from mcsd.models.modules.attention import CausalSelfAttention
 from mcsd.commands.train import train
 
 FAST_BY_BUDGET = [setting for setting in FAST if not setting.startswith("trainer.max_steps=")]  # data.token_budget sets it
@@ -342,6 +344,29 @@ def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
     del model, compiled
     gc.collect()
     assert model_ref() is None
+
+
+def has_attention(name: str) -> bool:
+    return any(isinstance(module, CausalSelfAttention) for module in tiny_model_to_compile(name).modules())
+
+
+@pytest.mark.parametrize("name", [name for name in registry.architectures() if has_attention(name)])
+def test_compiled_attention_keeps_documents_apart_across_its_graph_break(name: str) -> None:
+    """On a CPU, attention with documents apart runs outside the compiled graph (its SDPA calls
+    follow the documents): the compiled loss given position_ids (inductor, as training and
+    mcsd-bench compile it) gives the eager loss and gradients, twice (the second call replays the
+    graph's outputs; the hybrid's once read garbage sizes there)."""
+    torch._dynamo.reset()
+    model = tiny_model_to_compile(name).train()
+    inputs, targets = loss_case(40)
+    position_ids = torch.cat([torch.arange(length) for length in (17, 1, 22)])[None].repeat(2, 1)
+    eager, compiled = (functools.partial(function, position_ids=position_ids, form=model.default_form)
+                       for function in (model.loss, model.loss_function(compile=True)))
+    eager_loss, _, eager_grads = loss_and_gradients(eager, model, inputs, targets)
+    for _ in range(2):
+        loss, _, grads = loss_and_gradients(compiled, model, inputs, targets)
+        assert loss.item() == pytest.approx(eager_loss.item(), rel=1e-6)
+        assert all(torch.allclose(grad, eager, rtol=1e-4, atol=1e-8) for grad, eager in zip(grads, eager_grads))
 
 
 @pytest.mark.parametrize("name", registry.architectures())

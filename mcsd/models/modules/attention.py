@@ -129,14 +129,13 @@ class CausalSelfAttention(TokenMixer):
         self, x: torch.Tensor, cache: KVCache | None, position: int, form: str,
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
-        batch, length, hidden = x.shape
-        qkv = self.qkv_proj(x).view(batch, length, 3, self.num_heads, self.head_width)
-        query, key, value = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, N, Dh]
         if position_ids is not None:
             if position != 0:
                 raise ValueError("documents apart (position_ids) start from no state: attention has no way to "
                                  "continue a cache into a packed batch")
-            return self._documents_apart(query, key, value, position_ids)
+            return self._documents_apart(x, position_ids)
+        batch, length, hidden = x.shape
+        query, key, value = self._projected(x)
         query = rotary(query, position, self.rope_base)
         key = rotary(key, position, self.rope_base)
         bias = self.key_bias(value)
@@ -152,14 +151,24 @@ class CausalSelfAttention(TokenMixer):
             attended = self._attend_cached(query, key, value, bias, cache, position, block)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, hidden)), cache
 
-    def _documents_apart(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, KVCache]:
+    def _projected(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The queries, keys and values of ``x`` ``[B, N, D]``, each ``[B, H, N, Dh]`` (views of one projection)."""
+        batch, length, _ = x.shape
+        qkv = self.qkv_proj(x).view(batch, length, 3, self.num_heads, self.head_width)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+    def _documents_apart(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
         """Every form with documents apart (``position_ids`` ``[B, N]``): rotary at each token's
         position in its document, each query attending to the keys of its own document up to
         itself (:func:`document_attention`). The cache returned holds every position;
-        :meth:`last_document` keeps the last document's for decoding."""
-        batch, _, length, _ = query.shape
+        :meth:`last_document` keeps the last document's for decoding.
+
+        Compiled on a CPU, the graph breaks at the spans' call and every tensor then alive in the
+        calling frames leaves the graph: the projection is made in :meth:`_projected`, whose frame
+        has returned by then (with its 5-d view ``qkv`` alive in :meth:`forward`, inductor's graph
+        of the hybrid replayed that output with garbage sizes on its next call, torch 2.13)."""
+        batch, length, _ = x.shape
+        query, key, value = self._projected(x)
         query, key = (rotary(part, position_ids, self.rope_base) for part in (query, key))
         bias = self.key_bias(value)
         attended = document_attention(query, key, value, document_index(position_ids == 0), bias)
