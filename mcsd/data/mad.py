@@ -47,26 +47,29 @@ def _shifted(tokens: np.ndarray, test_labels: np.ndarray, split: str,
 
 def in_context_recall(
     num_examples: int, seq_len: int = 128, vocab_size: int = 16, seed: int = 0, split: str = "train",
-    noise_vocab_size: int = 0, frac_noise: float = 0.0,
+    noise_vocab_size: int = 0, frac_noise: float = 0.0, multi_query: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Key-value pairs ``k v`` (keys from the first half of the non-special vocabulary, values
-    from the second; a key met again keeps its value), then the copy token, a key already
-    presented (uniformly among them) and its value: at test the label is that value, read at the
-    key. With ``frac_noise``, each pair's two tokens are noise (from ``noise_vocab_size`` ids
-    after the values) with that probability, one pair excepted. Ids: keys, values, noise, and
-    the copy token last. ``seq_len`` must be even (pairs of two). MAD's single-query variant;
-    its multi-query one is MQAR (:mod:`mcsd.data.mqar`)."""
+    from the second; a key met again keeps its value), the last pair's key one already presented
+    (uniformly among them). ``multi_query`` (MAD's default): at test every pair whose key was
+    presented before is scored, its value read at the key; ``seq_len`` tokens of pairs. Single
+    query: the copy token (the last id) comes before the last pair, whose value alone is scored.
+    With ``frac_noise``, each pair's two tokens are noise (from ``noise_vocab_size`` ids after the
+    values) with that probability, one pair excepted. ``seq_len`` must be even (pairs of two).
+    MAD's multi-query sequences are one token shorter (``seq_len - 1``: the last value is their
+    last label, never an input); here the last value is also the last input, unscored."""
     _check(split, seq_len=(seq_len, 4, "in-context recall needs a pair and its query: raise it"))
     if seq_len % 2:
         raise DataError(f"data.seq_len={seq_len} must be even for in-context recall (pairs of two tokens)")
-    half = (vocab_size - 1 - noise_vocab_size) // 2
+    specials = 0 if multi_query else 1  # the copy token
+    half = (vocab_size - specials - noise_vocab_size) // 2
     if half < 1:
         raise DataError(f"data.vocab_size={vocab_size} leaves no keys beside noise_vocab_size={noise_vocab_size} "
-                        "and the copy token: raise vocab_size")
+                        "and the special tokens: raise vocab_size")
     if not 0 <= frac_noise < 1 or (frac_noise > 0 and noise_vocab_size < 1):
         raise DataError(f"data.frac_noise={frac_noise} must be in [0, 1), with noise_vocab_size > 0 when above 0")
     rng = np.random.default_rng(seed)
-    slots = seq_len // 2 - 1  # pairs before the copy token, the probe key and its value
+    slots = seq_len // 2 - 1  # pairs before the probe pair (single query: and the copy token)
     rows = np.arange(num_examples)[:, None]
     keys = rng.integers(0, half, (num_examples, slots))
     value_of = rng.integers(half, 2 * half, (num_examples, half))  # each example's own map
@@ -76,22 +79,35 @@ def in_context_recall(
     noise = rng.integers(2 * half, 2 * half + max(noise_vocab_size, 1), (num_examples, slots, 2))
     pairs = np.where(noisy[..., None], noise, pairs)
     presented = np.zeros((num_examples, half), dtype=bool)
-    presented[np.broadcast_to(rows, keys.shape)[~noisy], keys[~noisy]] = True
+    repeated = np.zeros((num_examples, slots + 1), dtype=bool)  # a pair whose key came before
+    for slot in range(slots):
+        real = ~noisy[:, slot]
+        repeated[:, slot] = real & presented[rows[:, 0], keys[:, slot]]
+        presented[rows[real, 0], keys[real, slot]] = True
     probe = np.where(presented, rng.random((num_examples, half)), -1.0).argmax(1)  # uniform among presented
-    tokens = np.concatenate([pairs.reshape(num_examples, -1),
-                             np.stack([np.full(num_examples, vocab_size - 1), probe, value_of[rows[:, 0], probe]], 1)], 1)
+    repeated[:, slots] = True
+    probe_pair = np.stack([probe, value_of[rows[:, 0], probe]], 1)
+    copy = [] if multi_query else [np.full((num_examples, 1), vocab_size - 1)]
+    tokens = np.concatenate([pairs.reshape(num_examples, -1), *copy, probe_pair,
+                             np.full((num_examples, 1 - specials), IGNORE_INDEX)], 1)  # [n, seq_len + 1]
     test_labels = np.full(tokens.shape, IGNORE_INDEX)
-    test_labels[:, -1] = tokens[:, -1]
+    if multi_query:  # each repeated pair's value, aligned with it (the shift puts it at the key)
+        values = test_labels[:, :seq_len].reshape(num_examples, slots + 1, 2)
+        values[..., 1] = np.where(repeated, tokens[:, :seq_len].reshape(num_examples, slots + 1, 2)[..., 1],
+                                  IGNORE_INDEX)
+        test_labels[:, :seq_len] = values.reshape(num_examples, seq_len)
+    else:
+        test_labels[:, -1] = tokens[:, -1]
     return _shifted(tokens, test_labels, split)
 
 
 def noisy_in_context_recall(
     num_examples: int, seq_len: int = 128, vocab_size: int = 32, seed: int = 0, split: str = "train",
-    noise_vocab_size: int = 16, frac_noise: float = 0.2,
+    noise_vocab_size: int = 16, frac_noise: float = 0.2, multi_query: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`in_context_recall` with noise pairs among the key-value pairs (MAD's defaults: 16
     noise ids of a vocabulary of 32, a fifth of the pairs noise)."""
-    return in_context_recall(num_examples, seq_len, vocab_size, seed, split, noise_vocab_size, frac_noise)
+    return in_context_recall(num_examples, seq_len, vocab_size, seed, split, noise_vocab_size, frac_noise, multi_query)
 
 
 def fuzzy_in_context_recall(

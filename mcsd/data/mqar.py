@@ -80,7 +80,7 @@ def prediction_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> torc
     return correct.sum(-1) / scored.sum(-1).clamp(min=1)
 
 
-class _Examples(Dataset):
+class LabelledExamples(Dataset):
     """``{"input_ids", "labels"}`` rows of two aligned tensors."""
 
     def __init__(self, inputs: torch.Tensor, labels: torch.Tensor) -> None:
@@ -103,7 +103,7 @@ class _FreshExamples(Dataset):
 
     def __init__(self, num_examples: int, seed: int, **task: Any) -> None:
         self.num_examples, self.seed, self.task = num_examples, seed, task
-        self.held_pass, self.held = -1, _Examples(torch.empty(0), torch.empty(0))
+        self.held_pass, self.held = -1, LabelledExamples(torch.empty(0), torch.empty(0))
 
     def __len__(self) -> int:
         return self.num_examples
@@ -112,7 +112,7 @@ class _FreshExamples(Dataset):
         pass_index, row = divmod(index, self.num_examples)
         if pass_index != self.held_pass:
             seed = self.seed if pass_index == 0 else int(np.random.SeedSequence([self.seed, pass_index]).generate_state(1)[0])
-            self.held_pass, self.held = pass_index, _Examples(*mqar_examples(self.num_examples, seed=seed, **self.task))
+            self.held_pass, self.held = pass_index, LabelledExamples(*mqar_examples(self.num_examples, seed=seed, **self.task))
         return self.held[row]
 
 
@@ -126,6 +126,7 @@ class MQARDataModule(SplitsDataModule):
     memorising them; validation and test stay fixed."""
 
     tokenizer = None  # MQAR's tokens are ids: nothing to save with the model
+    accuracy_metric = "mqar_acc"  # logged as <stage>/mqar_acc
 
     def __init__(self, vocab_size: int = 8192, seq_len: int = 64, num_pairs: int = 4, num_train: int = 20000,
                  num_val: int = 1000, power_a: float = 0.01, batch_size: int = 64, seed: int = 0,
@@ -141,9 +142,9 @@ class MQARDataModule(SplitsDataModule):
         if token_budget is not None and token_budget < 1:
             raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
         self.save_hyperparameters(logger=False)
-        self.splits: dict[str, _Examples] = {}
+        self.splits: dict[str, LabelledExamples] = {}
 
-    def build(self) -> dict[str, _Examples]:
+    def build(self) -> dict[str, LabelledExamples]:
         """Draw the three splits (idempotent; fails in one line on a (T, K, V) that cannot work)."""
         if not self.splits:
             h = self.hparams
@@ -153,5 +154,5 @@ class MQARDataModule(SplitsDataModule):
                 seed = int(split_seed.generate_state(1)[0])
                 task = dict(seq_len=h.seq_len, num_pairs=h.num_pairs, vocab_size=h.vocab_size, power_a=h.power_a)
                 self.splits[split] = (_FreshExamples(count, seed, **task) if split == "train" and h.fresh_examples
-                                      else _Examples(*mqar_examples(count, seed=seed, **task)))
+                                      else LabelledExamples(*mqar_examples(count, seed=seed, **task)))
         return self.splits

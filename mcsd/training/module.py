@@ -58,9 +58,11 @@ class LanguageModelModule(L.LightningModule):
     """Wraps a :class:`mcsd.CausalLM`: loss, perplexities, tokens seen, AdamW + schedule.
 
     A batch of ``input_ids`` alone is next-token prediction (targets are the inputs shifted
-    by one). A batch that also has ``labels`` (MQAR) scores the output at each position
-    against ``labels`` at that position, ignoring ``IGNORE_INDEX``, and its evaluation also
-    logs ``mqar_acc`` (per example, then averaged). Every logged curve carries
+    by one). A batch that also has ``labels`` (MQAR, MAD's tasks, retrieval) scores the output at
+    each position against ``labels`` at that position, ignoring ``IGNORE_INDEX``, and its
+    evaluation also logs the accuracy (per example, then averaged) under the datamodule's
+    ``accuracy_metric`` (``mqar_acc``, ``<task>_acc``); a test split past the training length logs
+    ``test/loss_at_<N>`` and ``test/<accuracy>_at_<N>``. Every logged curve carries
     ``trainer/tokens`` (tokens consumed by the optimiser so far, over all processes), which the
     loggers use as the x-axis.
     """
@@ -102,7 +104,7 @@ class LanguageModelModule(L.LightningModule):
         self.flops_per_batch = 0  # read by Lightning's ThroughputMonitor (flops_per_sec)
         self.validated_at_step = -1  # the global step of the latest validation
         self.val_ppl, self.test_ppl = LossPerplexity(), LossPerplexity()
-        self.val_mqar_acc, self.test_mqar_acc = MeanMetric(), MeanMetric()
+        self.val_accuracy, self.test_accuracy = MeanMetric(), MeanMetric()
 
     def configure_model(self) -> None:
         """Under ``trainer=fsdp``: shard the model, allocate and initialise this process's shards
@@ -171,17 +173,35 @@ class LanguageModelModule(L.LightningModule):
 
     def _evaluate(self, batch: dict[str, torch.Tensor], stage: str, metric: LossPerplexity) -> None:
         loss, logits, targets = self._loss(batch)
+        datamodule = self.trainer.datamodule
+        accuracy_name = getattr(datamodule, "accuracy_metric", "mqar_acc")
+        length = batch["input_ids"].shape[1]
+        trained_length = getattr(getattr(datamodule, "hparams", None), "seq_len", length)
+        if stage == "test" and "labels" in batch and length != trained_length:
+            # A test split past the training length (data.test_lengths): its own names, one value per example.
+            accuracy = self._accuracy(batch, logits)
+            self.log(f"test/loss_at_{length}", loss, on_epoch=True, sync_dist=True, add_dataloader_idx=False)
+            self.log(f"test/{accuracy_name}_at_{length}", accuracy.mean(), on_epoch=True, sync_dist=True,
+                     batch_size=len(accuracy), add_dataloader_idx=False)
+            return
         metric(loss, targets.numel())
-        self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=stage == "val")
-        self.log(f"{stage}/ppl", metric, on_step=False, on_epoch=True, prog_bar=stage == "val")
+        self.log(f"{stage}/loss", loss, on_step=False, on_epoch=True, sync_dist=True, prog_bar=stage == "val",
+                 add_dataloader_idx=False)
+        self.log(f"{stage}/ppl", metric, on_step=False, on_epoch=True, prog_bar=stage == "val", add_dataloader_idx=False)
         if "labels" in batch:
-            accuracy = getattr(self, f"{stage}_mqar_acc")
-            labels = batch["labels"]
-            predictions = torch.full_like(labels, IGNORE_INDEX)
-            predictions[labels != IGNORE_INDEX] = logits[0].argmax(-1)
-            accuracy(prediction_accuracy(predictions, labels))
-            self.log(f"{stage}/mqar_acc", accuracy, on_step=False, on_epoch=True, prog_bar=stage == "val")
-        self.log("trainer/tokens", self.tokens_seen.float(), on_step=False, on_epoch=True)
+            accuracy = getattr(self, f"{stage}_accuracy")
+            accuracy(self._accuracy(batch, logits))
+            self.log(f"{stage}/{accuracy_name}", accuracy, on_step=False, on_epoch=True, prog_bar=stage == "val",
+                     add_dataloader_idx=False)
+        self.log("trainer/tokens", self.tokens_seen.float(), on_step=False, on_epoch=True, add_dataloader_idx=False)
+
+    @staticmethod
+    def _accuracy(batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+        """Per example, the fraction of its labelled positions predicted (the scored logits' argmax)."""
+        labels = batch["labels"]
+        predictions = torch.full_like(labels, IGNORE_INDEX)
+        predictions[labels != IGNORE_INDEX] = logits[0].argmax(-1)
+        return prediction_accuracy(predictions, labels)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_ppl)
@@ -189,7 +209,7 @@ class LanguageModelModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         self.validated_at_step = self.trainer.global_step
 
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._evaluate(batch, "test", self.test_ppl)
 
     def configure_optimizers(self) -> dict[str, Any]:

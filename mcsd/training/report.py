@@ -52,8 +52,12 @@ def end_of_run_report(trainer: L.Trainer, loggers: list[Logger], callbacks: list
                      f"{trainer.overfit_batches} batches this run overfits (it should fall to about 0); the "
                      "validation perplexity above is on held-out text that an overfitting run does not learn: "
                      "high by design")
-    if "val/mqar_acc" in trainer.callback_metrics:
-        lines.append(f"final validation MQAR accuracy: {float(trainer.callback_metrics['val/mqar_acc']):.4f}")
+    accuracy = getattr(getattr(trainer, "datamodule", None), "accuracy_metric", None)
+    for name in (f"val/{accuracy}", f"test/{accuracy}") if accuracy else ():
+        if name in trainer.callback_metrics:
+            lines.append(f"final {name}: {float(trainer.callback_metrics[name]):.4f}")
+    lines += [f"final {name}: {float(value):.4f} (past the training length)"
+              for name, value in sorted(trainer.callback_metrics.items()) if accuracy and name.startswith(f"test/{accuracy}_at_")]
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             run = logger.experiment

@@ -28,32 +28,38 @@ def test_examples_are_a_function_of_the_seed_and_have_their_length(name: str) ->
     assert (labels != IGNORE_INDEX).any(1).all()  # every example scores something
 
 
+@pytest.mark.parametrize("multi_query", [True, False], ids=["multi_query", "single_query"])
 @pytest.mark.parametrize("noise", [0.0, 0.4])
-def test_in_context_recall_asks_a_presented_key_for_its_value(noise: float) -> None:
-    """Test labels: the last position alone, the value the probe key was paired with earlier
-    (every pair of a key has one value in an example); the probe follows the copy token; noise
-    pairs hold noise ids only, in about ``frac_noise`` of the pairs; training labels are the next
-    tokens."""
+def test_in_context_recall_asks_presented_keys_for_their_values(noise: float, multi_query: bool) -> None:
+    """Every pair of a key has one value in an example; noise pairs hold noise ids only, in about
+    ``frac_noise`` of the pairs; the last pair's key was presented before. Test labels: multi-query,
+    at every key presented before (and nowhere else), its value; single query, the last position
+    alone, after the copy token. Training labels: the next tokens."""
     vocab, noise_ids = 32, 8 if noise else 0
-    keys = (vocab - 1 - noise_ids) // 2
-    inputs, labels = MAD_TASKS["in_context_recall"](500, seq_len=64, vocab_size=vocab, seed=0, split="test",
-                                                    noise_vocab_size=noise_ids, frac_noise=noise)
-    train_inputs, train_labels = MAD_TASKS["in_context_recall"](500, seq_len=64, vocab_size=vocab, seed=0,
-                                                                noise_vocab_size=noise_ids, frac_noise=noise)
+    keys = (vocab - (0 if multi_query else 1) - noise_ids) // 2
+    settings = dict(seq_len=64, vocab_size=vocab, seed=0, noise_vocab_size=noise_ids, frac_noise=noise,
+                    multi_query=multi_query)
+    inputs, labels = MAD_TASKS["in_context_recall"](500, split="test", **settings)
+    train_inputs, train_labels = MAD_TASKS["in_context_recall"](500, **settings)
     assert torch.equal(train_inputs, inputs) and torch.equal(train_labels[:, :-1], inputs[:, 1:])
-    assert (labels[:, :-1] == IGNORE_INDEX).all()
     noise_pairs = 0
-    for row, answer in zip(inputs.tolist(), labels[:, -1].tolist()):
-        assert row[-2] == vocab - 1
-        pairs = list(zip(row[:-2:2], row[1:-2:2]))
-        values = {}
+    for row, row_labels in zip(inputs.tolist(), labels.tolist()):
+        # multi-query: 31 pairs, then the probe pair; single: 31 pairs, the copy token, the probe key
+        pairs = list(zip(row[::2], row[1::2])) if multi_query else [*zip(row[:-2:2], row[1:-2:2]), (row[-1], None)]
+        seen, expected = {}, []
         for key, value in pairs:
             if key >= 2 * keys:  # a noise pair
                 assert 2 * keys <= value < 2 * keys + noise_ids
                 noise_pairs += 1
+                expected += [IGNORE_INDEX, IGNORE_INDEX]
                 continue
-            assert keys <= value < 2 * keys and values.setdefault(key, value) == value
-        assert values[row[-1]] == answer
+            expected += [seen[key] if key in seen else IGNORE_INDEX, IGNORE_INDEX]
+            assert value is None or (keys <= value < 2 * keys and seen.setdefault(key, value) == value)
+        assert expected[-2] != IGNORE_INDEX  # the probe's key was presented
+        if multi_query:
+            assert row_labels == expected
+        else:
+            assert row[-2] == vocab - 1 and row_labels == [IGNORE_INDEX] * 63 + [expected[-2]]
     assert noise_pairs / (500 * 31) == pytest.approx(noise * 30 / 31, abs=0.02)  # one pair of 31 is never noise
 
 
@@ -114,7 +120,7 @@ def test_memorization_labels_each_key_with_its_fixed_value_whatever_the_seed_and
 
 @pytest.mark.parametrize(("name", "settings", "message"), [
     ("in_context_recall", {"seq_len": 63}, "data.seq_len=63 must be even"),
-    ("in_context_recall", {"vocab_size": 2}, "data.vocab_size=2 leaves no keys"),
+    ("in_context_recall", {"vocab_size": 1}, "data.vocab_size=1 leaves no keys"),
     ("in_context_recall", {"frac_noise": 0.5}, "data.frac_noise=0.5 must be in [0, 1), with noise_vocab_size > 0"),
     ("fuzzy_in_context_recall", {"seq_len": 16}, "data.seq_len=16 has no room"),
     ("selective_copying", {"seq_len": 33}, "data.seq_len=33 must exceed 2 * num_tokens_to_copy + 1 = 33"),

@@ -385,7 +385,9 @@ def attend_document_spans(
     sizes = [sum(span) for span in spans]
 
     def spans_of(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return x.transpose(0, 1).reshape(heads, batch * length, *x.shape[3:]).split(sizes, dim=1)
+        # [1, H, span, ...]: SDPA's fused CPU kernels take 4-d inputs (3-d ones fall back to the
+        # math kernel, which makes each span's [L, L] scores)
+        return x.transpose(0, 1).reshape(1, heads, batch * length, *x.shape[3:]).split(sizes, dim=2)
 
     biases = spans_of(key_bias) if key_bias is not None else [None] * len(spans)
     attended = []
@@ -399,7 +401,7 @@ def attend_document_spans(
         visible = (own[:, None] == own[None, :]).tril()
         mask = visible if span_bias is None else span_bias[..., None, :].masked_fill(~visible, float("-inf"))
         attended.append(F.scaled_dot_product_attention(span_query, span_key, span_value, attn_mask=mask))
-    return torch.cat(attended, dim=1).view(heads, batch, length, -1).transpose(0, 1)
+    return torch.cat(attended, dim=2).view(heads, batch, length, -1).transpose(0, 1)
 
 
 @functools.cache

@@ -1,0 +1,91 @@
+"""``data=mad`` and ``data=retrieval`` (mcsd/data/tasks.py): the splits, their seeds and lengths,
+the refusals, and a training run that logs its task's accuracy at the training length and past it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.runs import FAST, compose_train, read_metrics, series, train_refusal
+from mcsd.checkpoint.saved_model import load as load_model
+from mcsd.commands.train import train
+from mcsd.data import TaskDataModule
+from mcsd.data.corpus import DataError
+from mcsd.data.mad import in_context_recall
+from mcsd.data.mqar import prediction_accuracy
+
+
+def test_splits_are_the_tasks_drawn_from_seeds_of_their_own() -> None:
+    """Train with MAD's training labels, validation and test with its test labels, each from its
+    own seed; a test split at each longer length; the same seed gives the same splits."""
+    def splits(seed: int) -> TaskDataModule:
+        module = TaskDataModule(task="in_context_recall", vocab_size=16, seq_len=32, num_train=64, num_val=16,
+                                batch_size=8, seed=seed, test_lengths=[32, 64])
+        module.build()
+        return module
+
+    first, again, other = splits(0), splits(0), splits(1)
+    assert [len(first.splits[name]) for name in ("train", "val", "test")] == [64, 16, 16]
+    assert list(first.longer_tests) == [64] and first.longer_tests[64].inputs.shape == (16, 64)
+    for name in ("train", "val", "test"):
+        assert torch.equal(first.splits[name].inputs, again.splits[name].inputs)
+        assert not torch.equal(first.splits[name].inputs, other.splits[name].inputs)
+    train_split, val_split = first.splits["train"], first.splits["val"]
+    assert (train_split.labels[:, :-1] == train_split.inputs[:, 1:]).all()  # every next token
+    assert (val_split.labels != -100).float().mean() < 0.5  # the repeated keys' values alone
+    assert not torch.equal(val_split.inputs, first.splits["test"].inputs)
+    assert first.accuracy_metric == "in_context_recall_acc"
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"task": "copying"}, "data.task='copying' is unknown: use one of in_context_recall"),
+    ({"task": "compression"}, "data.task=compression is scored by a decoder"),
+    ({"num_train": 4, "batch_size": 8}, "data.num_train=4 is fewer than data.batch_size=8"),
+    ({"test_lengths": [16]}, "data.test_lengths=[16] must be at least data.seq_len=32"),
+])
+def test_settings_it_cannot_take_are_refused_in_one_line(settings: dict, message: str) -> None:
+    with pytest.raises(DataError, match=re.escape(message)):
+        TaskDataModule(**{"vocab_size": 16, "seq_len": 32, **settings})
+
+
+def test_a_task_setting_the_generator_cannot_take_fails_before_any_run_starts(tmp_path: Path) -> None:
+    message = train_refusal(tmp_path / "run", "data=mad", "data.task=in_context_recall", "data.seq_len=33")
+    assert "data.seq_len=33 must be even for in-context recall" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_training_logs_the_tasks_accuracy_at_its_length_and_past_it(tmp_path: Path) -> None:
+    """``data=retrieval`` trains on the passkey at 32 tokens and tests at 32 and 64: the logged
+    test accuracies are the saved model's, computed here from the same splits."""
+    run_dir = tmp_path / "run"
+    cfg = compose_train(run_dir, *FAST, "data=retrieval", "data.task=passkey", "data.seq_len=32",
+                        "data.num_train=64", "data.num_val=16", "data.batch_size=8", "data.test_lengths=[64]",
+                        "model.vocab_size=32", "trainer.limit_val_batches=null",
+                        "logger=csv")
+    train(cfg)
+    rows = read_metrics(run_dir)
+    module = TaskDataModule(task="passkey", vocab_size=32, seq_len=32, num_train=64, num_val=16, batch_size=8,
+                            seed=cfg.seed, test_lengths=[64])
+    module.build()
+    model = load_model(run_dir / "model").eval()
+    for split, name in ((module.splits["test"], "test/passkey_acc"), (module.longer_tests[64], "test/passkey_acc_at_64")):
+        with torch.no_grad():
+            predictions = model(split.inputs).argmax(-1)
+        logged = series(rows, name)
+        assert len(logged) == 1
+        assert next(iter(logged.values())) == pytest.approx(prediction_accuracy(predictions, split.labels).mean().item(),
+                                                            abs=1e-6)
+    assert series(rows, "val/passkey_acc") and series(rows, "test/loss_at_64")
+
+
+def test_mad_recall_defaults_are_mad_labs() -> None:
+    """conf/data/mad.yaml's defaults draw MAD-lab's default task: multi-query in-context recall,
+    vocabulary 16, 128 tokens."""
+    cfg = compose_train(Path("unused"), "data=mad", "model.vocab_size=16")
+    assert (cfg.data.task, cfg.data.seq_len, cfg.data.num_train, cfg.data.num_val, cfg.data.batch_size) == (
+        "in_context_recall", 128, 12800, 1280, 128)
+    inputs, labels = in_context_recall(2, seed=0, split="test")
+    assert inputs.shape == (2, 128) and (labels != -100).sum() > 2  # several queries per example
