@@ -80,6 +80,19 @@ def prediction_accuracy(predictions: torch.Tensor, labels: torch.Tensor) -> torc
     return correct.sum(-1) / scored.sum(-1).clamp(min=1)
 
 
+def check_split_sizes(num_train: int, num_val: int, batch_size: int, token_budget: int | None) -> None:
+    """One line naming the setting, for example counts, a batch or a token budget a synthetic
+    datamodule cannot take."""
+    for field, value in (("num_train", num_train), ("num_val", num_val), ("batch_size", batch_size)):
+        if not isinstance(value, int) or value < 1:
+            raise DataError(f"data.{field}={value!r} must be a positive integer")
+    if num_train < batch_size:
+        raise DataError(f"data.num_train={num_train} is fewer than data.batch_size={batch_size}: "
+                        "raise num_train or lower batch_size")
+    if token_budget is not None and token_budget < 1:
+        raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
+
+
 class LabelledExamples(Dataset):
     """``{"input_ids", "labels"}`` rows of two aligned tensors."""
 
@@ -133,14 +146,7 @@ class MQARDataModule(SplitsDataModule):
                  num_workers: int = 0, token_budget: int | None = None, name: str = "mqar",
                  fresh_examples: bool = False) -> None:
         super().__init__()
-        for field, value in (("num_train", num_train), ("num_val", num_val), ("batch_size", batch_size)):
-            if not isinstance(value, int) or value < 1:
-                raise DataError(f"data.{field}={value!r} must be a positive integer")
-        if num_train < batch_size:
-            raise DataError(f"data.num_train={num_train} is fewer than data.batch_size={batch_size}: "
-                            "raise num_train or lower batch_size")
-        if token_budget is not None and token_budget < 1:
-            raise DataError(f"data.token_budget={token_budget} must be a positive number of tokens (or null)")
+        check_split_sizes(num_train, num_val, batch_size, token_budget)
         self.save_hyperparameters(logger=False)
         self.splits: dict[str, LabelledExamples] = {}
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from mcsd.data.corpus import DataError
 from mcsd.data.datamodule import SplitsDataModule
 from mcsd.data.mad import MAD_TASKS
-from mcsd.data.mqar import LabelledExamples
+from mcsd.data.mqar import LabelledExamples, check_split_sizes
 from mcsd.data.retrieval import RETRIEVAL_TASKS
 
 TASKS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {**MAD_TASKS, **RETRIEVAL_TASKS}
@@ -42,12 +42,7 @@ class TaskDataModule(SplitsDataModule):
         if task in NEEDS_A_DECODER:
             raise DataError(f"data.task={task} is scored by a decoder reading the compression token's output alone, "
                             "which the harness's models do not have yet: choose another task")
-        for field, value in (("num_train", num_train), ("num_val", num_val), ("batch_size", batch_size)):
-            if not isinstance(value, int) or value < 1:
-                raise DataError(f"data.{field}={value!r} must be a positive integer")
-        if num_train < batch_size:
-            raise DataError(f"data.num_train={num_train} is fewer than data.batch_size={batch_size}: "
-                            "raise num_train or lower batch_size")
+        check_split_sizes(num_train, num_val, batch_size, token_budget)
         if any(length < seq_len for length in test_lengths or []):
             raise DataError(f"data.test_lengths={list(test_lengths)} must be at least data.seq_len={seq_len} "
                             "(the lengths past training at which the test split is drawn again)")
