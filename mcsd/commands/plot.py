@@ -3,10 +3,12 @@
     mcsd-plot inference logs/bench/runs/<time>/results.csv   # Figs. 5-8
     mcsd-plot train logs/bench/runs/<time>/results.csv       # training cost
     mcsd-plot scaling logs/train/multiruns/<time>            # Fig. 4, from the sweep's CSV logs
+    mcsd-plot scaling experiments/fig4_scaling/tinyshakespeare --fit   # + power laws, intervals, compute multiplier
     mcsd-plot ablation logs/train/multiruns/<time>           # Fig. 9
     mcsd-plot ablation --wandb ENTITY/mcsd --group fig9_ablation   # the same from W&B
     mcsd-plot ablation DIR --name decay_init_study --reference Transformer   # + per-seed ratios
     mcsd-plot mqar logs/train/multiruns/<time>               # MQAR accuracy vs width
+    mcsd-plot tasks logs/train/multiruns/<time>              # MAD's tasks, retrieval past the training length
     mcsd-plot context logs/probe_context                     # every probe under it, side by side
     mcsd-plot compare experiments/compare_architectures/tinyshakespeare --mqar DIR   # the headline table
     mcsd-plot experiment experiments/fig9_ablation/tinyshakespeare   # a result folder, as its run.sh draws it
@@ -28,10 +30,12 @@ from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.experiments import DRAWINGS, draw, draw_experiment
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, markdown_table, plot_sweep
+from mcsd.plots.scaling_fit import fit_sweep, markdown_fit_table, plot_fit
+from mcsd.plots.tasks import load_task_runs, markdown_task_table, plot_tasks
 
 COSTS = {"inference": plot_inference, "train": plot_train}
 SWEEPS = ("scaling", "ablation")
-RUN_TABLES = ("mqar", "context", "compare")
+RUN_TABLES = ("mqar", "tasks", "context", "compare")
 
 
 def _experiment(args: argparse.Namespace) -> list:
@@ -63,6 +67,12 @@ def _plot(args: argparse.Namespace) -> list:
         figure = plot_mqar(load_mqar_runs(args.source), args.out or args.source, args.name or "mqar_recall")
         print(markdown_mqar_table(figure.table))
         return figure.paths
+    if args.kind == "tasks":
+        if args.source is None:
+            raise MCSDError("mcsd-plot tasks needs the folder of an experiment=mad or experiment=retrieval sweep")
+        figure = plot_tasks(load_task_runs(args.source), args.out or args.source, args.name or "tasks")
+        print(markdown_task_table(figure.table))
+        return figure.paths
     if args.kind == "compare":
         if args.source is None:
             raise MCSDError("mcsd-plot compare needs the folder of an experiments/compare_architectures run")
@@ -88,7 +98,13 @@ def _plot(args: argparse.Namespace) -> list:
     print(markdown_table(figure.table))
     if figure.by_seed is not None:
         print(markdown_seed_table(figure.by_seed))
-    return figure.paths
+    if not args.fit:
+        return figure.paths
+    if args.kind != "scaling":
+        raise MCSDError("--fit fits scaling laws: use it with mcsd-plot scaling")
+    fits = fit_sweep(rows, samples=args.samples)
+    print(markdown_fit_table(fits))
+    return [*figure.paths, *plot_fit(rows, fits, args.out or default_out, args.name or "fig4_scaling")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,6 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mqar-anchor", default="transformer", metavar="ARCH",
                         help="compare: MQAR accuracy is read at the hardest (T, K) where this architecture still "
                              "reaches 0.99 (default: transformer)")
+    parser.add_argument("--fit", action="store_true",
+                        help="scaling: fit L(N, D) = E + A N^-alpha + B D^-beta per architecture, with bootstrap "
+                             "intervals and the compute multiplier over the Transformer (<name>_fit.png, _fit.md)")
+    parser.add_argument("--samples", type=int, default=1000, help="--fit: bootstrap samples (default 1000)")
     args = parser.parse_intermixed_args(argv)  # options may come before the source (sweep.sh)
     source = Path(args.source) if args.source else None
     out = Path(args.out) if args.out else source if source and source.is_dir() else source.parent if source else None

@@ -46,7 +46,7 @@ from mcsd.training.report import end_of_run_report, write_result
 from mcsd.training.signals import StopOnSignal, stop_after_signal
 
 log = logging.getLogger("mcsd.commands.train")
-CHOICE_GROUPS = ("model", "size", "ablation", "variant", "data", "trainer", "logger", "experiment", "debug")
+CHOICE_GROUPS = ("model", "size", "ablation", "variant", "data", "task", "trainer", "logger", "experiment", "debug")
 
 
 def _typed_settings() -> set[str]:
@@ -176,7 +176,8 @@ def train(cfg: DictConfig) -> float:
     module = LanguageModelModule(model=model_config, optimizer=instantiate(cfg.optimizer),
                                  scheduler=instantiate(cfg.scheduler), compile=cfg.compile, trainable=cfg.trainable,
                                  init_from=cfg.init_from if cfg.ckpt_path is None else None,
-                                 empty_init=isinstance(trainer.strategy, FSDP2Strategy))
+                                 empty_init=isinstance(trainer.strategy, FSDP2Strategy),
+                                 compression_length=getattr(datamodule, "compression_length", None))
     if cfg.init_from is not None and cfg.ckpt_path is None:
         log.info("init_from=%s: weights loaded", cfg.init_from)
     tokens_per_step = data_tokens_per_step(cfg.data, trainer.accumulate_grad_batches, trainer.world_size)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from mcsd.data.corpus import DataError
@@ -19,8 +20,6 @@ from mcsd.data.retrieval import RETRIEVAL_TASKS
 
 TASKS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {**MAD_TASKS, **RETRIEVAL_TASKS}
 """Every task :class:`TaskDataModule` draws, by name (``data.task``)."""
-
-NEEDS_A_DECODER = {"compression"}  # scored from one position's output by a decoder the skeleton does not have
 
 
 class TaskDataModule(SplitsDataModule):
@@ -39,9 +38,9 @@ class TaskDataModule(SplitsDataModule):
         super().__init__()
         if task not in TASKS:
             raise DataError(f"data.task={task!r} is unknown: use one of {', '.join(TASKS)}")
-        if task in NEEDS_A_DECODER:
-            raise DataError(f"data.task={task} is scored by a decoder reading the compression token's output alone, "
-                            "which the harness's models do not have yet: choose another task")
+        # Plain types in the saved hyperparameters: a checkpoint loads with weights_only=True.
+        settings = OmegaConf.to_container(settings) if isinstance(settings, DictConfig) else dict(settings or {})
+        test_lengths = None if test_lengths is None else [int(length) for length in test_lengths]
         check_split_sizes(num_train, num_val, batch_size, token_budget)
         if any(length < seq_len for length in test_lengths or []):
             raise DataError(f"data.test_lengths={list(test_lengths)} must be at least data.seq_len={seq_len} "
@@ -54,6 +53,12 @@ class TaskDataModule(SplitsDataModule):
     def accuracy_metric(self) -> str:
         """The name its accuracy is logged under: ``<stage>/<task>_acc``."""
         return f"{self.hparams.task}_acc"
+
+    @property
+    def compression_length(self) -> int | None:
+        """MAD's compression: the length its decoder reconstructs from the last position's output
+        (:class:`mcsd.training.compression.CompressionDecoder`); ``None`` for every other task."""
+        return self.hparams.seq_len if self.hparams.task == "compression" else None
 
     def _draw(self, count: int, seq_len: int, seed: int, split: str) -> LabelledExamples:
         h = self.hparams

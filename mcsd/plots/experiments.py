@@ -16,6 +16,8 @@ from mcsd.plots.context import load_context_results, markdown_context_table, plo
 from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import load_csv_runs, markdown_seed_table, markdown_table, plot_sweep
+from mcsd.plots.scaling_fit import fit_sweep, markdown_fit_table, plot_fit
+from mcsd.plots.tasks import load_task_runs, markdown_task_table, plot_tasks
 
 NOT_RESULTS = ("logs", "trial")  # an experiment's raw runs and its trial runs, beside its committed results
 # The comparison's MQAR column comes from this result folder of mqar_converge (trained to a plateau).
@@ -35,14 +37,20 @@ class Drawn:
 
 
 def _sweep(kind: str, name: str, reference: str | None = None,
-           notes: str | None = None) -> Callable[[Path], Drawn]:
+           notes: str | None = None, fit: bool = False) -> Callable[[Path], Drawn]:
     """A training sweep's loss curves and tables (``plot_sweep``); ``notes`` names a markdown file
-    of the folder shown below the tables when present."""
+    of the folder shown below the tables when present; ``fit``: the scaling laws fitted too
+    (``mcsd-plot scaling --fit``)."""
     def draw_sweep(folder: Path) -> Drawn:
-        figure = plot_sweep(kind, load_csv_runs(folder), folder, name, reference)
+        rows = load_csv_runs(folder)
+        figure = plot_sweep(kind, rows, folder, name, reference)
         markdown = markdown_table(figure.table)
         if figure.by_seed is not None:
             markdown += "\n" + markdown_seed_table(figure.by_seed)
+        if fit:
+            fits = fit_sweep(rows)
+            figure.paths += plot_fit(rows, fits, folder, name)
+            markdown += "\n" + markdown_fit_table(fits)
         if notes and (folder / notes).is_file():
             markdown += "\n" + (folder / notes).read_text()
         return Drawn(folder, markdown, figure.paths)
@@ -54,6 +62,13 @@ def _mqar(name: str) -> Callable[[Path], Drawn]:
         figure = plot_mqar(load_mqar_runs(folder), folder, name)
         return Drawn(folder, markdown_mqar_table(figure.table), figure.paths)
     return draw_mqar
+
+
+def _tasks(name: str) -> Callable[[Path], Drawn]:
+    def draw_tasks(folder: Path) -> Drawn:
+        figure = plot_tasks(load_task_runs(folder), folder, name)
+        return Drawn(folder, markdown_task_table(figure.table), figure.paths)
+    return draw_tasks
 
 
 def _cost(plot: Callable[[Path], list[Path]]) -> Callable[[Path], Drawn]:
@@ -106,7 +121,7 @@ class Drawing:
 
 
 DRAWINGS: dict[str, Drawing] = {
-    "fig4_scaling": Drawing(_sweep("scaling", "fig4_scaling")),
+    "fig4_scaling": Drawing(_sweep("scaling", "fig4_scaling", fit=True)),
     "fig5-8_inference": Drawing(_cost(plot_inference), holds="results.csv"),
     "train_throughput": Drawing(_cost(plot_train), holds="results.csv"),
     "fig9_ablation": Drawing(_sweep("ablation", "fig9_ablation", "Transformer")),
@@ -119,6 +134,7 @@ DRAWINGS: dict[str, Drawing] = {
     "rwkv_perspectives": Drawing(_sweep("ablation", "rwkv_perspectives", "RWKV-4", notes="perspective_weights.md")),
     "wm_ablation": Drawing(_sweep("ablation", "wm_ablation", "Wonderful Matrices default, attention_every=0")),
     "documents_apart": Drawing(_sweep("ablation", "documents_apart", "Transformer")),
+    "mad": Drawing(_tasks("mad")),
 }
 
 

@@ -224,9 +224,19 @@ def plot_mqar(runs: pd.DataFrame, output_dir: str | Path, name: str = "mqar_reca
     return MQARFigure(paths=paths, labels=labels, table=best)
 
 
+def state_frontier(points: pd.DataFrame) -> pd.DataFrame:
+    """The recall / state-size frontier of ``points`` (columns ``state_bytes``, ``accuracy``):
+    the points that no other point beats in accuracy with at most as many bytes (zoology's and
+    Based's Pareto frontier), fewest bytes first."""
+    ordered = points.sort_values(["state_bytes", "accuracy"], ascending=[True, False])
+    best_so_far = ordered["accuracy"].cummax().shift(fill_value=-1.0)
+    return ordered[ordered["accuracy"] > best_so_far]
+
+
 def plot_accuracy_vs_state(best: pd.DataFrame, output_dir: str | Path, name: str) -> list[Path]:
     """Accuracy vs decoding-state bytes per sequence (log axis), one point per curve and width
-    (best learning rate), widths joined per curve; one panel per (T, K). Writes ``<name>.png/.pdf``."""
+    (best learning rate), widths joined per curve, and the frontier over every curve (grey steps,
+    :func:`state_frontier`); one panel per (T, K). Writes ``<name>.png/.pdf``."""
     settings = sorted({(row.seq_len, row.num_pairs) for row in best.itertuples()})
     curves = list(dict.fromkeys(best["curve"]))
     colors = curve_colors(curves)
@@ -241,6 +251,9 @@ def plot_accuracy_vs_state(best: pd.DataFrame, output_dir: str | Path, name: str
                 ax.annotate(str(row.width), (row.state_bytes, row.accuracy), fontsize=6, xytext=(2, 2),
                             textcoords="offset points")
     for ax, (t, k) in zip(axes[0], settings):
+        frontier = state_frontier(best[(best["seq_len"] == t) & (best["num_pairs"] == k)])
+        ax.step(frontier["state_bytes"], frontier["accuracy"], where="post", color="0.5", linestyle="--",
+                linewidth=1, zorder=0, label="frontier" if ax is axes[0][-1] else None)
         ax.set(xscale="log", xlabel="decoding state per sequence (bytes, fp32)", title=f"T = {t}, K = {k}",
                ylim=(-0.02, 1.02))
         ax.grid(True, alpha=0.3)

@@ -65,6 +65,7 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
     rows["documents"] = (config.get("data") or {}).get("documents") or "joined"  # (logged before the setting: joined)
     rows["seed"] = config.get("seed")
     rows["params"] = config.get("model/params")
+    rows["params_non_embedding"] = config.get("model/params_non_embedding")
     return rows
 
 
@@ -129,16 +130,17 @@ def _curve_key(kind: str, rows: pd.DataFrame) -> pd.Series:
 DOCUMENTS_MARK = ", documents "  # in a curve's key and label: its runs' data.documents
 
 
-def _arch_label(arch: str) -> str:
+def arch_label(arch: str) -> str:
+    """An architecture's label in figures and tables (the registry's; the name itself if unknown)."""
     return registry.get(arch).label if arch in registry.architectures() else arch
 
 
 def curve_label(kind: str, key: str, params: float | None) -> str:
     arch, detail = key.split("|", 1)
     if kind == "scaling":
-        return f"{_arch_label(arch)} {detail}" + (f" ({params / 1e6:.1f}M)" if params else "")
+        return f"{arch_label(arch)} {detail}" + (f" ({params / 1e6:.1f}M)" if params else "")
     detail, _, documents = detail.partition(DOCUMENTS_MARK)
-    label = _arch_label(arch) if detail in ("default", "") else f"{_arch_label(arch)} {detail}"
+    label = arch_label(arch) if detail in ("default", "") else f"{arch_label(arch)} {detail}"
     return f"{label}{DOCUMENTS_MARK}{documents}" if documents else label
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig
 from torchmetrics import MeanMetric
 
@@ -20,6 +21,7 @@ from mcsd.models import registry
 from mcsd.models.build import build_model, make_config
 from mcsd.models.config import ConfigError, LMConfig
 from mcsd.training.callbacks import batch_tokens
+from mcsd.training.compression import CompressionDecoder
 from mcsd.training.fsdp import FSDP2Strategy, materialize
 
 
@@ -65,6 +67,10 @@ class LanguageModelModule(L.LightningModule):
     ``test/loss_at_<N>`` and ``test/<accuracy>_at_<N>``. Every logged curve carries
     ``trainer/tokens`` (tokens consumed by the optimiser so far, over all processes), which the
     loggers use as the x-axis.
+
+    ``compression_length``: MAD's compression task, whose ``labels`` are the sequence itself,
+    scored by a :class:`CompressionDecoder` (trained with the model, not part of its saved
+    weights) reading the last position's output alone (eager, also with ``compile``).
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class LanguageModelModule(L.LightningModule):
         trainable: list[str] | None = None,
         init_from: str | None = None,
         empty_init: bool = False,
+        compression_length: int | None = None,
     ) -> None:
         super().__init__()
         # The config resolved once (a run passes it resolved; a checkpoint's is resolved already),
@@ -89,6 +96,8 @@ class LanguageModelModule(L.LightningModule):
         self.init_rng_state = torch.get_rng_state() if empty_init else None
         with torch.device("meta") if empty_init else contextlib.nullcontext():
             self.model = build_model(config)
+        self.decoder = (None if compression_length is None else
+                        CompressionDecoder(config.hidden_size, config.vocab_size, compression_length, config.init_std))
         self.init_from = init_from
         if init_from is not None and not empty_init:
             load_weights(self.model, init_from)
@@ -113,6 +122,9 @@ class LanguageModelModule(L.LightningModule):
         strategy = self.trainer.strategy
         if not isinstance(strategy, FSDP2Strategy) or is_sharded(self.model):
             return
+        if self.decoder is not None:
+            raise ConfigError("data.task=compression reads the model's hidden states outside its forward call, "
+                              "which trainer=fsdp does not gather: train it with trainer=cpu or trainer=gpu")
         strategy.shard(self.model)
         if self.init_rng_state is not None:
             materialize(self.model, self.init_rng_state, strategy.root_device)
@@ -138,6 +150,10 @@ class LanguageModelModule(L.LightningModule):
         # With compile: the model and its loss in one compiled graph (the model's weights and
         # names are untouched, so checkpoints and saved models are the same).
         ids = batch["input_ids"]
+        if self.decoder is not None:  # MAD's compression: every position from the last one's output
+            logits = self.decoder(self.model.hidden_states(ids)[:, -1]).flatten(0, 1)
+            targets = batch["labels"].flatten()
+            return F.cross_entropy(logits.float(), targets), logits[None], targets[None]
         if "labels" in batch:  # the LM head only where a label is (MQAR: K of T positions)
             labels = batch["labels"].flatten()
             positions = (labels != IGNORE_INDEX).nonzero().squeeze(1)
@@ -156,6 +172,9 @@ class LanguageModelModule(L.LightningModule):
         """The model FLOPs of this process's step (:meth:`CausalLM.training_flops`): every position
         read, the LM head at the scored ones (MQAR) or at all but the last (next-token)."""
         ids = batch["input_ids"]
+        if self.decoder is not None:
+            batch_size, length = ids.shape
+            return self.model.training_flops(batch_size, length, scored=0) + self.decoder.training_flops(batch_size)
         if "labels" in batch:
             scored = int((batch["labels"] != IGNORE_INDEX).sum())
             return self.model.training_flops(ids.shape[0], ids.shape[1], scored=scored)
@@ -214,9 +233,13 @@ class LanguageModelModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         """AdamW with weight decay on matrices only (not on norms, gains, embeddings nor parameters
-        marked ``_no_weight_decay``: RWKV-4's mixes), over the parameters being trained."""
+        marked ``_no_weight_decay``: RWKV-4's mixes), over the parameters being trained (and the
+        compression decoder's)."""
         decay, no_decay = [], []
-        for name, param in self.model.named_parameters():
+        parameters = list(self.model.named_parameters())
+        if self.decoder is not None:
+            parameters += [(f"decoder.{name}", param) for name, param in self.decoder.named_parameters()]
+        for name, param in parameters:
             if not param.requires_grad:
                 continue
             matrix = param.dim() >= 2 and "embed" not in name and name not in self.no_weight_decay

@@ -28,7 +28,7 @@ from mcsd.data import MQARDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mqar import IGNORE_INDEX, mqar_accuracy, mqar_examples
 from mcsd.models import registry
-from mcsd.plots.mqar import load_mqar_runs, plot_mqar, run_course
+from mcsd.plots.mqar import load_mqar_runs, plot_mqar, run_course, state_frontier
 from mcsd.checkpoint.saved_model import load as load_model
 from mcsd.commands.train import train
 from mcsd.training.callbacks import PlateauStopping
@@ -456,3 +456,12 @@ def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(recal
     table = figure.paths[-2].read_text()
     assert table.count("\n") == 2 + len(figure.table) and "| T=32, K=2 |" in table
     assert figure.paths[-1].read_text().count("\n") == 2 + len(runs)  # a line per run
+
+
+def test_the_state_frontier_keeps_the_points_no_smaller_state_beats() -> None:
+    """Zoology's recall / state-size frontier: a point is on it when every point with at most its
+    bytes recalls less; ties in bytes keep the better point, ties in accuracy the smaller state."""
+    points = pd.DataFrame({"state_bytes": [100, 100, 200, 400, 400, 800, 1600],
+                           "accuracy": [0.2, 0.5, 0.4, 0.5, 0.9, 0.9, 1.0]})
+    frontier = state_frontier(points)
+    assert list(zip(frontier["state_bytes"], frontier["accuracy"])) == [(100, 0.5), (400, 0.9), (1600, 1.0)]

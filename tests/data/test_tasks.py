@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from helpers.runs import FAST, compose_train, read_metrics, series, train_refusal
+from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.checkpoint.saved_model import load as load_model
 from mcsd.commands.train import train
 from mcsd.data import TaskDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mad import in_context_recall
 from mcsd.data.mqar import prediction_accuracy
+from mcsd.training.compression import CompressionDecoder
 
 
 def test_splits_are_the_tasks_drawn_from_seeds_of_their_own() -> None:
@@ -42,7 +44,6 @@ def test_splits_are_the_tasks_drawn_from_seeds_of_their_own() -> None:
 
 @pytest.mark.parametrize(("settings", "message"), [
     ({"task": "copying"}, "data.task='copying' is unknown: use one of in_context_recall"),
-    ({"task": "compression"}, "data.task=compression is scored by a decoder"),
     ({"num_train": 4, "batch_size": 8}, "data.num_train=4 is fewer than data.batch_size=8"),
     ({"test_lengths": [16]}, "data.test_lengths=[16] must be at least data.seq_len=32"),
 ])
@@ -79,6 +80,8 @@ def test_training_logs_the_tasks_accuracy_at_its_length_and_past_it(tmp_path: Pa
         assert next(iter(logged.values())) == pytest.approx(prediction_accuracy(predictions, split.labels).mean().item(),
                                                             abs=1e-6)
     assert series(rows, "val/passkey_acc") and series(rows, "test/loss_at_64")
+    saved = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")  # plain types: it loads with weights_only=True
+    assert saved["datamodule_hyper_parameters"]["test_lengths"] == [64]
 
 
 def test_mad_recall_defaults_are_mad_labs() -> None:
@@ -89,3 +92,27 @@ def test_mad_recall_defaults_are_mad_labs() -> None:
         "in_context_recall", 128, 12800, 1280, 128)
     inputs, labels = in_context_recall(2, seed=0, split="test")
     assert inputs.shape == (2, 128) and (labels != -100).sum() > 2  # several queries per example
+
+
+def test_compression_is_scored_by_the_decoder_the_run_trains_beside_the_model(tmp_path: Path) -> None:
+    """``data.task=compression`` trains MAD's decoder with the model: the logged test accuracy is
+    the checkpoint's decoder reading the saved model's last position, for every position."""
+    run_dir = tmp_path / "run"
+    cfg = compose_train(run_dir, *FAST, "data=mad", "data.task=compression", "data.seq_len=8",
+                        "data.num_train=64", "data.num_val=16", "data.batch_size=8", "model.vocab_size=8",
+                        "trainer.limit_val_batches=null", "logger=csv")
+    train(cfg)
+    module = TaskDataModule(task="compression", vocab_size=8, seq_len=8, num_train=64, num_val=16, batch_size=8,
+                            seed=cfg.seed)
+    split = module.build()["test"]
+    model = load_model(run_dir / "model").eval()
+    decoder = CompressionDecoder(model.config.hidden_size, 8, 8)
+    weights = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+    decoder.load_state_dict({key.removeprefix("decoder."): value for key, value in weights.items()
+                             if key.startswith("decoder.")})
+    with torch.no_grad():
+        predictions = decoder(model.hidden_states(split.inputs)[:, -1]).argmax(-1)
+    logged = series(read_metrics(run_dir), "test/compression_acc")
+    assert next(iter(logged.values())) == pytest.approx(
+        prediction_accuracy(predictions, split.labels).mean().item(), abs=1e-6)
+    assert torch.equal(split.labels, split.inputs)

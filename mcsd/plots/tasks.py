@@ -1,0 +1,131 @@
+"""Figures and tables of the synthetic instruments beside MQAR (``data=mad``, ``data=retrieval``):
+each run's final test accuracy on its task, one panel per task; at the training length alone
+(MAD: bars per architecture) or also past it (retrieval: accuracy against the test length, a
+line per architecture). The decoding state each model keeps after a training-length sequence
+is listed beside its accuracy (:func:`mcsd.plots.mqar.decoding_state_bytes`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.plots.files import save_figure  # noqa: E402
+from mcsd.plots.mqar import decoding_state_bytes  # noqa: E402
+from mcsd.plots.runs import arch_label, curve_order, run_identity, run_logs  # noqa: E402
+from mcsd.plots.style import architecture_color  # noqa: E402
+
+
+@dataclass
+class TaskFigure:
+    """What :func:`plot_tasks` drew: the files and the table (a row per run and test length)."""
+
+    paths: list[Path]
+    table: pd.DataFrame
+
+
+def load_task_runs(root: str | Path) -> pd.DataFrame:
+    """One row per run and test length under ``root``: architecture, variant, task, the test
+    length and accuracy there (``test/<task>_acc`` at the training length, ``..._at_<N>`` past
+    it), the run's tokens, parameters and decoding-state bytes. Runs without a task's test
+    accuracy (language models, MQAR, unfinished runs) are skipped."""
+    records = []
+    for run, config, metrics in run_logs(root):
+        data = config.get("data") or {}
+        task = data.get("task")
+        if task is None or f"test/{task}_acc" not in metrics:
+            continue
+        arch, variant = run_identity(config)
+        seq_len = int(data["seq_len"])
+        common = {"run": run, "arch": arch, "variant": variant, "task": task, "seed": config.get("seed"),
+                  "trained_length": seq_len, "params": config.get("model/params"),
+                  "tokens": float(metrics["trainer/tokens"].dropna().max()),
+                  "state_bytes": decoding_state_bytes(config["model"], seq_len)}
+        for name, length in [(f"test/{task}_acc", seq_len),
+                             *((column, int(column.rsplit("_", 1)[1])) for column in metrics
+                               if column.startswith(f"test/{task}_acc_at_"))]:
+            records.append({**common, "length": length, "accuracy": float(metrics[name].dropna().iloc[-1])})
+    if not records:
+        raise MCSDError(f"{root} holds no finished runs of data=mad or data=retrieval (no test/<task>_acc in "
+                        "their logs): point it at an experiment=mad or experiment=retrieval sweep")
+    rows = pd.DataFrame(records)
+    rows["curve"] = rows["arch"] + "|" + rows["variant"]
+    return rows
+
+
+def _ordered_curves(rows: pd.DataFrame) -> list[str]:
+    return sorted(rows["curve"].unique(), key=lambda key: curve_order("ablation", key))
+
+
+def _label(curve: str) -> str:
+    arch, variant = curve.split("|", 1)
+    return arch_label(arch) if variant in ("default", "") else f"{arch_label(arch)} {variant}"
+
+
+def markdown_task_table(rows: pd.DataFrame) -> str:
+    """Accuracy per architecture (rows) and task (columns; a column per test length past the
+    training one), the mean over seeds, with each model's decoding state at the training length."""
+    curves, tasks = _ordered_curves(rows), list(dict.fromkeys(rows.sort_values("task")["task"]))
+    columns = [(task, length) for task in tasks for length in sorted(rows.loc[rows["task"] == task, "length"].unique())]
+    trained = rows.groupby("task")["trained_length"].first()
+    header = [task if length == trained[task] else f"{task} at {length}" for task, length in columns]
+    lines = ["| architecture | " + " | ".join(header) + " |", "| --- " * (1 + len(columns)) + "|"]
+    for curve in curves:
+        cells = []
+        for task, length in columns:
+            point = rows[(rows["curve"] == curve) & (rows["task"] == task) & (rows["length"] == length)]
+            cells.append("-" if point.empty else f"{point['accuracy'].mean():.3f}")
+        lines.append(f"| {_label(curve)} | " + " | ".join(cells) + " |")
+    state = rows.drop_duplicates(["curve", "task"]).pivot(index="curve", columns="task", values="state_bytes")
+    lines += ["", "Decoding state per sequence after the training length (KiB, fp32):", "",
+              "| architecture | " + " | ".join(tasks) + " |", "| --- " * (1 + len(tasks)) + "|"]
+    for curve in curves:
+        lines.append(f"| {_label(curve)} | " + " | ".join(f"{state.loc[curve, task] / 1024:,.1f}"
+                                                           if task in state.columns else "-" for task in tasks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_tasks(rows: pd.DataFrame, output_dir: str | Path, name: str) -> TaskFigure:
+    """One panel per task: bars of each architecture's test accuracy (a task tested at its
+    training length alone) or its accuracy against the test length (a line each, the training
+    length dotted). Writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
+    tasks, curves = sorted(rows["task"].unique()), _ordered_curves(rows)
+    columns = min(3, len(tasks))
+    lines = -(-len(tasks) // columns)
+    figure, axes = plt.subplots(lines, columns, figsize=(4.8 * columns, 3.8 * lines), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        own = rows[rows["task"] == task]
+        lengths = sorted(own["length"].unique())
+        for index, curve in enumerate(curves):
+            arch = curve.split("|", 1)[0]
+            points = own[own["curve"] == curve].groupby("length")["accuracy"].mean()
+            if points.empty:
+                continue
+            if len(lengths) == 1:
+                ax.bar(index, points.iloc[0], color=architecture_color(arch), label=_label(curve))
+            else:
+                ax.plot(points.index, points.values, marker="o", color=architecture_color(arch), label=_label(curve))
+        if len(lengths) == 1:
+            ax.set_xticks([])
+        else:
+            ax.axvline(own["trained_length"].iloc[0], color="0.5", linestyle=":", linewidth=1)
+            ax.set_xlabel("test length (tokens; dotted: trained at)")
+        ax.set(title=task.replace("_", " "), ylim=(0, 1.02), ylabel="test accuracy")
+        ax.grid(True, axis="y", alpha=0.3)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, -0.02))
+    figure.suptitle(f"{name.replace('_', ' ')}: final test accuracy per task (mean over seeds)")
+    figure.tight_layout(rect=(0, 0.05, 1, 1))
+    output_dir = Path(output_dir)
+    paths = save_figure(figure, output_dir, name)
+    table = output_dir / f"{name}_table.md"
+    table.write_text(markdown_task_table(rows))
+    return TaskFigure([*paths, table], rows)
