@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run an experiment's sweep two jobs at a time, keep its CSV logs in the experiment's
 # folder (<experiment>/<corpus>/<job>/csv/version_0/{metrics.csv,hparams.yaml}) and draw it.
-#   experiments/sweep.sh EXPERIMENT [--replace|--add] [--name NAME] embedded|tinyshakespeare|FILE.txt|own \
+#   experiments/sweep.sh EXPERIMENT [--replace|--add] [--resume] [--name NAME] embedded|tinyshakespeare|FILE.txt|own \
 #     [mcsd-train overrides...]
 # The figures and tables are drawn by `mcsd-plot experiment` (mcsd/plots/experiments.py: the same
 # code as the figures notebook's).
@@ -11,11 +11,21 @@
 # them (one more architecture's arms, hydra.sweeper.registry_architectures=[NAME]); --name NAME
 # puts them in <NAME>/ instead of <corpus>/ (another sweep on the same corpus). `own` keeps the
 # experiment's own data config (MQAR's synthetic examples) and names the folder `own` unless --name.
+# --resume goes on with the latest sweep of the same experiment and name (one stopped by Ctrl-C),
+# given the same arguments: its jobs run again in their own folders, so an interrupted job goes on
+# from its checkpoint, a finished one only tests and saves again, and the jobs never begun begin.
 set -euo pipefail
 experiment="$1"; shift
-results=trial; add=false
-if [ "${1:-}" = --replace ]; then results=.; shift; elif [ "${1:-}" = --add ]; then results=.; add=true; shift; fi
-folder=""; if [ "${1:-}" = --name ]; then folder="$2"; shift 2; fi
+results=trial; add=false; resume=false; folder=""
+while true; do
+  case "${1:-}" in
+    --replace) results=.; shift ;;
+    --add) results=.; add=true; shift ;;
+    --resume) resume=true; shift ;;
+    --name) folder="$2"; shift 2 ;;
+    *) break ;;
+  esac
+done
 source "$(dirname "$0")/corpus_path.sh"
 corpus="${1:-}"
 if [ -z "$corpus" ] || [[ "$corpus" == *=* ]]; then  # no corpus, or an override in its place
@@ -37,6 +47,14 @@ name="${folder:-$name}"
 export OMP_NUM_THREADS=1  # two jobs side by side, one core each
 # The sweep's own folder, named here, so that two sweeps of one experiment at once each copy their own jobs.
 sweep="$here/logs/$name/train/multiruns/$(date +%Y-%m-%d_%H-%M-%S)-$$/"
+if $resume; then
+  sweep="$(ls -d "$here/logs/$name/train/multiruns/"*/ 2>/dev/null | sort | tail -n 1)"
+  if [ -z "$sweep" ]; then
+    echo "sweep.sh: --resume: no sweep of $experiment under $here/logs/$name to go on with: run it without --resume" >&2
+    exit 2
+  fi
+  echo "sweep.sh: going on with $sweep" >&2
+fi
 # Stopped (Ctrl-C, or SIGTERM to this script), the sweep stops every process it started: each
 # training job stops after its step under way with a checkpoint (resume=RUN_DIR), then this script.
 descendants() {  # every process below $1 but the subshell that asks
@@ -52,7 +70,8 @@ stop() {
     [ -z "$alive" ] && break; sleep 0.5
   done
   [ -n "$alive" ] && kill -KILL $alive 2>/dev/null
-  echo "sweep.sh: stopped by $1: every job of the sweep stopped (its runs in $sweep); no results copied" >&2
+  echo "sweep.sh: stopped by $1: every job of the sweep stopped (its runs in $sweep); no results copied;" \
+    "go on with it: the same command with --resume" >&2
   exit 130
 }
 trap 'stop Ctrl-C' INT; trap 'stop SIGTERM' TERM

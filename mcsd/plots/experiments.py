@@ -135,6 +135,7 @@ DRAWINGS: dict[str, Drawing] = {
     "wm_ablation": Drawing(_sweep("ablation", "wm_ablation", "Wonderful Matrices default, attention_every=0")),
     "documents_apart": Drawing(_sweep("ablation", "documents_apart", "Transformer")),
     "mad": Drawing(_tasks("mad")),
+    "retrieval": Drawing(_tasks("retrieval")),
 }
 
 

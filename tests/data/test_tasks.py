@@ -8,15 +8,20 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+from helpers import ROOT
 from helpers.runs import FAST, compose_train, read_metrics, series, train_refusal
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.checkpoint.saved_model import load as load_model
 from mcsd.commands.train import train
 from mcsd.data import TaskDataModule
 from mcsd.data.corpus import DataError
-from mcsd.data.mad import in_context_recall
+from mcsd.data.mad import MAD_TASKS, in_context_recall
 from mcsd.data.mqar import prediction_accuracy
+from mcsd.data.retrieval import RETRIEVAL_TASKS
+from mcsd.data.tasks import TASKS
+from mcsd.plots.tasks import load_task_runs, plot_tasks
 from mcsd.training.compression import CompressionDecoder
 
 
@@ -82,6 +87,15 @@ def test_training_logs_the_tasks_accuracy_at_its_length_and_past_it(tmp_path: Pa
     assert series(rows, "val/passkey_acc") and series(rows, "test/loss_at_64")
     saved = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")  # plain types: it loads with weights_only=True
     assert saved["datamodule_hyper_parameters"]["test_lengths"] == [64]
+    # mcsd-plot tasks: a row per test length, the logged accuracies, a line against the length
+    runs = load_task_runs(tmp_path)
+    assert list(zip(runs["length"], runs["accuracy"])) == [
+        (32, next(iter(series(rows, "test/passkey_acc").values()))),
+        (64, next(iter(series(rows, "test/passkey_acc_at_64").values())))]
+    assert set(runs["trained_length"]) == {32} and runs["state_bytes"].iloc[0] > 0
+    figure = plot_tasks(runs, tmp_path / "figure", "retrieval")
+    assert [path.name for path in figure.paths] == ["retrieval.png", "retrieval.pdf", "retrieval_table.md"]
+    assert "| passkey | passkey at 64 |" in figure.paths[-1].read_text()
 
 
 def test_mad_recall_defaults_are_mad_labs() -> None:
@@ -116,3 +130,21 @@ def test_compression_is_scored_by_the_decoder_the_run_trains_beside_the_model(tm
     assert next(iter(logged.values())) == pytest.approx(
         prediction_accuracy(predictions, split.labels).mean().item(), abs=1e-6)
     assert torch.equal(split.labels, split.inputs)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_each_task_config_draws_its_task_at_its_sources_settings(task: str) -> None:
+    """``task=<name>`` (conf/task/) composes with its data config and draws its task at the
+    vocabulary, length and settings it names; the experiments sweep every task of their source,
+    each model as wide in vocabulary as its task."""
+    data = "mad" if task in MAD_TASKS else "retrieval"
+    cfg = compose_train(Path("unused"), f"data={data}", f"task={task}")
+    assert cfg.data.task == task
+    module = TaskDataModule(task=task, vocab_size=cfg.data.vocab_size, seq_len=cfg.data.seq_len,
+                            settings=cfg.data.settings, num_train=8, num_val=8, batch_size=8)
+    inputs = module.build()["train"].inputs
+    assert inputs.shape == (8, cfg.data.seq_len) and int(inputs.max()) < cfg.data.vocab_size
+    experiment = compose_train(Path("unused"), f"experiment={data}", f"task={task}")
+    assert experiment.model.vocab_size == experiment.data.vocab_size == cfg.data.vocab_size
+    swept = yaml.safe_load((ROOT / "conf" / "experiment" / f"{data}.yaml").read_text())["hydra"]["sweeper"]["params"]
+    assert set(swept["task"].split(",")) == set(MAD_TASKS if data == "mad" else RETRIEVAL_TASKS)

@@ -356,8 +356,29 @@ def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None
     assert output.count("mcsd-train: interrupted at step ") == 2 and "sweep.sh: stopped by SIGTERM" in output
     (folder,) = (tmp_path / "experiments" / "fig9_ablation" / "logs" / "embedded" / "train" / "multiruns").iterdir()
     assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == ["0", "1"]  # no third job begun
+    stopped_at = {}
     for job in ("0", "1"):
-        assert list((folder / job / "checkpoints").glob("step-*.ckpt"))
+        (checkpoint,) = (folder / job / "checkpoints").glob("step-*.ckpt")
+        stopped_at[job] = int(checkpoint.stem.split("-")[1])
+    assert "go on with it: the same command with --resume" in output
+    # --resume: the same sweep folder again, each stopped job from its checkpoint, the others begun
+    resumed = subprocess.run(
+        ["bash", "experiments/sweep.sh", "fig9_ablation", "--resume", "embedded", "size=tiny", "data.seq_len=32",
+         "data.batch_size=2", "data.token_budget=null", f"trainer.max_steps={max(stopped_at.values()) + 2}",
+         "trainer.val_check_interval=100000", "test_after_training=false", "logger=csv",
+         "validate_before_training=false", "callbacks.progress_bar.refresh_rate=0"],
+        cwd=tmp_path, env=_sweep_env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"sweep.sh: going on with {folder}/" in resumed.stderr
+    assert [path.name for path in (tmp_path / "experiments" / "fig9_ablation" / "logs" / "embedded" / "train"
+                                   / "multiruns").iterdir()] == [folder.name]  # no second sweep folder
+    assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == [str(job) for job in range(6)]
+    for job, step in stopped_at.items():  # gone on from its checkpoint, logging on into the same CSV log
+        assert "going on from it" in (folder / job / "train.log").read_text()
+        steps = pd.read_csv(folder / job / "csv" / "version_0" / "metrics.csv")["step"].dropna()
+        assert steps.min() < step < steps.max() and (folder / job / "model").is_dir()
+    copied = tmp_path / "experiments" / "fig9_ablation" / "trial" / "embedded"
+    assert sorted(path.name for path in copied.iterdir() if path.is_dir()) == [str(job) for job in range(6)]
 
 
 def test_a_runs_variant_is_named_from_its_fields_against_todays_defaults() -> None:
