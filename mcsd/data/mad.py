@@ -241,3 +241,21 @@ MAD_TASKS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
     "memorization": memorization,
 }
 """MAD's six tasks by name: each ``task(num_examples, seq_len, vocab_size, seed, split, **settings)``."""
+
+
+def recall_by_frequency(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per example, the accuracy of multi-query in-context recall answered without recall: at each
+    scored key, the value seen most often so far in the example (ties: the lowest id). What a
+    model that learned the values' in-context frequencies but not which key they follow scores:
+    the bar an architecture must pass before its accuracy says anything about recall."""
+    examples, length = inputs.shape
+    values = inputs[:, 1::2]  # pairs: each key at an even position, its value after it
+    counts = torch.zeros(examples, int(inputs.max()) + 1, dtype=torch.long)
+    right = torch.zeros(examples)
+    scored = (labels != IGNORE_INDEX).sum(1).clamp(min=1)
+    for pair in range(length // 2):
+        label = labels[:, 2 * pair]
+        asked = label != IGNORE_INDEX
+        right += (asked & (counts.argmax(1) == label)).float()
+        counts[torch.arange(examples), values[:, pair]] += 1
+    return right / scored

@@ -53,6 +53,7 @@ def run_problems(cfg: DictConfig) -> Iterator[str]:
             yield (f"trainer.max_steps={max_steps} must be a positive number of steps "
                    "(or set data.token_budget=TOKENS, or trainer.max_steps=-1 with trainer.max_epochs=N)")
     yield from documents_problems(cfg)
+    yield from task_problems(cfg)
     yield from optimization_problems(cfg.get("optimizer"), cfg.get("scheduler"),
                                       max_steps if cfg.data.get("token_budget") is None else None)
 
@@ -90,6 +91,24 @@ def optimization_problems(optimizer: DictConfig | None, scheduler: DictConfig | 
     elif isinstance(steps, int) and steps >= 1 and warmup > steps:
         yield (f"scheduler.warmup_steps={warmup} is longer than the run (trainer.max_steps={steps}): give at most "
                f"{steps} (or auto: a tenth of the run, {max(steps // 10, 1)}), or more trainer.max_steps")
+
+
+def task_problems(cfg: DictConfig) -> Iterator[str]:
+    """A synthetic task (``data.task``, MAD's and retrieval's) the model cannot take: ids beyond its
+    vocabulary, or compression's decoder under sharding (it reads the hidden states outside the
+    model's forward call, which FSDP2 does not gather)."""
+    task, model = cfg.data.get("task"), cfg.get("model")
+    if task is None or model is None:
+        return
+    vocabulary = cfg.data.get("vocab_size")
+    if isinstance(vocabulary, int) and isinstance(model.get("vocab_size"), int) and model.vocab_size < vocabulary:
+        yield (f"model.vocab_size={model.vocab_size} is smaller than data.vocab_size={vocabulary}, the ids of "
+               f"data.task={task}: raise model.vocab_size (model.vocab_size=${{data.vocab_size}} follows the task)")
+    strategy = cfg.trainer.get("strategy")
+    target = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
+    if task == "compression" and target.endswith("FSDP2Strategy"):
+        yield ("data.task=compression reads the model's hidden states outside its forward call, which trainer=fsdp "
+               "does not gather: train it with trainer=cpu or trainer=gpu")
 
 
 def documents_problems(cfg: DictConfig) -> Iterator[str]:

@@ -122,7 +122,7 @@ class LanguageModelModule(L.LightningModule):
         strategy = self.trainer.strategy
         if not isinstance(strategy, FSDP2Strategy) or is_sharded(self.model):
             return
-        if self.decoder is not None:
+        if self.decoder is not None:  # refused before the run by mcsd.training.checks.task_problems
             raise ConfigError("data.task=compression reads the model's hidden states outside its forward call, "
                               "which trainer=fsdp does not gather: train it with trainer=cpu or trainer=gpu")
         strategy.shard(self.model)

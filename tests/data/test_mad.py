@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mcsd.data.corpus import DataError
-from mcsd.data.mad import MAD_TASKS, memorization_map
+from mcsd.data.mad import MAD_TASKS, memorization_map, recall_by_frequency
 from mcsd.data.mqar import IGNORE_INDEX
 
 
@@ -131,3 +131,13 @@ def test_impossible_settings_fail_in_one_line(name: str, settings: dict, message
     with pytest.raises(DataError, match=re.escape(message)) as failure:
         MAD_TASKS[name](4, **settings)
     assert "\n" not in str(failure.value)
+
+
+def test_recall_by_frequency_answers_with_the_most_frequent_value_so_far() -> None:
+    """Keys 0-1, values 2-3: at the third pair's key (0, value 2) the values seen are 2 and 3 once
+    each (the tie goes to 2: right); at the fourth (1, value 3) 2 has been seen twice: wrong."""
+    inputs = torch.tensor([[0, 2, 1, 3, 0, 2, 1, 3]])
+    labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX, 2, IGNORE_INDEX, 3, IGNORE_INDEX]])
+    assert recall_by_frequency(inputs, labels).tolist() == [0.5]
+    inputs, labels = MAD_TASKS["in_context_recall"](400, seed=0, split="test")
+    assert 0.25 < recall_by_frequency(inputs, labels).mean().item() < 0.4  # 8 values, drawn with replacement

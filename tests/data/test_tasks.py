@@ -148,3 +148,16 @@ def test_each_task_config_draws_its_task_at_its_sources_settings(task: str) -> N
     assert experiment.model.vocab_size == experiment.data.vocab_size == cfg.data.vocab_size
     swept = yaml.safe_load((ROOT / "conf" / "experiment" / f"{data}.yaml").read_text())["hydra"]["sweeper"]["params"]
     assert set(swept["task"].split(",")) == set(MAD_TASKS if data == "mad" else RETRIEVAL_TASKS)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["data.task=passkey", "model.vocab_size=16", "data.vocab_size=32"],
+     "model.vocab_size=16 is smaller than data.vocab_size=32, the ids of data.task=passkey"),
+    (["task=compression", "trainer=fsdp"], "data.task=compression reads the model's hidden states outside"),
+])
+def test_a_task_the_model_cannot_take_is_refused_before_the_run(tmp_path: Path, overrides: list[str],
+                                                                 message: str) -> None:
+    data = "retrieval" if "data.task=passkey" in overrides else "mad"
+    line = train_refusal(tmp_path / "run", f"data={data}", *overrides)
+    assert message in line
+    assert not (tmp_path / "run").exists()
