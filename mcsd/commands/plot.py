@@ -36,6 +36,11 @@ from mcsd.plots.tasks import load_task_runs, markdown_task_table, plot_tasks
 COSTS = {"inference": plot_inference, "train": plot_train}
 SWEEPS = ("scaling", "ablation")
 RUN_TABLES = ("mqar", "tasks", "context", "compare")
+RUN_FIGURES = {  # kind: (the folder it reads, its loader, figure, table, default name)
+    "mqar": ("an experiment=mqar_recall sweep", load_mqar_runs, plot_mqar, markdown_mqar_table, "mqar_recall"),
+    "tasks": ("an experiment=mad or experiment=retrieval sweep", load_task_runs, plot_tasks, markdown_task_table,
+              "tasks"),
+}
 
 
 def _experiment(args: argparse.Namespace) -> list:
@@ -61,17 +66,12 @@ def _plot(args: argparse.Namespace) -> list:
         if args.source is None:
             raise MCSDError(f"mcsd-plot {args.kind} needs a results file: mcsd-plot {args.kind} RESULTS.csv")
         return COSTS[args.kind](args.source, args.out)
-    if args.kind == "mqar":
+    if args.kind in RUN_FIGURES:
+        folder, load, plot, table, name = RUN_FIGURES[args.kind]
         if args.source is None:
-            raise MCSDError("mcsd-plot mqar needs the folder of an experiment=mqar_recall sweep")
-        figure = plot_mqar(load_mqar_runs(args.source), args.out or args.source, args.name or "mqar_recall")
-        print(markdown_mqar_table(figure.table))
-        return figure.paths
-    if args.kind == "tasks":
-        if args.source is None:
-            raise MCSDError("mcsd-plot tasks needs the folder of an experiment=mad or experiment=retrieval sweep")
-        figure = plot_tasks(load_task_runs(args.source), args.out or args.source, args.name or "tasks")
-        print(markdown_task_table(figure.table))
+            raise MCSDError(f"mcsd-plot {args.kind} needs the folder of {folder}")
+        figure = plot(load(args.source), args.out or args.source, args.name or name)
+        print(table(figure.table))
         return figure.paths
     if args.kind == "compare":
         if args.source is None:

@@ -20,6 +20,7 @@ import yaml
 
 from helpers import ROOT, FIXTURES
 from helpers.runs import TINY_SWEEP, sweep_dir, run_here
+from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.errors import MCSDError
 from mcsd.models import registry
 from mcsd.models.mcsd import MCSDConfig
@@ -377,6 +378,10 @@ def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None
         assert "going on from it" in (folder / job / "train.log").read_text()
         steps = pd.read_csv(folder / job / "csv" / "version_0" / "metrics.csv")["step"].dropna()
         assert steps.min() < step < steps.max() and (folder / job / "model").is_dir()
+        # its last.ckpt is the run's end, overwritten (no last-v1.ckpt beside a stale one for a later resume)
+        checkpoints = folder / job / "checkpoints"
+        assert sorted(path.name for path in checkpoints.iterdir()) == ["last.ckpt", f"step-{step:06d}.ckpt"]
+        assert read_checkpoint(checkpoints / "last.ckpt")["global_step"] == max(stopped_at.values()) + 2
     copied = tmp_path / "experiments" / "fig9_ablation" / "trial" / "embedded"
     assert sorted(path.name for path in copied.iterdir() if path.is_dir()) == [str(job) for job in range(6)]
 
