@@ -93,6 +93,10 @@ def optimization_problems(optimizer: DictConfig | None, scheduler: DictConfig | 
                f"{steps} (or auto: a tenth of the run, {max(steps // 10, 1)}), or more trainer.max_steps")
 
 
+COMPRESSION_UNDER_FSDP = ("data.task=compression reads the model's hidden states outside its forward call, which "
+                          "trainer=fsdp does not gather: train it with trainer=cpu or trainer=gpu")
+
+
 def task_problems(cfg: DictConfig) -> Iterator[str]:
     """A synthetic task (``data.task``, MAD's and retrieval's) the model cannot take: ids beyond its
     vocabulary, or compression's decoder under sharding (it reads the hidden states outside the
@@ -107,8 +111,7 @@ def task_problems(cfg: DictConfig) -> Iterator[str]:
     strategy = cfg.trainer.get("strategy")
     target = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
     if task == "compression" and target.endswith("FSDP2Strategy"):
-        yield ("data.task=compression reads the model's hidden states outside its forward call, which trainer=fsdp "
-               "does not gather: train it with trainer=cpu or trainer=gpu")
+        yield COMPRESSION_UNDER_FSDP
 
 
 def documents_problems(cfg: DictConfig) -> Iterator[str]:

@@ -21,6 +21,7 @@ from mcsd.models import registry
 from mcsd.models.build import build_model, make_config
 from mcsd.models.config import ConfigError, LMConfig
 from mcsd.training.callbacks import batch_tokens
+from mcsd.training.checks import COMPRESSION_UNDER_FSDP
 from mcsd.training.compression import CompressionDecoder
 from mcsd.training.fsdp import FSDP2Strategy, materialize
 
@@ -122,9 +123,8 @@ class LanguageModelModule(L.LightningModule):
         strategy = self.trainer.strategy
         if not isinstance(strategy, FSDP2Strategy) or is_sharded(self.model):
             return
-        if self.decoder is not None:  # refused before the run by mcsd.training.checks.task_problems
-            raise ConfigError("data.task=compression reads the model's hidden states outside its forward call, "
-                              "which trainer=fsdp does not gather: train it with trainer=cpu or trainer=gpu")
+        if self.decoder is not None:  # mcsd-train refuses it before the run (task_problems)
+            raise ConfigError(COMPRESSION_UNDER_FSDP)
         strategy.shard(self.model)
         if self.init_rng_state is not None:
             materialize(self.model, self.init_rng_state, strategy.root_device)
