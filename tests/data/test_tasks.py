@@ -12,6 +12,7 @@ import yaml
 
 from helpers import ROOT
 from helpers.runs import FAST, compose_train, read_metrics, series, train_refusal
+from hydra_plugins.mcsd_arms_sweeper import registry_arms
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.checkpoint.saved_model import load as load_model
 from mcsd.commands.train import train
@@ -21,6 +22,7 @@ from mcsd.data.mad import MAD_TASKS, in_context_recall
 from mcsd.data.mqar import prediction_accuracy
 from mcsd.data.retrieval import RETRIEVAL_TASKS
 from mcsd.data.tasks import TASKS
+from mcsd.models import registry
 from mcsd.plots.tasks import load_task_runs, plot_tasks
 from mcsd.training.compression import CompressionDecoder
 
@@ -135,8 +137,8 @@ def test_compression_is_scored_by_the_decoder_the_run_trains_beside_the_model(tm
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_each_task_config_draws_its_task_at_its_sources_settings(task: str) -> None:
     """``task=<name>`` (conf/task/) composes with its data config and draws its task at the
-    vocabulary, length and settings it names; the experiments sweep every task of their source,
-    each model as wide in vocabulary as its task."""
+    vocabulary, length and settings it names; the experiments sweep every task of their source
+    over every registered architecture, each model as wide in vocabulary as its task."""
     data = "mad" if task in MAD_TASKS else "retrieval"
     cfg = compose_train(Path("unused"), f"data={data}", f"task={task}")
     assert cfg.data.task == task
@@ -146,8 +148,11 @@ def test_each_task_config_draws_its_task_at_its_sources_settings(task: str) -> N
     assert inputs.shape == (8, cfg.data.seq_len) and int(inputs.max()) < cfg.data.vocab_size
     experiment = compose_train(Path("unused"), f"experiment={data}", f"task={task}")
     assert experiment.model.vocab_size == experiment.data.vocab_size == cfg.data.vocab_size
-    swept = yaml.safe_load((ROOT / "conf" / "experiment" / f"{data}.yaml").read_text())["hydra"]["sweeper"]["params"]
-    assert set(swept["task"].split(",")) == set(MAD_TASKS if data == "mad" else RETRIEVAL_TASKS)
+    sweeper = yaml.safe_load((ROOT / "conf" / "experiment" / f"{data}.yaml").read_text())["hydra"]["sweeper"]
+    assert set(sweeper["params"]["task"].split(",")) == set(MAD_TASKS if data == "mad" else RETRIEVAL_TASKS)
+    arms = registry_arms(sweeper.get("registry_variants") or [], sweeper.get("registry_architectures"),
+                         sweeper.get("registry_settings"))
+    assert [arm[0] for arm in arms] == [f"model={name}" for name in registry.architectures()]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
