@@ -3,6 +3,7 @@ that trains, benchmarks, plots and evaluates them."""
 
 import mcsd.hf  # noqa: E402,F401  registers model_type "mcsd" with transformers' Auto classes
 from mcsd.checkpoint.saved_model import load, load_tokenizer, locate, save
+from mcsd.deploy.quantize import quantize_weights
 from mcsd.models import (
     Architecture,
     CausalLM,
@@ -27,6 +28,7 @@ __all__ = [
     "load",
     "load_tokenizer",
     "locate",
+    "quantize_weights",
     "register",
     "save",
 ]

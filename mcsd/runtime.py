@@ -57,6 +57,30 @@ class StopAfterCurrent:
         return exception[0] is KeyboardInterrupt
 
 
+def quiet_torchao_import() -> None:
+    """Import torchao (where installed) without, on a CPU build of torch, its line per CUDA library
+    that such a build cannot load (``Failed to load ..._C_cutlass_90a.abi3.so``): its CPU kernels
+    are torch's own. transformers imports it at ``import mcsd`` where it is installed."""
+    import importlib
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("torchao") is None or "torchao" in sys.modules:
+        return
+    # And torch's line per enum torchao registers the old way (a deprecation of torch 2.13's pytree).
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers if torch.version.cuda is None else loggers[1:]:
+        logger.setLevel(logging.ERROR)
+    try:
+        for module in ("torchao", "torchao.prototype.mx_formats"):  # what transformers imports of it
+            importlib.import_module(module)
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def interrupted(app: str, kept: str) -> NoReturn:
     """End an app that Ctrl-C stopped: one line saying what it kept, exit status 130."""
     print(f"{app}: interrupted (Ctrl-C): {kept}", file=sys.stderr, flush=True)

@@ -38,6 +38,8 @@ from mcsd.bench.peaks import mfu_peak
 from mcsd.checkpoint.run_folder import model_node_of
 from mcsd.checkpoint.saved_model import locate, read_config
 from mcsd.data.tokens import DOCUMENTS
+from mcsd.deploy.onnx import check_onnx_installed
+from mcsd.deploy.quantize import WEIGHT_FORMATS, check_weight_format
 from mcsd.runtime import StopAfterCurrent, apply_threads, git_commit, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
@@ -46,8 +48,9 @@ from mcsd.ops.kernels import KERNELS, kernels_problem
 
 log = logging.getLogger("mcsd.bench")
 MODES = ("inference", "train")
+RUNTIMES = ("torch", "onnx")
 COLUMNS = {
-    "inference": ["model", "arch", "variant", "kernels", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
+    "inference": ["model", "arch", "variant", "kernels", "weights", "runtime", "size", "params", "batch", "prompt_len", "gen_len", "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
                   "read_bandwidth_bytes_per_s", "limit_ratio", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
@@ -213,15 +216,19 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     points = []
     if cfg.mode == "inference":
         grid_cfg = cfg.inference
-        for gen_len, batch, (name, kernels) in itertools.product(sorted(grid_cfg.gen_lengths), grid_cfg.batch_sizes,
-                                                                 with_kernels):
+        formats = [(weights, runtime) for runtime in runtimes_of(cfg) for weights in weights_of(cfg)
+                   if runtime == "torch" or weights == "full"]  # an ONNX export holds full weights
+        for gen_len, batch, (name, kernels), (weights, runtime) in itertools.product(
+                sorted(grid_cfg.gen_lengths), grid_cfg.batch_sizes, with_kernels, formats):
             arch, variant, source = sources[name]
-            labels = {"model": name, "arch": arch, "variant": variant, "kernels": kernels,
+            labels = {"model": name, "arch": arch, "variant": variant, "kernels": kernels, "weights": weights,
+                      "runtime": runtime,
                       "size": _size_label(cfg, name, arch), "batch": batch, "prompt_len": grid_cfg.prompt_len,
                       "gen_len": gen_len}
             arguments = {"model_cfg": source, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
                          "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup,
-                         "compile": cfg.compile, "cuda_graphs": cfg.cuda_graphs, "kernels": kernels, **common}
+                         "compile": cfg.compile, "cuda_graphs": cfg.cuda_graphs, "kernels": kernels,
+                         "weights": weights, "runtime": runtime, **common}
             points.append((labels, arguments))
     else:
         grid_cfg = cfg.train
@@ -239,6 +246,18 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
                              "document_tokens": grid_cfg.get("document_tokens", measure.DOCUMENT_TOKENS), **common}
                 points.append((labels, arguments))
     return points
+
+
+def weights_of(cfg: DictConfig) -> list[str]:
+    """The weight formats each inference point is measured with (``weights``, a grid axis; results
+    written before it had none: full)."""
+    return list(dict.fromkeys(cfg.get("weights") or ["full"]))
+
+
+def runtimes_of(cfg: DictConfig) -> list[str]:
+    """What decodes each inference point (``runtimes``, a grid axis: torch, or onnx: the model
+    exported and run by ONNX Runtime; results written before it had none: torch)."""
+    return list(dict.fromkeys(cfg.get("runtimes") or ["torch"]))
 
 
 def documents_of(grid_cfg: DictConfig) -> list[str]:
@@ -275,6 +294,33 @@ def grid_problems(cfg: DictConfig) -> list[str]:
                         f"list of some of {', '.join(KERNELS)}, e.g. kernels=[torch,fla] (each model measured with each)")
     else:
         problems += [problem for value in dict.fromkeys(kernels) if (problem := kernels_problem(value, cfg.device))]
+    weights = cfg.get("weights")
+    if weights is not None and (isinstance(weights, str) or len(weights) == 0
+                                or any(value not in WEIGHT_FORMATS for value in weights)):
+        problems.append(f"weights={weights if isinstance(weights, str) else list(weights)} must be a list of some of "
+                        f"{', '.join(WEIGHT_FORMATS)}, e.g. weights=[full,int8] (each inference point measured with each)")
+    elif weights is not None and list(weights) != ["full"]:
+        if cfg.mode == "train":
+            problems.append(f"weights={list(weights)}: quantized weights are for decoding (mode=inference); "
+                            "training measures weights=[full]")
+        for value in dict.fromkeys(weights):
+            try:
+                check_weight_format(value, None, cfg.device)
+            except MCSDError as error:
+                problems.append(str(error))
+    runtimes = cfg.get("runtimes")
+    if runtimes is not None and (isinstance(runtimes, str) or len(runtimes) == 0
+                                 or any(value not in RUNTIMES for value in runtimes)):
+        problems.append(f"runtimes={runtimes if isinstance(runtimes, str) else list(runtimes)} must be a list of some of "
+                        f"{', '.join(RUNTIMES)}, e.g. runtimes=[torch,onnx] (each inference point decoded by each)")
+    elif runtimes is not None and "onnx" in runtimes:
+        if cfg.mode == "train" or not cfg.device.startswith("cpu"):
+            problems.append(f"runtimes={list(runtimes)}: ONNX Runtime decodes on the CPU (mode=inference device=cpu)")
+        else:
+            try:
+                check_onnx_installed()
+            except MCSDError as error:
+                problems.append(str(error).replace("format=onnx", "runtimes=[onnx]"))
     variant = variant_of_grid(cfg)
     known = [name for arch in registry.architectures() for name in registry.get(arch).variants]
     if variant is not None and variant not in known:

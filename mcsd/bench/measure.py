@@ -21,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from mcsd.bench.load import SPREAD_LIMIT, spread
 from mcsd.checkpoint.saved_model import load
+from mcsd.deploy.quantize import quantize_weights, stored_bytes, weights_dtype
 from mcsd.models.build import build_model
 from mcsd.models.modeling import CausalLM
 from mcsd.models.modules.attention import KVCache
@@ -126,12 +127,14 @@ def no_eager_fallback(compile: bool) -> Iterator[None]:
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
-    return sum(param.numel() * param.element_size() for param in model.parameters())
+    """The bytes of every weight as stored (a quantized one's integers and scales)."""
+    return sum(stored_bytes(param) for param in model.parameters())
 
 
 def inference_point(
     model_cfg: dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
     device: str, dtype: str, seed: int, compile: bool = False, cuda_graphs: bool = False, kernels: str = "auto",
+    weights: str = "full", runtime: str = "torch",
 ) -> dict[str, Any]:
     """Median prefill time, decode time per token, latency, throughput, peak memory, the
     bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens, and the bytes
@@ -140,9 +143,15 @@ def inference_point(
     once); with ``cuda_graphs`` through the step replayed as CUDA graphs
     (:meth:`CausalLM.decoding`), recorded by a warm-up over the whole length (every KV-cache
     bucket), which then runs at least once: ``graphs_recorded_timed`` counts the recordings
-    made while timed (0 when every step replayed). ``kernels``: ``model.kernels`` of the point."""
-    device_, dtype_ = torch.device(device), DTYPES[dtype]
-    model = build(model_cfg, device_, dtype_, seed).eval()
+    made while timed (0 when every step replayed). ``kernels``: ``model.kernels`` of the point.
+    ``weights``: the linear layers' weight format (:mod:`mcsd.deploy.quantize`; int4 runs the
+    model in bfloat16, its kernel's activations, whatever ``dtype`` says). ``runtime=onnx``: the
+    model exported to ONNX (:mod:`mcsd.deploy.onnx`, KV caches of ``prompt_len + gen_len``
+    positions) and decoded by ONNX Runtime on the CPU (:func:`onnx_decoding`)."""
+    device_, dtype_ = torch.device(device), weights_dtype(weights, DTYPES[dtype])
+    model = quantize_weights(build(model_cfg, device_, dtype_, seed).eval(), weights)
+    if runtime == "onnx":
+        return onnx_decoding(model, batch_size, prompt_len, gen_len, repeats, warmup, seed)
     model.use_kernels(kernels)
     prefill, step = model.decoding(compile, cuda_graphs)
     generator = torch.Generator().manual_seed(seed)
@@ -182,7 +191,7 @@ def inference_point(
     weights = weights_bytes(model)
     # What one decoding step must read at least: every weight but the input embedding's (a
     # lookup of B rows) unless it is tied to the LM head, and each sequence's state.
-    step_weight_bytes = step_parameters(model) * model.embed.weight.element_size()
+    step_weights = step_weight_bytes(model)
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "prefill_s": prefill_s,
@@ -197,12 +206,67 @@ def inference_point(
         "weights_bytes": weights,
         "peak_mem_minus_weights_bytes": peak - weights,
         "state_bytes_per_sequence": int(runs[-1][2]),
-        "step_weight_bytes": step_weight_bytes,
+        "step_weight_bytes": step_weights,
         "step_state_bytes_per_sequence": runs[-1][3],
-        "step_read_bytes": step_weight_bytes + batch_size * runs[-1][3],
+        "step_read_bytes": step_weights + batch_size * runs[-1][3],
         "compiled": compile and compiled_graphs() > graphs,  # its own graphs, no eager fallback
         "cuda_graphs": cuda_graphs,
         "graphs_recorded_timed": getattr(step, "recorded", 0) - recorded,
+    }
+
+
+def onnx_decoding(model: CausalLM, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
+                  seed: int) -> dict[str, Any]:
+    """:func:`inference_point`'s numbers for ``model`` exported to ONNX (in a temporary folder, not
+    timed) and decoded greedily by :class:`~mcsd.deploy.onnx_runner.OnnxDecoder` on torch's
+    thread count: the same prompt, lengths and repeats, the state the graphs carry."""
+    import tempfile
+    from pathlib import Path
+
+    from mcsd.deploy.onnx import write_onnx_export
+    from mcsd.deploy.onnx_runner import OnnxDecoder
+
+    cpu = torch.device("cpu")
+    with tempfile.TemporaryDirectory(prefix="mcsd-bench-onnx-") as folder:
+        write_onnx_export(model, Path(folder), prompt_len + gen_len, None)
+        decoder = OnnxDecoder(folder, threads=torch.get_num_threads())
+    generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=generator).numpy()
+
+    def run(length: int) -> tuple[float, float, float, float]:
+        prefill_s, (logits, state) = timed(lambda: decoder.prefill(prompt), cpu)
+
+        def decode() -> Any:
+            next_logits, next_state = logits, state
+            for _ in range(length):
+                next_logits, next_state = decoder.step(next_logits.argmax(-1), next_state)
+            return next_state
+
+        decode_s, (_, arrays) = timed(decode, cpu)
+        # The exported step attends over its KV caches' whole capacity (masked after the position):
+        # it reads every byte of the state, as the step at fixed addresses does.
+        whole = sum(array.nbytes for array in arrays) / batch_size
+        return prefill_s, decode_s, whole, whole
+
+    for _ in range(warmup):
+        run(min(gen_len, 16))
+    runs = [run(gen_len) for _ in range(repeats)]
+    decode_per_token = [r[1] / gen_len for r in runs]
+    latency_s = statistics.median(r[0] + r[1] for r in runs)
+    weights = weights_bytes(model)
+    step_weights = step_weight_bytes(model)
+    peak = peak_memory_bytes(cpu)
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "prefill_s": statistics.median(r[0] for r in runs),
+        "decode_s_per_token": statistics.median(r[1] for r in runs) / gen_len,
+        "decode_s_per_token_min": min(decode_per_token), "decode_s_per_token_max": max(decode_per_token),
+        "unsteady": spread(decode_per_token) > SPREAD_LIMIT, "threads": torch.get_num_threads(),
+        "latency_s": latency_s, "tokens_per_s": batch_size * gen_len / latency_s,
+        "peak_mem_bytes": peak, "weights_bytes": weights, "peak_mem_minus_weights_bytes": peak - weights,
+        "state_bytes_per_sequence": int(runs[-1][2]), "step_weight_bytes": step_weights,
+        "step_state_bytes_per_sequence": runs[-1][3], "step_read_bytes": step_weights + batch_size * runs[-1][3],
+        "compiled": False, "cuda_graphs": False, "graphs_recorded_timed": 0,
     }
 
 
@@ -230,11 +294,12 @@ def read_bandwidth_bytes_per_s(device: str, megabytes: int = 256, repeats: int =
     return buffer.numel() * buffer.element_size() / seconds
 
 
-def step_parameters(model: CausalLM) -> int:
-    """Parameters a decoding step reads in full: all but the input embedding (of which it
-    reads one row), unless it is tied to the LM head."""
-    total = sum(p.numel() for p in model.parameters())
-    return total if model.config.tie_embeddings else total - model.embed.weight.numel()
+def step_weight_bytes(model: CausalLM) -> int:
+    """The bytes of the weights a decoding step reads in full, as stored: all but the input
+    embedding (of which it reads one row), unless the LM head reads it too (tied; a quantized
+    head is a copy of its own)."""
+    read_embedding = model.lm_head.weight is model.embed.weight
+    return sum(stored_bytes(param) for param in model.parameters() if read_embedding or param is not model.embed.weight)
 
 
 def counted_training_flops(model: CausalLM, batch_size: int, seq_len: int, form: str) -> int:

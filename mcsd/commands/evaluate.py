@@ -32,7 +32,7 @@ from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
 from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import registry
-from mcsd.precision import model_dtype
+from mcsd.deploy.quantize import decoding_dtype, quantize_weights, weight_format
 
 
 def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | None, int | None]:
@@ -111,7 +111,9 @@ def language_model(saved: SavedModel, cfg: DictConfig) -> Any:
     from lm_eval.models.huggingface import HFLM
 
     logging.getLogger("lm_eval.models.huggingface").addFilter(_DropModelInstanceNote())
-    model = load(saved.path, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
+    weights = cfg.get("weights", "full")
+    model = quantize_weights(load(saved.path, device=cfg.device, dtype=decoding_dtype(cfg.dtype, weights, cfg.device)),
+                             weights)
     tokenizer = load_tokenizer(saved.path)
     return HFLM(pretrained=as_hf_model(model, eos_id(tokenizer)), tokenizer=as_hf_tokenizer(tokenizer),
                 batch_size=cfg.batch_size, max_length=cfg.max_length)
@@ -145,7 +147,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         require_wandb_login("wandb")
     check_settings(cfg)
     saved = locate(cfg.ckpt)
-    model_dtype(cfg.dtype, cfg.device)  # a wrong dtype is refused before anything is written
+    decoding_dtype(cfg.dtype, cfg.get("weights", "full"), cfg.device)  # refused before anything is written
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
@@ -180,7 +182,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         interrupted("mcsd-eval", "stopped before the first task was finished: nothing written")
     model = lm.model.model  # the project's CausalLM inside the transformers model
     params = sum(p.numel() for p in model.parameters())
-    label = f"{registry.of_config(model.config).label} {saved.name}"
+    label = f"{registry.of_config(model.config).label} {saved.name}" + (
+        f" ({weight_format(model)} weights)" if weight_format(model) != "full" else "")
     summary = {"model": str(saved.path), "params": params, "tasks": finished, "tasks_planned": tasks,
                "complete": finished == tasks, "num_fewshot": num_fewshot, "limit": cfg.limit, "results": results,
                "n-shot": shots, "versions": versions, "config": OmegaConf.to_container(cfg, resolve=True)}

@@ -2,6 +2,7 @@
 
     mcsd-export ckpt=logs/train/runs/<run> out=exported/my-model
     mcsd-export ckpt=... out=... push_to_hub=user/my-model
+    mcsd-export ckpt=... out=exported/my-model-onnx format=onnx    # ONNX graphs (mcsd.deploy.onnx)
 
 The folder holds ``config.json`` (``model_type`` mcsd, an ``auto_map`` to ``modeling_mcsd.py``,
 which imports the installed mcsd package), ``model.safetensors``, ``generation_config.json``,
@@ -28,8 +29,10 @@ from tokenizers import Tokenizer
 from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, read_checkpoint
 from mcsd.checkpoint.resume import OVERRIDES_KEY, WANDB_RUN_KEY
 from mcsd.checkpoint.run_folder import RunFolder
-from mcsd.checkpoint.saved_model import MODEL_DIR, SavedModel, load, load_tokenizer, locate
+from mcsd.checkpoint.saved_model import MODEL_DIR, SavedModel, load, load_tokenizer, locate, trained_seq_len
 from mcsd.commands.app import hydra_app
+from mcsd.data.tokenizer import EOS_TOKEN
+from mcsd.deploy.onnx import check_onnx_installed, write_onnx_export
 from mcsd.runtime import git_commit
 from mcsd.errors import MCSDError
 from mcsd.files import give_default_permissions
@@ -42,6 +45,11 @@ REMOTE_CODE_FILE = "modeling_mcsd.py"
 EXPORT_FILE = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens"
                          r"|vocab|model\.safetensors\.index)\.json|model(-\d+-of-\d+)?\.safetensors|merges\.txt"
                          r"|chat_template\.jinja|README\.md|" + re.escape("modeling_mcsd.py"))
+# What an ONNX export writes (mcsd.deploy.onnx), and the file that marks a folder as one.
+ONNX_EXPORT_FILE = re.compile(r"(prefill|step)\.onnx|export\.json|tokenizer\.json|README\.md")
+ONNX_MARKER = "export.json"
+FORMATS = ("hf", "onnx")
+DEFAULT_ONNX_CAPACITY = 2048  # a model whose run recorded no sequence length
 AUTO_MAP = {"AutoConfig": "modeling_mcsd.MCSDHFConfig", "AutoModel": "modeling_mcsd.MCSDHFModel",
             "AutoModelForCausalLM": "modeling_mcsd.MCSDHFForCausalLM"}
 
@@ -71,7 +79,7 @@ def _within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
-def check_out(setting: str, out: Path, saved: SavedModel, overwrite: bool) -> None:
+def check_out(setting: str, out: Path, saved: SavedModel, overwrite: bool, format: str = "hf") -> None:
     """Refuse, before anything is written, an ``out`` that exporting would harm: one that holds
     (or is) the model being exported or its run, a file, and a folder that is not empty, unless
     it is an earlier export (only what an export writes, ``modeling_mcsd.py`` among it) and
@@ -88,11 +96,12 @@ def check_out(setting: str, out: Path, saved: SavedModel, overwrite: bool) -> No
     entries = sorted(out.iterdir())
     if not entries:
         return
+    pattern, marker = (ONNX_EXPORT_FILE, ONNX_MARKER) if format == "onnx" else (EXPORT_FILE, REMOTE_CODE_FILE)
     foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries
-               if entry.is_dir() or not EXPORT_FILE.fullmatch(entry.name)]
-    if foreign or not (out / REMOTE_CODE_FILE).is_file():
+               if entry.is_dir() or not pattern.fullmatch(entry.name)]
+    if foreign or not (out / marker).is_file():
         named = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        why = f"holds what an export does not write ({named})" if foreign else f"is not an earlier export (no {REMOTE_CODE_FILE})"
+        why = f"holds what an export does not write ({named})" if foreign else f"is not an earlier export (no {marker})"
         raise MCSDError(f"out={setting} {why}: choose a new or empty folder (overwrite=true replaces only an earlier "
                         "export)")
     if not overwrite:
@@ -209,8 +218,38 @@ def push(folder: Path, repo_id: str, private: bool) -> str:
     return f"https://huggingface.co/{repo_id}"
 
 
+def onnx_card(saved: SavedModel, manifest: dict[str, Any]) -> str:
+    """The README.md of an ONNX export: what it holds and how to run it."""
+    return f"""# {manifest['architecture']} decoding, exported to ONNX by mcsd
+
+From `{saved.name}` (mcsd commit `{git_commit()}`, torch {manifest['torch']}, weights in {manifest['dtype']}).
+
+- `prefill.onnx`: `input_ids` [batch, length] (int64, 1 to {manifest['capacity'] - 1} tokens) -> `logits` [batch, vocab]
+  of the last position and the state after the prompt (`state.0` ..).
+- `step.onnx`: `token_ids` [batch], `position` (int64, tokens seen so far), the state -> `logits` and
+  the state after the token (`new_state.0` ..).{" KV caches hold " + str(manifest['capacity']) + " positions." if manifest['has_kv_cache'] else ""}
+- `export.json`: the state's names and dtypes, the capacity, the end-of-text token; `tokenizer.json`.
+
+Run it with ONNX Runtime, NumPy and tokenizers alone (mcsd's runner, `mcsd/deploy/onnx_runner.py`,
+imports neither torch nor the rest of mcsd):
+
+```bash
+mcsd-generate ckpt=THIS_FOLDER runtime=onnx prompt="The "
+```
+"""
+
+
 def export(cfg: DictConfig) -> Path:
-    """Export ``cfg.ckpt`` to ``cfg.out`` (and push it to ``cfg.push_to_hub``); return the folder."""
+    """Export ``cfg.ckpt`` to ``cfg.out`` (and push it to ``cfg.push_to_hub``); return the folder.
+    ``format=onnx``: the decoding graphs and the tokenizer (:mod:`mcsd.deploy.onnx`) instead."""
+    export_format = cfg.get("format", "hf")
+    if export_format not in FORMATS:
+        raise MCSDError(f"format={export_format!r} is not an export format: use hf (a transformers folder) or onnx")
+    if export_format == "onnx":
+        check_onnx_installed()
+        if cfg.push_to_hub:
+            raise MCSDError("push_to_hub uploads a transformers folder: export with format=hf to push, or leave "
+                            "push_to_hub=null for format=onnx")
     if cfg.push_to_hub:
         from huggingface_hub import get_token
 
@@ -219,7 +258,8 @@ def export(cfg: DictConfig) -> Path:
                             "(or set HF_TOKEN), or export without push_to_hub")
     saved = locate(cfg.ckpt)
     out = Path(cfg.out).expanduser().resolve()
-    check_out(str(cfg.out), out, saved, cfg.overwrite)
+    check_out(str(cfg.out), out, saved, cfg.overwrite, export_format)
+    capacity = onnx_capacity(cfg, saved) if export_format == "onnx" else None
     model, tokenizer = load(saved.path), load_tokenizer(saved.path)
     # A folder of our own beside out (a fresh name: nothing there but what this export puts in it) holds
     # the new export while it is written and the earlier one while the new one moves into place.
@@ -228,7 +268,12 @@ def export(cfg: DictConfig) -> Path:
     staging, earlier = work / "new", work / "earlier"
     try:
         staging.mkdir()
-        write_export(model, tokenizer, staging, model_card(model, saved, describe_training(saved)))
+        if export_format == "onnx":
+            manifest = write_onnx_export(model, staging, capacity, tokenizer.token_to_id(EOS_TOKEN), saved.name)
+            tokenizer.save(str(staging / "tokenizer.json"))
+            (staging / "README.md").write_text(onnx_card(saved, manifest))
+        else:
+            write_export(model, tokenizer, staging, model_card(model, saved, describe_training(saved)))
         give_default_permissions(staging)  # the weights are written 0600
         if out.is_dir():  # an earlier export (check_out)
             out.rename(earlier)
@@ -240,11 +285,25 @@ def export(cfg: DictConfig) -> Path:
             raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if export_format == "onnx":
+        print(f"exported {saved.name} to {out} (ONNX, KV caches of {capacity} positions where the model has them): "
+              f"mcsd-generate ckpt={out} runtime=onnx", flush=True)
+        return out
     print(f"exported {saved.name} to {out}: AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)",
           flush=True)
     if cfg.push_to_hub:
         print(f"pushed to {push(out, cfg.push_to_hub, cfg.private)}", flush=True)
     return out
+
+
+def onnx_capacity(cfg: DictConfig, saved: SavedModel) -> int:
+    """The positions an ONNX export's KV caches hold: ``capacity``, or the trained sequence length."""
+    capacity = cfg.get("capacity")
+    if capacity is None:
+        capacity = trained_seq_len(saved.path) or DEFAULT_ONNX_CAPACITY
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
+        raise MCSDError(f"capacity={capacity} must be a whole number of positions, at least 2 (a prompt and a new token)")
+    return capacity
 
 
 @hydra_app("mcsd-export", "export")

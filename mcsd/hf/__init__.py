@@ -6,12 +6,16 @@ Importing this package registers ``model_type="mcsd"`` with ``AutoConfig``, ``Au
 (``trust_remote_code=True``: its remote code imports these classes from the installed package).
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from mcsd.runtime import quiet_torchao_import
 
-from mcsd.hf.cache import DecodingCache
-from mcsd.hf.configuration import MODEL_TYPE, MCSDHFConfig
-from mcsd.hf.modeling import MCSDHFForCausalLM, MCSDHFModel, MCSDHFPreTrainedModel, as_hf_model
-from mcsd.hf.tokenizer import as_hf_tokenizer
+quiet_torchao_import()  # before transformers imports it (where installed), which it does at once
+
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM  # noqa: E402
+
+from mcsd.hf.cache import DecodingCache  # noqa: E402
+from mcsd.hf.configuration import MODEL_TYPE, MCSDHFConfig  # noqa: E402
+from mcsd.hf.modeling import MCSDHFForCausalLM, MCSDHFModel, MCSDHFPreTrainedModel, as_hf_model  # noqa: E402
+from mcsd.hf.tokenizer import as_hf_tokenizer  # noqa: E402
 
 AutoConfig.register(MODEL_TYPE, MCSDHFConfig, exist_ok=True)
 AutoModel.register(MCSDHFConfig, MCSDHFModel, exist_ok=True)

@@ -76,11 +76,13 @@ class DecodingMixin:
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head of a decoding step's final-normed hidden states ``[B, D]``."""
-        if torch.compiler.is_compiling() and hidden.shape[0] == 1 and hidden.device.type == "cpu":
+        weight = self.lm_head.weight
+        if (torch.compiler.is_compiling() and hidden.shape[0] == 1 and hidden.device.type == "cpu"
+                and type(weight) in (torch.Tensor, nn.Parameter)):  # not a quantized weight (mcsd.deploy)
             # The LM head of a batch-1 step compiled for a CPU as a multiply-and-sum that inductor
             # fuses into one reduction kernel, as decompose_mm_pass does for the smaller products
             # (its limit of 2048 rows leaves a vocabulary's head to a BLAS call, 1.5-2x slower).
-            return (hidden[:, None, :] * self.lm_head.weight).sum(-1)
+            return (hidden[:, None, :] * weight).sum(-1)
         return self.lm_head(hidden)
 
     def step_hidden(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:

@@ -60,10 +60,12 @@ def read_results(path: str | Path, kind: str | None = None) -> tuple[dict, pd.Da
                         "or results.json") from None
     if kind is not None:
         _check_results(path, frame, kind)
-    for column, mark in SERIES_MARKS.items():  # a model measured with several kernel backends (or document
-        if column in frame and len(frame):    # settings): a series for each
-            several = frame.groupby("model")[column].transform("nunique") > 1
-            frame.loc[several, "model"] = frame.loc[several, "model"] + mark + frame.loc[several, column].astype(str)
+    # A model measured with several kernel backends (or documents settings, weight formats, runtimes):
+    # a series for each, every axis judged on the model's own rows before any mark is appended.
+    several = {column: frame.groupby("model")[column].transform("nunique") > 1
+               for column in SERIES_MARKS if column in frame and len(frame)}
+    for column, rows in several.items():
+        frame.loc[rows, "model"] = frame.loc[rows, "model"] + SERIES_MARKS[column] + frame.loc[rows, column].astype(str)
     return head, frame
 
 
@@ -101,18 +103,26 @@ def _color(arch: str) -> str:
     return architecture_color(arch)
 
 
-# In a model entry (read_results): the series of one kernel backend, of one documents setting.
-SERIES_MARKS = {"kernels": " kernels=", "documents": " documents="}
+# In a model entry (read_results): the series of one kernel backend, of one documents setting, of
+# one weight format, of one runtime (each appended in this order).
+SERIES_MARKS = {"kernels": " kernels=", "documents": " documents=", "weights": " weights=", "runtime": " runtime="}
+
+
+RUNTIME_LABELS = {"torch": "PyTorch", "onnx": "ONNX Runtime"}
 
 
 def model_label(arch: str, model: str) -> str:
     """The registry's label of ``arch``; a saved model adds its file or folder name; a series of
-    one kernel backend or documents setting, its name (``MCSD, fla kernels, documents apart``)."""
+    one kernel backend, documents setting or weight format, its name (``MCSD, fla kernels, documents
+    apart``, ``MCSD, int8 weights``)."""
+    model, _, runtime = model.partition(SERIES_MARKS["runtime"])
+    model, _, weights = model.partition(SERIES_MARKS["weights"])
     model, _, documents = model.partition(SERIES_MARKS["documents"])
     model, _, kernels = model.partition(SERIES_MARKS["kernels"])
     label = registry.get(arch).label if arch in registry.architectures() else arch
     label = label if model == arch else f"{label} ({Path(model).name})"
-    return label + (f", {kernels} kernels" if kernels else "") + (f", documents {documents}" if documents else "")
+    return (label + (f", {kernels} kernels" if kernels else "") + (f", documents {documents}" if documents else "")
+            + (f", {weights} weights" if weights else "") + (f", {RUNTIME_LABELS.get(runtime, runtime)}" if runtime else ""))
 
 
 def flagged(frame: pd.DataFrame) -> pd.Series:

@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("resuming", ("mcsd.checkpoint.resume",)),
     ("checkpoints front", ("mcsd.checkpoint",)),
     ("hugging face", ("mcsd.hf",)),
+    ("deployment", ("mcsd.deploy",)),
     ("libraries", ("mcsd.training", "mcsd.bench", "mcsd.evaluation", "mcsd.probes", "mcsd.plots")),
     ("command plumbing", ("mcsd.commands.app",)),
     ("commands", ("mcsd.commands",)),

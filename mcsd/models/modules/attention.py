@@ -145,7 +145,9 @@ class CausalSelfAttention(TokenMixer):
             # From no cache (training, a model's hidden states), the chunk form attends in one
             # fused causal call (:func:`causal_attention`): no scores are kept, and ``torch.compile``
             # takes one graph for every length (a loop over blocks would unroll at each length).
-            block = 1 if form == "recurrent" else self.chunk_size if cache is not None else None
+            # The parallel form into a cache does the same (one call, masked past position 0): the
+            # prefill an ONNX export traces once for every prompt length (mcsd.deploy.onnx).
+            block = 1 if form == "recurrent" else None if form == "parallel" or cache is None else self.chunk_size
             if cache is None:
                 cache = self.init_state(batch, position + length, x.device, key.dtype)
             attended = self._attend_cached(query, key, value, bias, cache, position, block)

@@ -27,7 +27,9 @@ def token_shift(x: torch.Tensor, last: torch.Tensor | None, position_ids: torch.
     chunk, zeros at the start of a sequence) then ``x`` without its last token; zeros at each
     document's start too, given ``position_ids`` (documents apart)."""
     first = torch.zeros_like(x[:, :1]) if last is None else last[:, None].to(x.dtype)
-    shifted = torch.cat([first, x[:, :-1]], dim=1)
+    # The first row, then x without its last: cut after the concatenation, so that no slice of
+    # N - 1 rows is made (torch.export would guard N != 2, and an ONNX prefill miss prompts of two).
+    shifted = torch.cat([first, x], dim=1).narrow(1, 0, x.shape[1])
     return shifted if position_ids is None else shifted.masked_fill((position_ids == 0)[..., None], 0.0)
 
 

@@ -1,0 +1,167 @@
+"""The ONNX export of every registered architecture (mcsd.deploy.onnx) and its runner
+(mcsd.deploy.onnx_runner): the prefill at any prompt length and batch and a 64-token greedy path
+equal PyTorch's to round-off, the commands (mcsd-export format=onnx, mcsd-generate runtime=onnx),
+and the inputs refused in one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+import mcsd  # noqa: E402
+from helpers.models import ONE_LAYER_OF_EACH_KIND, tiny_model  # noqa: E402
+from helpers.runs import run_here  # noqa: E402
+from mcsd.commands.generate import generate as mcsd_generate  # noqa: E402
+from mcsd.data.tokenizer import train_tokenizer  # noqa: E402
+from mcsd.deploy.onnx import MANIFEST_FILE, write_onnx_export  # noqa: E402
+from mcsd.deploy.onnx_runner import OnnxDecoder, OnnxExportError, next_tokens  # noqa: E402
+from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.models import registry  # noqa: E402
+
+CAPACITY = 96
+TOLERANCE = 1e-5  # fp32 logits, ONNX Runtime against PyTorch (the issue's bar)
+
+
+@pytest.fixture(scope="module", params=registry.architectures())
+def export(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """A tiny model of the architecture (one layer of each kind) and its ONNX export."""
+    torch.manual_seed(0)
+    model = tiny_model(request.param, **ONE_LAYER_OF_EACH_KIND.get(request.param, {}))
+    folder = tmp_path_factory.mktemp(f"onnx-{request.param}")
+    manifest = write_onnx_export(model, folder, CAPACITY, eos_token_id=None)
+    return model, folder, manifest
+
+
+def test_prefill_at_any_length_and_batch_equals_pytorch(export) -> None:
+    model, folder, manifest = export
+    decoder = OnnxDecoder(folder)
+    generator = torch.Generator().manual_seed(3)
+    for batch, length in [(1, 1), (1, 2), (3, 17), (2, 64), (1, CAPACITY - 1)]:
+        ids = torch.randint(0, model.config.vocab_size, (batch, length), generator=generator)
+        with torch.no_grad():
+            expected, _ = model.prefill(ids)
+        logits, (position, state) = decoder.prefill(ids.numpy())
+        assert position == length and len(state) == len(manifest["state"])
+        assert np.abs(logits - expected.numpy()).max() < TOLERANCE, (batch, length)
+    # Recurrent states stay fp32 in the graphs, as in PyTorch.
+    assert all(entry["dtype"] == "float32" for entry in manifest["state"])
+
+
+def test_a_greedy_path_of_64_tokens_equals_pytorch(export) -> None:
+    model, folder, _ = export
+    decoder = OnnxDecoder(folder)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected_logits, state = model.prefill(prompt)
+        logits, onnx_state = decoder.prefill(prompt.numpy())
+        for _ in range(64):
+            assert np.abs(logits - expected_logits.numpy()).max() < TOLERANCE
+            tokens = expected_logits.argmax(-1)
+            assert np.array_equal(logits.argmax(-1), tokens.numpy())
+            expected_logits, state = model.step(tokens, state)
+            logits, onnx_state = decoder.step(tokens.numpy(), onnx_state)
+        streamed = np.stack(list(decoder.stream(prompt.numpy(), 20)), 1)
+        assert np.array_equal(streamed, model.generate(prompt, 20)[:, 9:].numpy())
+
+
+def test_a_sequence_past_the_kv_cache_capacity_is_one_line(export) -> None:
+    model, folder, manifest = export
+    decoder = OnnxDecoder(folder)
+    _, state = decoder.prefill(np.zeros((1, CAPACITY - 1), dtype=np.int64))
+    _, state = decoder.step(np.zeros(1, dtype=np.int64), state)  # the last position
+    if not manifest["has_kv_cache"]:  # a recurrent state has no end
+        decoder.step(np.zeros(1, dtype=np.int64), state)
+        return
+    with pytest.raises(OnnxExportError, match=f"past the {CAPACITY} positions this export's KV caches hold"):
+        decoder.step(np.zeros(1, dtype=np.int64), state)
+
+
+def test_sampling_is_seeded_and_its_limits_hold() -> None:
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 4000))
+    assert np.array_equal(next_tokens(logits[:2], 0.0, None, None, np.random.default_rng(0)), [0, 0])
+    first = next_tokens(logits, 1.0, None, None, np.random.default_rng(7))
+    assert np.array_equal(first, next_tokens(logits, 1.0, None, None, np.random.default_rng(7)))
+    assert abs(np.mean(first == 0) - 0.5) < 0.03 and abs(np.mean(first == 3) - 0.05) < 0.015
+    assert set(next_tokens(logits, 1.0, 2, None, np.random.default_rng(1)).tolist()) == {0, 1}
+    # top_p: the smallest set reaching 0.75 is {0, 1}; 0.45 is reached by token 0 alone.
+    assert set(next_tokens(logits, 1.0, None, 0.75, np.random.default_rng(2)).tolist()) == {0, 1}
+    assert set(next_tokens(logits, 1.0, None, 0.45, np.random.default_rng(2)).tolist()) == {0}
+
+
+def test_the_runner_imports_neither_torch_nor_mcsd() -> None:
+    source = Path(sys.modules[OnnxDecoder.__module__].__file__).read_text()
+    assert "import torch" not in source and "from mcsd" not in source and "import mcsd" not in source
+
+
+def test_mcsd_export_format_onnx_and_mcsd_generate_runtime_onnx(tmp_path: Path) -> None:
+    text = "the king of a far land ships gold and silver to every harbour along the coast\n\n" * 20
+    tokenizer = train_tokenizer([text], 300)
+    torch.manual_seed(0)
+    saved = mcsd.save(tiny_model("transformer", vocab_size=300), tmp_path / "saved", tokenizer)  # a KV cache
+    out = tmp_path / "onnx"
+    result = run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "format=onnx", "capacity=64")
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in out.iterdir()) == ["README.md", MANIFEST_FILE, "prefill.onnx", "step.onnx",
+                                                          "tokenizer.json"]
+    assert json.loads((out / MANIFEST_FILE).read_text())["capacity"] == 64
+    settings = {"prompt": "the king", "max_new_tokens": 16, "temperature": 0, "top_k": None, "top_p": None,
+                "seed": 0, "device": "cpu", "dtype": "auto", "stop_at_eos": False, "compile": False,
+                "cuda_graphs": False}
+    onnx = mcsd_generate(OmegaConf.create({"ckpt": str(out), "runtime": "onnx", **settings}))
+    assert onnx == mcsd_generate(OmegaConf.create({"ckpt": str(saved), **settings}))
+    # Exporting again over it needs overwrite=true; a transformers folder is no earlier ONNX export.
+    again = run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "format=onnx")
+    assert again.returncode == 2 and "exists (an earlier export)" in again.stderr
+    bad = [(["format=gguf"], "format='gguf' is not an export format"),
+           (["format=onnx", "capacity=1"], "capacity=1 must be a whole number of positions, at least 2")]
+    for overrides, message in bad:
+        refused = run_here("mcsd-export", f"ckpt={saved}", f"out={tmp_path / 'other'}", *overrides)
+        assert refused.returncode == 2 and message in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "other").exists()
+    long = run_here("mcsd-generate", f"ckpt={out}", "runtime=onnx", "max_new_tokens=80")
+    assert long.returncode == 2 and "past the 64 positions" in long.stderr
+    compiled = run_here("mcsd-generate", f"ckpt={out}", "runtime=onnx", "compile=true")
+    assert compiled.returncode == 2 and "runtime=onnx runs the export as it was written" in compiled.stderr
+    missing = run_here("mcsd-generate", f"ckpt={saved}", "runtime=onnx")
+    assert missing.returncode == 2 and "is not an ONNX export of mcsd" in missing.stderr
+
+
+def test_an_export_that_fails_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mcsd.deploy.onnx as onnx_export
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("no translation for aten.made_up")
+
+    monkeypatch.setattr(onnx_export.torch.onnx, "export", broken)
+    with pytest.raises(MCSDError, match="exporting prefill.onnx failed .RuntimeError: no translation for aten.made_up."):
+        write_onnx_export(tiny_model("retnet"), tmp_path, 16, None)
+
+
+def test_runtimes_are_a_bench_axis(tmp_path: Path) -> None:
+    """``runtimes=[torch,onnx]``: each point decoded by PyTorch and by ONNX Runtime through the
+    model's export (full weights: a quantized format is PyTorch's alone); each row says which."""
+    from helpers.runs import run_bench
+    from mcsd.plots.cost import model_label, read_results
+
+    csv_path = run_bench(tmp_path, "model_size=tiny", "models=[transformer]", "runtimes=[torch,onnx]",
+                         "weights=[full,int8]", "inference.batch_sizes=[2]", "inference.gen_lengths=[4]",
+                         "inference.prompt_len=8", "inference.repeats=1", "inference.warmup=0", "isolate=false")
+    frame = pd.read_csv(csv_path)
+    assert list(zip(frame["runtime"], frame["weights"])) == [("torch", "full"), ("torch", "int8"), ("onnx", "full")]
+    assert (frame["status"] == "ok").all() and (frame["tokens_per_s"] > 0).all()
+    onnx = frame[frame["runtime"] == "onnx"].iloc[0]
+    # The export's KV caches hold prompt_len + gen_len = 12 positions: 2 layers x keys and values x 12 x 64 fp32.
+    assert onnx.state_bytes_per_sequence == 2 * 2 * 12 * 64 * 4
+    labels = [model_label(arch, model) for arch, model in zip(*[read_results(csv_path)[1][key] for key in ("arch", "model")])]
+    assert labels == ["Transformer, full weights, PyTorch", "Transformer, int8 weights, PyTorch",
+                      "Transformer, full weights, ONNX Runtime"]
