@@ -183,19 +183,28 @@ def inference_point(
         if device_.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device_)
         runs = [run(gen_len) for _ in range(repeats)]
-    prefill_s = statistics.median(r[0] for r in runs)
-    decode_s = statistics.median(r[1] for r in runs)
+    return {
+        **decoding_numbers(model, runs, batch_size, gen_len, peak_memory_bytes(device_)),
+        "compiled": compile and compiled_graphs() > graphs,  # its own graphs, no eager fallback
+        "cuda_graphs": cuda_graphs,
+        "graphs_recorded_timed": getattr(step, "recorded", 0) - recorded,
+    }
+
+
+def decoding_numbers(model: CausalLM, runs: list[tuple[float, float, float, float]], batch_size: int, gen_len: int,
+                     peak: int) -> dict[str, Any]:
+    """An inference point's numbers from its timed ``runs`` (prefill seconds, decode seconds, a
+    sequence's state bytes, the state bytes a step reads per sequence) and its peak memory."""
     decode_per_token = [r[1] / gen_len for r in runs]
     latency_s = statistics.median(r[0] + r[1] for r in runs)
-    peak = peak_memory_bytes(device_)
     weights = weights_bytes(model)
     # What one decoding step must read at least: every weight but the input embedding's (a
     # lookup of B rows) unless it is tied to the LM head, and each sequence's state.
     step_weights = step_weight_bytes(model)
     return {
         "params": sum(p.numel() for p in model.parameters()),
-        "prefill_s": prefill_s,
-        "decode_s_per_token": decode_s / gen_len,
+        "prefill_s": statistics.median(r[0] for r in runs),
+        "decode_s_per_token": statistics.median(r[1] for r in runs) / gen_len,
         "decode_s_per_token_min": min(decode_per_token),
         "decode_s_per_token_max": max(decode_per_token),
         "unsteady": spread(decode_per_token) > SPREAD_LIMIT,
@@ -209,9 +218,6 @@ def inference_point(
         "step_weight_bytes": step_weights,
         "step_state_bytes_per_sequence": runs[-1][3],
         "step_read_bytes": step_weights + batch_size * runs[-1][3],
-        "compiled": compile and compiled_graphs() > graphs,  # its own graphs, no eager fallback
-        "cuda_graphs": cuda_graphs,
-        "graphs_recorded_timed": getattr(step, "recorded", 0) - recorded,
     }
 
 
@@ -251,21 +257,8 @@ def onnx_decoding(model: CausalLM, batch_size: int, prompt_len: int, gen_len: in
     for _ in range(warmup):
         run(min(gen_len, 16))
     runs = [run(gen_len) for _ in range(repeats)]
-    decode_per_token = [r[1] / gen_len for r in runs]
-    latency_s = statistics.median(r[0] + r[1] for r in runs)
-    weights = weights_bytes(model)
-    step_weights = step_weight_bytes(model)
-    peak = peak_memory_bytes(cpu)
     return {
-        "params": sum(p.numel() for p in model.parameters()),
-        "prefill_s": statistics.median(r[0] for r in runs),
-        "decode_s_per_token": statistics.median(r[1] for r in runs) / gen_len,
-        "decode_s_per_token_min": min(decode_per_token), "decode_s_per_token_max": max(decode_per_token),
-        "unsteady": spread(decode_per_token) > SPREAD_LIMIT, "threads": torch.get_num_threads(),
-        "latency_s": latency_s, "tokens_per_s": batch_size * gen_len / latency_s,
-        "peak_mem_bytes": peak, "weights_bytes": weights, "peak_mem_minus_weights_bytes": peak - weights,
-        "state_bytes_per_sequence": int(runs[-1][2]), "step_weight_bytes": step_weights,
-        "step_state_bytes_per_sequence": runs[-1][3], "step_read_bytes": step_weights + batch_size * runs[-1][3],
+        **decoding_numbers(model, runs, batch_size, gen_len, peak_memory_bytes(cpu)),
         "compiled": False, "cuda_graphs": False, "graphs_recorded_timed": 0,
     }
 
