@@ -218,3 +218,23 @@ def test_documents_apart_attend_through_flex_attention_as_through_the_mask(with_
     for flex, flex_grads in fused_results:
         assert relative_rms_error(flex, masked) < 1e-4
         assert all(relative_rms_error(f, m) < 1e-3 for f, m in zip(flex_grads, masked_grads))
+
+
+@pytest.mark.parametrize("name", registry.architectures())
+def test_int8_weights_run_every_form_and_decoding_on_a_gpu(name: str) -> None:
+    """weights=int8 on CUDA (torchao's Int8WeightOnlyConfig, the config the CPU tests run): every
+    form and decoding of a bf16 model agree with the same model's full weights."""
+    pytest.importorskip("torchao")
+    from mcsd.deploy.quantize import quantize_weights
+
+    torch.manual_seed(0)
+    full = tiny_model(name, hidden_size=64, num_channels=4, mlp_hidden_size=128, vocab_size=128,
+                      **ONE_LAYER_OF_EACH_KIND.get(name, {})).to(CUDA, torch.bfloat16)
+    model = quantize_weights(copy.deepcopy(full), "int8")
+    ids = torch.randint(0, 128, (2, 40), device=CUDA)
+    with torch.no_grad():
+        reference = full(ids).float()
+        for form in model.architecture.forms:
+            assert relative_rms_error(model(ids, form=form).float(), reference) < 0.05, form
+        decoded, _ = decode_with_state(model, ids, 24)
+    assert relative_rms_error(decoded.float(), reference[:, 23:]) < 0.05
