@@ -20,13 +20,18 @@ end; chunk ``c'`` reaches chunk ``c``'s start only if no document starts between
 initial state only chunks before the first start), in the same two levels (a group's carry
 reaches a chunk only if no document starts in the group before it); inside a chunk a token
 reads its own document's tokens, and the carried state only before the chunk's first start. A
-masked logit is ``-1e38``: weight 0.
+masked logit is ``-1e38``: weight 0. Compiled, that intra-chunk part runs under a checkpoint, so
+that its weights ``[chunks, C, C, D]`` are recomputed in the backward as the joined form's are:
+its masks come from the position_ids every layer of the graph shares, and inductor's partitioner
+otherwise keeps what a later layer derives from a value used far apart (at ``size=base`` and
+16,384 tokens, one more such tensor per layer: 19% more peak memory than joined).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from mcsd.ops.common import document_index, state_dtype
 from mcsd.ops.wkv.parallel import EMPTY_LOG_SCALE, empty_wkv_state, wkv_outputs
@@ -157,9 +162,13 @@ def chunk_wkv(
         chunk_starts = carried_states(own_states(k_own, v_chunks, w32, chunk_size), -chunk_size * w32, state, ends)
         same = (index[..., :, None] == index[..., None, :]).view(batch * chunks, chunk_size, chunk_size)
         carried_visible = (index == before[:, :chunks, None]).view(batch * chunks, chunk_size)
-    output = wkv_outputs(w32, u.to(dtype), k_chunks.view(batch * chunks, chunk_size, channels),
-                         v_chunks.view(batch * chunks, chunk_size, channels),
-                         chunk_starts.reshape(batch * chunks, 3, channels), same, carried_visible)
+    intra_chunk = (w32, u.to(dtype), k_chunks.view(batch * chunks, chunk_size, channels),
+                   v_chunks.view(batch * chunks, chunk_size, channels),
+                   chunk_starts.reshape(batch * chunks, 3, channels), same, carried_visible)
+    if same is not None and torch.compiler.is_compiling():  # recomputed in the backward (module docstring)
+        output = checkpoint(wkv_outputs, *intra_chunk, use_reentrant=False)
+    else:
+        output = wkv_outputs(*intra_chunk)
     # The final state: the last chunk's start carried through its real tokens only (the filler
     # after them would decay it, and undoing that in log-space costs digits); with documents
     # apart, the last document's tokens, and the start only if that document was open there.
