@@ -29,6 +29,11 @@ from mcsd.commands.train import train
 from mcsd.training.module import LanguageModelModule
 
 
+# Relative change of the tiny model's local perplexity allowed under quantized weights: ten times
+# what was measured (int8 2e-5; int4 in bfloat16 2e-3: 162.72 -> 162.72, 162.40).
+TOLERANCE = {"int8": 1e-3, "int4": 2e-2}
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model trained for a few steps on the embedded corpus (its run directory)."""
@@ -134,6 +139,27 @@ def test_mcsd_eval_runs_the_local_tasks_offline(checkpoint: Path, tmp_path: Path
     assert "| Mamba (quoted from the paper) | 2.8B | 36.3 | 69.7 | 63.5 | 26.2 | 66.1 | 52.4 |" in table
     assert "(ours, measured) | 0.2M | - | - | - | - | - | - |" in table
     assert list((run / "wandb").glob("offline-run-*"))
+
+
+@pytest.mark.slow
+def test_mcsd_eval_scores_quantized_weights(checkpoint: Path, tmp_path: Path) -> None:
+    """``mcsd-eval weights=int8|int4`` scores the model with its linear layers quantized (int4 in
+    bfloat16, which ``dtype=auto`` picks for it on a CPU): the same task's perplexity moves, by
+    no more than the tolerance measured on this tiny model, and the results and the table say
+    which weights were scored."""
+    perplexities = {}
+    for weights in ("full", "int8", "int4"):
+        output_dir = tmp_path / weights
+        evaluate_here(f"ckpt={checkpoint}", "tasks=[mcsd_local_ppl]", f"include_path={write_local_tasks(tmp_path)}",
+                      "limit=8", f"weights={weights}", "wandb.enabled=false", f"paths.output_dir={output_dir}")
+        summary = json.loads((output_dir / "results.json").read_text())
+        assert summary["config"]["weights"] == weights
+        perplexities[weights] = summary["results"]["mcsd_local_ppl"]["token_perplexity,none"]
+        label_says = f"({weights} weights)" in (output_dir / "table2.md").read_text()
+        assert label_says == (weights != "full")
+    assert perplexities["int8"] != perplexities["full"] != perplexities["int4"]
+    assert perplexities["int8"] == pytest.approx(perplexities["full"], rel=TOLERANCE["int8"])
+    assert perplexities["int4"] == pytest.approx(perplexities["full"], rel=TOLERANCE["int4"])
 
 
 @pytest.mark.slow
