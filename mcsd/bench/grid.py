@@ -216,8 +216,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     points = []
     if cfg.mode == "inference":
         grid_cfg = cfg.inference
-        formats = [(weights, runtime) for runtime in runtimes_of(cfg) for weights in weights_of(cfg)
-                   if runtime == "torch" or weights == "full"]  # an ONNX export holds full weights
+        formats = [(weights, runtime) for runtime in runtimes_of(cfg) for weights in weights_of(cfg)]
         for gen_len, batch, (name, kernels), (weights, runtime) in itertools.product(
                 sorted(grid_cfg.gen_lengths), grid_cfg.batch_sizes, with_kernels, formats):
             arch, variant, source = sources[name]

@@ -147,11 +147,13 @@ def inference_point(
     ``weights``: the linear layers' weight format (:mod:`mcsd.deploy.quantize`; int4 runs the
     model in bfloat16, its kernel's activations, whatever ``dtype`` says). ``runtime=onnx``: the
     model exported to ONNX (:mod:`mcsd.deploy.onnx`, KV caches of ``prompt_len + gen_len``
-    positions) and decoded by ONNX Runtime on the CPU (:func:`onnx_decoding`)."""
+    positions) and decoded by ONNX Runtime on the CPU (:func:`onnx_decoding`); its ``weights``
+    quantize the graphs (ONNX Runtime's MatMulNBits, activations in ``dtype``)."""
+    if runtime == "onnx":  # the model's full weights exported, the graphs quantized by ONNX Runtime
+        model = build(model_cfg, torch.device(device), DTYPES[dtype], seed).eval()
+        return onnx_decoding(model, batch_size, prompt_len, gen_len, repeats, warmup, seed, weights)
     device_, dtype_ = torch.device(device), weights_dtype(weights, DTYPES[dtype])
     model = quantize_weights(build(model_cfg, device_, dtype_, seed).eval(), weights)
-    if runtime == "onnx":
-        return onnx_decoding(model, batch_size, prompt_len, gen_len, repeats, warmup, seed)
     model.use_kernels(kernels)
     prefill, step = model.decoding(compile, cuda_graphs)
     generator = torch.Generator().manual_seed(seed)
@@ -192,15 +194,16 @@ def inference_point(
 
 
 def decoding_numbers(model: CausalLM, runs: list[tuple[float, float, float, float]], batch_size: int, gen_len: int,
-                     peak: int) -> dict[str, Any]:
+                     peak: int, stored: tuple[int, int] | None = None) -> dict[str, Any]:
     """An inference point's numbers from its timed ``runs`` (prefill seconds, decode seconds, a
-    sequence's state bytes, the state bytes a step reads per sequence) and its peak memory."""
+    sequence's state bytes, the state bytes a step reads per sequence) and its peak memory;
+    ``stored``: the weights' bytes and those a step reads, where another runtime holds them
+    (an ONNX graph's), instead of the model's."""
     decode_per_token = [r[1] / gen_len for r in runs]
     latency_s = statistics.median(r[0] + r[1] for r in runs)
-    weights = weights_bytes(model)
     # What one decoding step must read at least: every weight but the input embedding's (a
     # lookup of B rows) unless it is tied to the LM head, and each sequence's state.
-    step_weights = step_weight_bytes(model)
+    weights, step_weights = stored or (weights_bytes(model), step_weight_bytes(model))
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "prefill_s": statistics.median(r[0] for r in runs),
@@ -222,19 +225,21 @@ def decoding_numbers(model: CausalLM, runs: list[tuple[float, float, float, floa
 
 
 def onnx_decoding(model: CausalLM, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
-                  seed: int) -> dict[str, Any]:
-    """:func:`inference_point`'s numbers for ``model`` exported to ONNX (in a temporary folder, not
-    timed) and decoded greedily by :class:`~mcsd.deploy.onnx_runner.OnnxDecoder` on torch's
-    thread count: the same prompt, lengths and repeats, the state the graphs carry."""
+                  seed: int, weights: str = "full") -> dict[str, Any]:
+    """:func:`inference_point`'s numbers for ``model`` (full weights) exported to ONNX with
+    ``weights`` (in a temporary folder, not timed) and decoded greedily by
+    :class:`~mcsd.deploy.onnx_runner.OnnxDecoder` on torch's thread count: the same prompt,
+    lengths and repeats, the state the graphs carry, the weight bytes the step graph holds."""
     import tempfile
     from pathlib import Path
 
-    from mcsd.deploy.onnx import write_onnx_export
+    from mcsd.deploy.onnx import STEP_FILE, graph_weight_bytes, write_onnx_export
     from mcsd.deploy.onnx_runner import OnnxDecoder
 
     cpu = torch.device("cpu")
     with tempfile.TemporaryDirectory(prefix="mcsd-bench-onnx-") as folder:
-        write_onnx_export(model, Path(folder), prompt_len + gen_len, None)
+        write_onnx_export(model, Path(folder), prompt_len + gen_len, None, weights=weights)
+        stored = graph_weight_bytes(Path(folder) / STEP_FILE)
         decoder = OnnxDecoder(folder, threads=torch.get_num_threads())
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, model.config.vocab_size, (batch_size, prompt_len), generator=generator).numpy()
@@ -258,7 +263,7 @@ def onnx_decoding(model: CausalLM, batch_size: int, prompt_len: int, gen_len: in
         run(min(gen_len, 16))
     runs = [run(gen_len) for _ in range(repeats)]
     return {
-        **decoding_numbers(model, runs, batch_size, gen_len, peak_memory_bytes(cpu)),
+        **decoding_numbers(model, runs, batch_size, gen_len, peak_memory_bytes(cpu), stored),
         "compiled": False, "cuda_graphs": False, "graphs_recorded_timed": 0,
     }
 

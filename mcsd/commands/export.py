@@ -32,7 +32,7 @@ from mcsd.checkpoint.run_folder import RunFolder
 from mcsd.checkpoint.saved_model import MODEL_DIR, SavedModel, load, load_tokenizer, locate, trained_seq_len
 from mcsd.commands.app import hydra_app
 from mcsd.data.tokenizer import EOS_TOKEN
-from mcsd.deploy.onnx import check_onnx_installed, write_onnx_export
+from mcsd.deploy.onnx import check_onnx_installed, check_onnx_weights, write_onnx_export
 from mcsd.runtime import git_commit
 from mcsd.errors import MCSDError
 from mcsd.files import give_default_permissions
@@ -222,7 +222,8 @@ def onnx_card(saved: SavedModel, manifest: dict[str, Any]) -> str:
     """The README.md of an ONNX export: what it holds and how to run it."""
     return f"""# {manifest['architecture']} decoding, exported to ONNX by mcsd
 
-From `{saved.name}` (mcsd commit `{git_commit()}`, torch {manifest['torch']}, weights in {manifest['dtype']}).
+From `{saved.name}` (mcsd commit `{git_commit()}`, torch {manifest['torch']}, weights in {manifest['dtype']}{
+    "" if manifest['weights'] == "full" else f"; linear weights {manifest['weights']}, ONNX Runtime's MatMulNBits"}).
 
 - `prefill.onnx`: `input_ids` [batch, length] (int64, 1 to {manifest['capacity'] - 1} tokens) -> `logits` [batch, vocab]
   of the last position and the state after the prompt (`state.0` ..).
@@ -245,8 +246,13 @@ def export(cfg: DictConfig) -> Path:
     export_format = cfg.get("format", "hf")
     if export_format not in FORMATS:
         raise MCSDError(f"format={export_format!r} is not an export format: use hf (a transformers folder) or onnx")
+    weights = cfg.get("weights", "full")
+    if weights != "full" and export_format != "onnx":
+        raise MCSDError(f"weights={weights} quantizes an ONNX export (format=onnx); a transformers folder holds full "
+                        "weights (quantize when loading: mcsd.quantize_weights)")
     if export_format == "onnx":
         check_onnx_installed()
+        check_onnx_weights(weights)
         if cfg.push_to_hub:
             raise MCSDError("push_to_hub uploads a transformers folder: export with format=hf to push, or leave "
                             "push_to_hub=null for format=onnx")
@@ -269,7 +275,8 @@ def export(cfg: DictConfig) -> Path:
     try:
         staging.mkdir()
         if export_format == "onnx":
-            manifest = write_onnx_export(model, staging, capacity, tokenizer.token_to_id(EOS_TOKEN), saved.name)
+            manifest = write_onnx_export(model, staging, capacity, tokenizer.token_to_id(EOS_TOKEN), saved.name,
+                                         weights)
             tokenizer.save(str(staging / "tokenizer.json"))
             (staging / "README.md").write_text(onnx_card(saved, manifest))
         else:

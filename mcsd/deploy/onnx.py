@@ -13,6 +13,13 @@ format=onnx``; the runner is :mod:`mcsd.deploy.onnx_runner`).
 - ``export.json``: what the runner needs (the state's names, the capacity, the vocabulary, the
   tokenizer's end of text) and what the export was made from.
 
+``weights=int8|int4``: each graph's weight products quantized by ONNX Runtime's own weight-only
+quantizer (``MatMulNBits``: 8 or 4 bits, symmetric, one scale per block of 32 inputs, as torchao's
+int4 groups; activations stay fp32), after the exporter's linears written as ``Gemm`` (a step's
+``[B, D]`` rows) are rewritten as the ``MatMul`` the quantizer takes. What stays full is what
+stays full in PyTorch (:mod:`mcsd.deploy.quantize`): embeddings are gathers, products of two
+activations and MCSD's grouped ``in_proj`` (an ``Einsum``) are not weight matmuls.
+
 Why ONNX and not ExecuTorch: ONNX Runtime installs from PyPI beside the pinned torch, runs the
 graphs torch's own exporter (``torch.onnx.export(dynamo=True)``) writes, and has a CPU kernel for
 every op the five architectures use; ExecuTorch's runtime is built for a target with its own
@@ -30,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mcsd.deploy.quantize import weight_format
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, registry
 from mcsd.models.modules.state import CapacityState, LayerState, map_tensors, tensors_of
@@ -92,6 +100,95 @@ def check_onnx_installed() -> None:
         raise MCSDError(f"format=onnx needs {', '.join(missing)}, not installed: {INSTALL_HINT}")
 
 
+ONNX_WEIGHT_BITS = {"int8": 8, "int4": 4}  # weights= of an ONNX export -> MatMulNBits' bits
+ONNX_BLOCK_SIZE = 32  # inputs per quantization scale
+
+
+def check_onnx_weights(weights: str) -> None:
+    """Refuse in one line a ``weights`` that an ONNX export cannot hold."""
+    if weights != "full" and weights not in ONNX_WEIGHT_BITS:
+        raise MCSDError(f"weights={weights!r} is not a weight format of an ONNX export: use full, "
+                        f"{' or '.join(ONNX_WEIGHT_BITS)}")
+
+
+def gemm_as_matmul(graph: Any) -> None:
+    """Rewrite in place every ``Gemm`` of ``graph`` whose weight is a constant (``B``, not transposed
+    on ``A``, alpha = beta = 1) as ``MatMul`` by that weight (transposed once, if the Gemm did),
+    plus ``Add`` of its bias: what ONNX Runtime's weight quantizer takes."""
+    from onnx import helper, numpy_helper
+
+    constants = {initializer.name: initializer for initializer in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        attributes = {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
+        if (node.op_type != "Gemm" or node.input[1] not in constants or attributes.get("transA", 0)
+                or attributes.get("alpha", 1.0) != 1.0 or attributes.get("beta", 1.0) != 1.0):
+            nodes.append(node)
+            continue
+        weight = node.input[1]
+        if attributes.get("transB", 0):
+            transposed = numpy_helper.to_array(constants[weight]).T.copy()
+            weight = f"{weight}_as_matmul"
+            graph.initializer.append(numpy_helper.from_array(transposed, weight))
+        has_bias = len(node.input) > 2 and node.input[2]
+        product = f"{node.output[0]}_product" if has_bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], weight], [product], name=f"{node.name}_matmul"))
+        if has_bias:
+            nodes.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]], name=f"{node.name}_bias"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    unused = [initializer for initializer in graph.initializer if initializer.name not in used]
+    for initializer in unused:
+        graph.initializer.remove(initializer)
+
+
+def quantize_onnx_weights(path: Path, weights: str) -> int:
+    """Quantize the weight products of the ONNX graph at ``path`` in place to ``weights`` (int8 or
+    int4, :data:`ONNX_WEIGHT_BITS`) with ONNX Runtime's ``MatMulNBitsQuantizer``; return how many
+    ``MatMulNBits`` the graph now holds."""
+    import onnx
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:  # its import calls logging.basicConfig at INFO: every library's INFO lines would then print
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    finally:
+        root.handlers[:], root.level = handlers, level
+
+    model = onnx.load(str(path))
+    gemm_as_matmul(model.graph)
+    quantizer_log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = quantizer_log.level
+    quantizer_log.setLevel(logging.WARNING)  # a line per node it leaves alone
+    try:
+        quantizer = MatMulNBitsQuantizer(model, bits=ONNX_WEIGHT_BITS[weights], block_size=ONNX_BLOCK_SIZE,
+                                         is_symmetric=True)
+        quantizer.process()
+    finally:
+        quantizer_log.setLevel(level)
+    quantized = quantizer.model.model
+    onnx.save(quantized, str(path))
+    return sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)
+
+
+def graph_weight_bytes(path: Path) -> tuple[int, int]:
+    """The bytes of the ONNX graph's constants as stored (a quantized weight's integers and
+    scales), and of those a step reads whole: all but the ones only looked up (``Gather``: the
+    embedding table, a few rows a step)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    uses: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses.setdefault(name, set()).add(node.op_type)
+    sizes = {initializer.name: numpy_helper.to_array(initializer).nbytes for initializer in graph.initializer}
+    read = sum(size for name, size in sizes.items() if uses.get(name, set()) - {"Gather"})
+    return sum(sizes.values()), read
+
+
 def _export(module: nn.Module, arguments: tuple, path: Path, input_names: list[str], output_names: list[str],
             dynamic: tuple) -> None:
     """``torch.onnx.export`` through ``torch.export`` (dynamo), quietly: its progress lines and
@@ -114,13 +211,18 @@ def _export(module: nn.Module, arguments: tuple, path: Path, input_names: list[s
 
 
 def write_onnx_export(model: CausalLM, folder: Path, capacity: int, eos_token_id: int | None,
-                      source: str = "") -> dict[str, Any]:
-    """Write ``prefill.onnx``, ``step.onnx`` and ``export.json`` for ``model`` (eval, on the CPU)
-    into ``folder``; KV caches hold ``capacity`` positions (a prompt and its continuation must
-    fit). Returns the manifest."""
+                      source: str = "", weights: str = "full") -> dict[str, Any]:
+    """Write ``prefill.onnx``, ``step.onnx`` and ``export.json`` for ``model`` (eval, on the CPU,
+    full weights) into ``folder``; KV caches hold ``capacity`` positions (a prompt and its
+    continuation must fit); ``weights=int8|int4`` quantizes the graphs' weight products
+    (:func:`quantize_onnx_weights`). Returns the manifest."""
     check_onnx_installed()
     if capacity < 2:
         raise MCSDError(f"capacity={capacity} must be at least 2 positions (a prompt and one new token)")
+    if weight_format(model) != "full":
+        raise MCSDError(f"the model's linears are already {weight_format(model)}: export the model with full "
+                        "weights and give the export weights= (ONNX Runtime quantizes the graphs)")
+    check_onnx_weights(weights)
     model = model.eval()
     example = torch.zeros(2, 3, dtype=torch.long)  # two rows: the batch stays a dimension of the graphs
     with torch.no_grad():
@@ -134,6 +236,8 @@ def write_onnx_export(model: CausalLM, folder: Path, capacity: int, eos_token_id
     _export(StepGraph(model, state), (example[:, 0], position, *flat), folder / STEP_FILE,
             ["token_ids", "position", *names], ["logits", *(f"new_{name}" for name in names)],
             ({0: batch}, None, tuple({0: batch} for _ in flat)))  # the state: one argument, *state
+    quantized = {} if weights == "full" else {
+        path.name: quantize_onnx_weights(path, weights) for path in (folder / PREFILL_FILE, folder / STEP_FILE)}
     architecture = registry.of_config(model.config)
     manifest = {
         "format": "mcsd-onnx", "format_version": FORMAT_VERSION,
@@ -142,6 +246,7 @@ def write_onnx_export(model: CausalLM, folder: Path, capacity: int, eos_token_id
         "has_kv_cache": any(isinstance(part, CapacityState) for part in _layer_parts(state)),
         "state": [{"name": name, "dtype": str(tensor.dtype).removeprefix("torch.")} for name, tensor in zip(names, flat)],
         "eos_token_id": eos_token_id, "dtype": str(model.embed.weight.dtype).removeprefix("torch."),
+        "weights": weights, "quantized_matmuls": quantized,
         "torch": torch.__version__, "source": source,
     }
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")

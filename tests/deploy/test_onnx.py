@@ -86,6 +86,39 @@ def test_a_sequence_past_the_kv_cache_capacity_is_one_line(export) -> None:
         decoder.step(np.zeros(1, dtype=np.int64), state)
 
 
+# The largest logit error along the 64-token greedy path of every architecture's tiny model, relative
+# to the largest logit, against PyTorch's full weights: three times what was measured (int8
+# 6.5e-3-8.5e-3; int4 0.105-0.142: widths of 24-48 inputs, padded to a block of 32).
+QUANTIZED_TOLERANCE = {"int8": 2.5e-2, "int4": 0.45}
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_a_quantized_export_decodes_within_its_measured_tolerance(export, weights: str, tmp_path: Path) -> None:
+    """``weights=int8|int4``: every linear of the model is a MatMulNBits in both graphs (the step's
+    Gemm rows rewritten as MatMul first), the weights stored take fewer bytes, and the 64-token
+    greedy path's logits stay within the measured tolerance of PyTorch's with full weights."""
+    from mcsd.deploy.onnx import PREFILL_FILE, STEP_FILE, graph_weight_bytes
+
+    model, full_folder, _ = export
+    manifest = write_onnx_export(model, tmp_path, CAPACITY, eos_token_id=None, weights=weights)
+    linears = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
+    assert manifest["weights"] == weights
+    assert manifest["quantized_matmuls"] == {PREFILL_FILE: linears, STEP_FILE: linears}
+    assert graph_weight_bytes(tmp_path / STEP_FILE)[1] < graph_weight_bytes(full_folder / STEP_FILE)[1]
+    decoder = OnnxDecoder(tmp_path)
+    prompt = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
+    errors = []
+    with torch.no_grad():
+        expected_logits, state = model.prefill(prompt)
+        logits, onnx_state = decoder.prefill(prompt.numpy())
+        for _ in range(64):
+            errors.append(np.abs(logits - expected_logits.numpy()).max() / np.abs(expected_logits.numpy()).max())
+            tokens = expected_logits.argmax(-1)  # PyTorch's path, so that both read the same tokens
+            expected_logits, state = model.step(tokens, state)
+            logits, onnx_state = decoder.step(tokens.numpy(), onnx_state)
+    assert 0 < max(errors) < QUANTIZED_TOLERANCE[weights]
+
+
 def test_sampling_is_seeded_and_its_limits_hold() -> None:
     logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 4000))
     assert np.array_equal(next_tokens(logits[:2], 0.0, None, None, np.random.default_rng(0)), [0, 0])
@@ -119,11 +152,20 @@ def test_mcsd_export_format_onnx_and_mcsd_generate_runtime_onnx(tmp_path: Path) 
                 "cuda_graphs": False}
     onnx = mcsd_generate(OmegaConf.create({"ckpt": str(out), "runtime": "onnx", **settings}))
     assert onnx == mcsd_generate(OmegaConf.create({"ckpt": str(saved), **settings}))
+    quantized = run_here("mcsd-export", f"ckpt={saved}", f"out={tmp_path / 'onnx-int8'}", "format=onnx",
+                         "capacity=64", "weights=int8")
+    assert quantized.returncode == 0, quantized.stderr
+    assert json.loads((tmp_path / "onnx-int8" / MANIFEST_FILE).read_text())["weights"] == "int8"
+    assert "linear weights int8, ONNX Runtime's MatMulNBits" in (tmp_path / "onnx-int8" / "README.md").read_text()
+    assert len(mcsd_generate(OmegaConf.create({"ckpt": str(tmp_path / "onnx-int8"), "runtime": "onnx", **settings}))) > 0
     # Exporting again over it needs overwrite=true; a transformers folder is no earlier ONNX export.
     again = run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "format=onnx")
     assert again.returncode == 2 and "exists (an earlier export)" in again.stderr
     bad = [(["format=gguf"], "format='gguf' is not an export format"),
-           (["format=onnx", "capacity=1"], "capacity=1 must be a whole number of positions, at least 2")]
+           (["format=onnx", "capacity=1"], "capacity=1 must be a whole number of positions, at least 2"),
+           (["format=onnx", "weights=int2"], "weights='int2' is not a weight format of an ONNX export: use full, "
+                                             "int8 or int4"),
+           (["weights=int8"], "weights=int8 quantizes an ONNX export (format=onnx); a transformers folder holds full")]
     for overrides, message in bad:
         refused = run_here("mcsd-export", f"ckpt={saved}", f"out={tmp_path / 'other'}", *overrides)
         assert refused.returncode == 2 and message in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
@@ -149,7 +191,8 @@ def test_an_export_that_fails_leaves_nothing(tmp_path: Path, monkeypatch: pytest
 
 def test_runtimes_are_a_bench_axis(tmp_path: Path) -> None:
     """``runtimes=[torch,onnx]``: each point decoded by PyTorch and by ONNX Runtime through the
-    model's export (full weights: a quantized format is PyTorch's alone); each row says which."""
+    model's export, each with each weight format (ONNX Runtime's own quantization for the
+    export); each row says which, and an ONNX row's weight bytes are its step graph's."""
     from helpers.runs import run_bench
     from mcsd.plots.cost import model_label, read_results
 
@@ -157,11 +200,13 @@ def test_runtimes_are_a_bench_axis(tmp_path: Path) -> None:
                          "weights=[full,int8]", "inference.batch_sizes=[2]", "inference.gen_lengths=[4]",
                          "inference.prompt_len=8", "inference.repeats=1", "inference.warmup=0", "isolate=false")
     frame = pd.read_csv(csv_path)
-    assert list(zip(frame["runtime"], frame["weights"])) == [("torch", "full"), ("torch", "int8"), ("onnx", "full")]
+    assert list(zip(frame["runtime"], frame["weights"])) == [("torch", "full"), ("torch", "int8"), ("onnx", "full"),
+                                                             ("onnx", "int8")]
     assert (frame["status"] == "ok").all() and (frame["tokens_per_s"] > 0).all()
-    onnx = frame[frame["runtime"] == "onnx"].iloc[0]
+    onnx, onnx_int8 = frame[frame["runtime"] == "onnx"].iloc[0], frame[frame["runtime"] == "onnx"].iloc[1]
+    assert onnx_int8.step_weight_bytes < onnx.step_weight_bytes and onnx_int8.weights_bytes < onnx.weights_bytes
     # The export's KV caches hold prompt_len + gen_len = 12 positions: 2 layers x keys and values x 12 x 64 fp32.
     assert onnx.state_bytes_per_sequence == 2 * 2 * 12 * 64 * 4
     labels = [model_label(arch, model) for arch, model in zip(*[read_results(csv_path)[1][key] for key in ("arch", "model")])]
     assert labels == ["Transformer, full weights, PyTorch", "Transformer, int8 weights, PyTorch",
-                      "Transformer, full weights, ONNX Runtime"]
+                      "Transformer, full weights, ONNX Runtime", "Transformer, int8 weights, ONNX Runtime"]
