@@ -158,17 +158,22 @@ def _hollow_legend(ax: plt.Axes, frame: pd.DataFrame) -> None:
 
 def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scale: float = 1.0) -> None:
     """One line per (model, ``within`` value): successful points joined (hollow where the bench
-    marked them shared or unsteady), OOM points as red x on the top edge of the axes."""
+    marked them shared or unsteady), OOM points as red x on the top edge of the axes. An
+    architecture's colour; a marker per series of it (weights, runtime, kernels: told apart at a
+    single point too) and a line style per ``within`` value."""
     values = sorted(frame[within].unique())
+    series_of_arch: dict[str, int] = {}
     for model, by_model in frame.groupby("model", sort=False):
         arch = _arch(frame, model)
+        series = series_of_arch[arch] = series_of_arch.get(arch, -1) + 1
         for index, value in enumerate(values):
             curve = by_model[by_model[within] == value].sort_values(x)
             ok = curve[curve["status"] == "ok"]
             label = f"{model_label(arch, model)}, {within.replace('_', ' ')}={value}"
+            marker = MARKERS[(series + index) % len(MARKERS)]
             ax.plot(ok[x], ok[y] * scale, color=_color(arch), linestyle=LINESTYLES[index % len(LINESTYLES)],
-                    marker=MARKERS[index % len(MARKERS)], label=label)
-            _hollow(ax, ok, x, y, scale, _color(arch), MARKERS[index % len(MARKERS)])
+                    marker=marker, label=label)
+            _hollow(ax, ok, x, y, scale, _color(arch), marker)
             oom = curve[curve["status"] == "oom"]
             if len(oom):
                 ax.plot(oom[x], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",

@@ -123,6 +123,7 @@ class Drawing:
 DRAWINGS: dict[str, Drawing] = {
     "fig4_scaling": Drawing(_sweep("scaling", "fig4_scaling", fit=True)),
     "fig5-8_inference": Drawing(_cost(plot_inference), holds="results.csv"),
+    "edge_decoding": Drawing(_cost(plot_inference), holds="results.csv"),
     "train_throughput": Drawing(_cost(plot_train), holds="results.csv"),
     "fig9_ablation": Drawing(_sweep("ablation", "fig9_ablation", "Transformer")),
     "decay_init_study": Drawing(_sweep("ablation", "decay_init_study", "Transformer")),

@@ -704,6 +704,26 @@ def test_points_taken_on_a_shared_machine_or_unsteady_are_drawn_hollow(tmp_path:
     assert "2 of 6 points hollow: shared machine or unsteady repeats" in title
 
 
+def test_series_of_one_architecture_have_markers_of_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An architecture's series (its weight formats and runtimes) share its colour and differ in
+    marker, so that they are told apart at a single point too; an architecture of one series keeps
+    a marker per batch size as before."""
+    rows = [{"model": model, "arch": model, "weights": weights, "runtime": "torch", "form": "chunk", "batch": batch,
+             "gen_len": 64, "status": "ok", "peak_mem_bytes": 2**20, "latency_s": 0.1, "tokens_per_s": 1000.0}
+            for model, formats in (("mcsd", ("full", "int8", "int4")), ("transformer", ("full",)))
+            for weights in formats for batch in (1, 4)]
+    csv_path = tmp_path / "results.csv"
+    pd.DataFrame(rows).to_csv(csv_path, index=False)
+    figures = []
+    monkeypatch.setattr("mcsd.plots.cost.save_figure", lambda figure, folder, name: figures.append(figure) or [])
+    plot_inference(csv_path)
+    drawn = {line.get_label(): line.get_marker() for line in figures[0].axes[0].get_lines()
+             if not line.get_label().startswith("_")}
+    mcsd_batch1 = [drawn[f"MCSD, {weights} weights, batch=1"] for weights in ("full", "int8", "int4")]
+    assert len(set(mcsd_batch1)) == 3
+    assert drawn["Transformer, batch=1"] != drawn["Transformer, batch=4"]
+
+
 @torch.no_grad()
 def test_a_recorded_steps_reads_are_its_whole_capacity_bucket() -> None:
     """The bandwidth limit of a step replayed at fixed addresses counts what it reads: a
