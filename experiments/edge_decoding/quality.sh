@@ -33,32 +33,35 @@ sweep="$here/logs/$name/train/multiruns/quality-$(date +%Y-%m-%d_%H-%M-%S)"
 mcsd-train -m experiment=mcsd_vs_transformer data=text_files "data.paths=[$split/train.txt]" \
   data.sample_by=paragraph "size=${SIZES:-small,base}" hydra/launcher=local_parallel \
   paths.log_dir="$here/logs/$name" hydra.sweep.dir="$sweep" logger=csv callbacks.progress_bar.refresh_rate=0 "$@"
-rm -rf "$out"; mkdir -p "$out"
+# each job's scores in quality/<size>-<model>/: a run of one size replaces that size's only
 for job in "$sweep"/*/; do
   [ -d "$job/model" ] || continue
-  for weights in full int8 int4; do echo "$job $weights $out/$(basename "$job")/$weights"; done
+  scores="$out/$(sed -n 's/^- size=//p' "$job/.hydra/overrides.yaml")-$(sed -n 's/^- model=//p' "$job/.hydra/overrides.yaml")"
+  rm -rf "$scores"; mkdir -p "$scores"
+  for weights in full int8 int4; do echo "$job $weights $scores/$weights"; done
 done | xargs -P 2 -L 1 sh -c 'mkdir -p "$(dirname "$5")"; mcsd-eval ckpt="$3" "tasks=[held_out_ppl]" include_path="$2" \
   weights="$4" wandb.enabled=false paths.log_dir="$1" output_dir="$5" > "$5.log" 2>&1 \
   || { echo "mcsd-eval failed: $5.log" >&2; exit 255; }' _ "$here/logs/$name" "$tasks"  # then each line: job, weights, folder
-python - "$out" "$sweep" <<'PY'
+python - "$out" <<'PY'
 import json, sys
 from pathlib import Path
 import mcsd
 from mcsd.models import registry
 out = Path(sys.argv[1])
 rows = []
-for job in sorted((path for path in out.iterdir() if path.is_dir()), key=lambda path: int(path.name)):
+for job in (path for path in out.iterdir() if path.is_dir()):  # quality/<size>-<model>/
     scores = {weights: json.loads((job / weights / "results.json").read_text()) for weights in ("full", "int8", "int4")}
-    run = Path(sys.argv[2]) / job.name  # the job's run folder
+    run = Path(scores["full"]["config"]["ckpt"])  # the training job's run folder
     model = mcsd.load(run)
     size = next(line.split("=", 1)[1] for line in (run / ".hydra" / "overrides.yaml").read_text().splitlines()
                 if line.startswith("- size="))
     ppl = {weights: content["results"]["held_out_ppl"]["token_perplexity,none"] for weights, content in scores.items()}
-    rows.append(f"| {registry.of_config(model.config).label} | {size} | {sum(p.numel() for p in model.parameters()):,} | "
+    params = sum(p.numel() for p in model.parameters())
+    rows.append((params, f"| {registry.of_config(model.config).label} | {size} | {params:,} | "
                 f"{ppl['full']:.3f} | {ppl['int8']:.3f} ({100 * (ppl['int8'] / ppl['full'] - 1):+.2f}%) | "
-                f"{ppl['int4']:.3f} ({100 * (ppl['int4'] / ppl['full'] - 1):+.2f}%) | {job.name} |")
-table = ("| model | size | params | held-out ppl, full | int8 (vs full) | int4, bfloat16 (vs full) | job |\n"
-         "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n")
+                f"{ppl['int4']:.3f} ({100 * (ppl['int4'] / ppl['full'] - 1):+.2f}%) | {run.parent.name}/{run.name} |"))
+table = ("| model | size | params | held-out ppl, full | int8 (vs full) | int4, bfloat16 (vs full) | training run |\n"
+         "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(row for _, row in sorted(rows)) + "\n")
 (out / "quality_table.md").write_text(table)
 print(table)
 PY
