@@ -102,6 +102,11 @@ def check_onnx_installed() -> None:
 
 ONNX_WEIGHT_BITS = {"int8": 8, "int4": 4}  # weights= of an ONNX export -> MatMulNBits' bits
 ONNX_BLOCK_SIZE = 32  # inputs per quantization scale
+# MatMulNBits' compute: 4 quantizes each block of activations to int8 and multiplies in integers (MLAS's
+# int8 kernels, AVX2/AVX512-VNNI or NEON dot products). The default (0) dequantizes the weights to fp32
+# at every call: on an x86-64 core, 8-bit weights then ran 8x slower than fp32 at batch 1
+# (experiments/edge_decoding/README.md).
+ONNX_ACCURACY_LEVEL = 4
 
 
 def check_onnx_weights(weights: str) -> None:
@@ -163,7 +168,7 @@ def quantize_onnx_weights(path: Path, weights: str) -> int:
     quantizer_log.setLevel(logging.WARNING)  # a line per node it leaves alone
     try:
         quantizer = MatMulNBitsQuantizer(model, bits=ONNX_WEIGHT_BITS[weights], block_size=ONNX_BLOCK_SIZE,
-                                         is_symmetric=True)
+                                         is_symmetric=True, accuracy_level=ONNX_ACCURACY_LEVEL)
         quantizer.process()
     finally:
         quantizer_log.setLevel(level)
