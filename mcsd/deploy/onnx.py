@@ -105,7 +105,7 @@ ONNX_BLOCK_SIZE = 32  # inputs per quantization scale
 # MatMulNBits' compute: 4 quantizes each block of activations to int8 and multiplies in integers (MLAS's
 # int8 kernels, AVX2/AVX512-VNNI or NEON dot products). The default (0) dequantizes the weights to fp32
 # at every call: on an x86-64 core, 8-bit weights then ran 8x slower than fp32 at batch 1
-# (experiments/edge_decoding/README.md).
+# (docs/deploying.md).
 ONNX_ACCURACY_LEVEL = 4
 
 
