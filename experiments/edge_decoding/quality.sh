@@ -60,7 +60,7 @@ for job in (path for path in out.iterdir() if path.is_dir()):  # quality/<size>-
     rows.append((params, f"| {registry.of_config(model.config).label} | {size} | {params:,} | "
                 f"{ppl['full']:.3f} | {ppl['int8']:.3f} ({100 * (ppl['int8'] / ppl['full'] - 1):+.2f}%) | "
                 f"{ppl['int4']:.3f} ({100 * (ppl['int4'] / ppl['full'] - 1):+.2f}%) | {run.parent.name}/{run.name} |"))
-table = ("| model | size | params | held-out ppl, full | int8 (vs full) | int4, bfloat16 (vs full) | training run |\n"
+table = ("| model | size | params | held-out ppl, full | int8, bfloat16 (vs full) | int4, bfloat16 (vs full) | training run |\n"
          "| --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(row for _, row in sorted(rows)) + "\n")
 (out / "quality_table.md").write_text(table)
 print(table)

@@ -144,15 +144,15 @@ def inference_point(
     (:meth:`CausalLM.decoding`), recorded by a warm-up over the whole length (every KV-cache
     bucket), which then runs at least once: ``graphs_recorded_timed`` counts the recordings
     made while timed (0 when every step replayed). ``kernels``: ``model.kernels`` of the point.
-    ``weights``: the linear layers' weight format (:mod:`mcsd.deploy.quantize`; int4 runs the
-    model in bfloat16, its kernel's activations, whatever ``dtype`` says). ``runtime=onnx``: the
+    ``weights``: the linear layers' weight format (:mod:`mcsd.deploy.quantize`; int4, and int8 on
+    a CPU, run the model in bfloat16, their kernels' activations, whatever ``dtype`` says). ``runtime=onnx``: the
     model exported to ONNX (:mod:`mcsd.deploy.onnx`, KV caches of ``prompt_len + gen_len``
     positions) and decoded by ONNX Runtime on the CPU (:func:`onnx_decoding`); its ``weights``
     quantize the graphs (ONNX Runtime's MatMulNBits, activations in ``dtype``)."""
     if runtime == "onnx":  # the model's full weights exported, the graphs quantized by ONNX Runtime
         model = build(model_cfg, torch.device(device), DTYPES[dtype], seed).eval()
         return onnx_decoding(model, batch_size, prompt_len, gen_len, repeats, warmup, seed, weights)
-    device_, dtype_ = torch.device(device), weights_dtype(weights, DTYPES[dtype])
+    device_, dtype_ = torch.device(device), weights_dtype(weights, DTYPES[dtype], device)
     model = quantize_weights(build(model_cfg, device_, dtype_, seed).eval(), weights)
     model.use_kernels(kernels)
     prefill, step = model.decoding(compile, cuda_graphs)

@@ -4,10 +4,15 @@ in 8 or 4 bits through torchao's weight-only configs, for every architecture.
 At batch 1 a decoding step reads every weight once per token, so its time is the bytes it
 reads: 8-bit weights read a quarter of fp32's bytes, 4-bit an eighth. Weight-only: the
 activations, the sums and every recurrent state keep the model's dtype (the recurrent states
-fp32, as always: :mod:`mcsd.precision`); each product dequantizes inside torch's CPU kernel.
+fp32, as always: :mod:`mcsd.precision`).
 
-- ``int8``: torchao's ``Int8WeightOnlyConfig``, one symmetric scale per output row; any dtype
-  (torch's ``_weight_int8pack_mm`` on a CPU, the same config on a GPU).
+- ``int8``: torchao's ``Int8WeightOnlyConfig``, one symmetric scale per output row; any dtype.
+  Its product is ``mm(x, weight.to(x.dtype).t()) * scale``: eager PyTorch dequantizes the whole
+  weight at every product; ``torch.compile`` rewrites it into torch's int8 kernel
+  ``_weight_int8pack_mm`` (which reads the 8-bit weight itself) only for bfloat16 activations
+  (inductor's weight-only pattern), and with fp32 ones writes a dequantized fp32 copy of every
+  weight at every step (decoding 8x slower than fp32 weights, ``experiments/edge_decoding/``). So
+  on a CPU ``dtype=auto`` runs int8 in bfloat16, as int4; ``dtype=float32`` stays allowed.
 - ``int4``: torchao's CPU int4 (``PrototypeInt4WeightOnlyConfig``: torch's tinygemm kernel
   ``_weight_int4pack_mm_for_cpu``), an asymmetric scale and zero per group of
   :data:`INT4_GROUP_SIZE` inputs. The kernel's fast path takes bfloat16 activations (with fp32
@@ -68,15 +73,23 @@ def int4_fits(linear: nn.Linear) -> bool:
     return linear.in_features % INT4_GROUP_SIZE == 0 and linear.out_features % INT4_OUTPUT_MULTIPLE == 0
 
 
-def weights_dtype(weights: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype a benchmark point runs in with ``weights``: int4's bfloat16, else ``dtype``."""
-    return torch.bfloat16 if weights == "int4" else dtype
+def runs_in_bfloat16(weights: str, device: str | torch.device) -> bool:
+    """Whether ``weights`` has its fast CPU kernel only with bfloat16 activations: int4 (anywhere
+    it runs) and int8 on a CPU (see the module's docstring)."""
+    return weights == "int4" or (weights == "int8" and torch.device(device).type == "cpu")
+
+
+def weights_dtype(weights: str, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """The dtype a benchmark point runs in with ``weights``: bfloat16 where its kernel's fast path
+    needs it (:func:`runs_in_bfloat16`), else ``dtype``."""
+    return torch.bfloat16 if runs_in_bfloat16(weights, device) else dtype
 
 
 def decoding_dtype(dtype: str, weights: str, device: str | torch.device) -> torch.dtype:
-    """The dtype a command's ``dtype`` setting names with ``weights`` (``dtype=auto`` with int4:
-    bfloat16), both refused in one line where they cannot run together."""
-    chosen = torch.bfloat16 if dtype == "auto" and weights == "int4" else model_dtype(dtype, device)
+    """The dtype a command's ``dtype`` setting names with ``weights`` (``dtype=auto`` with int4, or
+    int8 on a CPU: bfloat16), both refused in one line where they cannot run together."""
+    chosen = (torch.bfloat16 if dtype == "auto" and runs_in_bfloat16(weights, device)
+              else model_dtype(dtype, device))
     check_weight_format(weights, chosen, device)
     return chosen
 

@@ -29,9 +29,10 @@ from mcsd.commands.train import train
 from mcsd.training.module import LanguageModelModule
 
 
-# Relative change of the tiny model's local perplexity allowed under quantized weights: ten times
-# what was measured (int8 2e-5; int4 in bfloat16 2e-3: 162.72 -> 162.72, 162.40).
-TOLERANCE = {"int8": 1e-3, "int4": 2e-2}
+# Relative change of the tiny model's local perplexity allowed under quantized weights: about ten
+# times what was measured, both in bfloat16 (dtype=auto's on a CPU): int8 2.7e-3, int4 2e-3
+# (162.72 -> 163.16, 162.40; int8 in fp32 moved it by 2e-5: most of int8's change is bfloat16's).
+TOLERANCE = {"int8": 3e-2, "int4": 2e-2}
 
 
 @pytest.fixture(scope="module")
@@ -143,8 +144,8 @@ def test_mcsd_eval_runs_the_local_tasks_offline(checkpoint: Path, tmp_path: Path
 
 @pytest.mark.slow
 def test_mcsd_eval_scores_quantized_weights(checkpoint: Path, tmp_path: Path) -> None:
-    """``mcsd-eval weights=int8|int4`` scores the model with its linear layers quantized (int4 in
-    bfloat16, which ``dtype=auto`` picks for it on a CPU): the same task's perplexity moves, by
+    """``mcsd-eval weights=int8|int4`` scores the model with its linear layers quantized (in
+    bfloat16, which ``dtype=auto`` picks for both on a CPU): the same task's perplexity moves, by
     no more than the tolerance measured on this tiny model, and the results and the table say
     which weights were scored."""
     perplexities = {}
