@@ -84,12 +84,13 @@ def passkey(
 
 
 def needle(
-    num_examples: int, seq_len: int = 256, vocab_size: int = 64, seed: int = 0, num_needles: int = 4,
+    num_examples: int, seq_len: int = 256, vocab_size: int = 64, seed: int = 0, num_needles: int = 1,
     key_ids: int = 16, value_digits: int = 3, haystack: str = "noise",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RULER's multi-key needle in a haystack: ``num_needles`` needles (the needle marker, a key
-    of one id of ``key_ids``, distinct among the needles, and a value of ``value_digits`` digits)
-    at uniform depths, then the query marker, one of the keys (uniform) and its value, labelled.
+    """RULER's needle in a haystack (one needle: its S-NIAH; several: its multi-key needle):
+    ``num_needles`` needles (the needle marker, a key of one id of ``key_ids``, distinct among the
+    needles, and a value of ``value_digits`` digits) at uniform depths, then the query marker, one
+    of the keys (uniform) and its value, labelled.
     Ids: digits, keys, filler, needle ``V - 2``, query ``V - 1``."""
     if not 1 <= num_needles <= key_ids:
         raise DataError(f"data.num_needles={num_needles} must be between 1 and key_ids={key_ids} (distinct keys)")

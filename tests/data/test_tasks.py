@@ -155,6 +155,17 @@ def test_each_task_config_draws_its_task_at_its_sources_settings(task: str) -> N
     assert [arm[0] for arm in arms] == [f"model={name}" for name in registry.architectures()]
 
 
+def test_the_retrieval_experiment_trains_each_task_at_the_budget_its_anchor_needs() -> None:
+    """``experiment=retrieval`` gives each task the tokens where the Transformer passes it within its
+    training length (the needle, one of them, twice the passkey's); ``data.token_budget`` on the
+    command line sets every task's."""
+    budgets = {task: compose_train(Path("unused"), "experiment=retrieval", f"task={task}").data.token_budget
+               for task in sorted(RETRIEVAL_TASKS)}
+    assert budgets == {"needle": 16_000_000, "passkey": 8_000_000, "variable_tracking": 8_000_000}
+    needle = compose_train(Path("unused"), "experiment=retrieval", "task=needle", "data.token_budget=4000000")
+    assert (needle.data.token_budget, needle.data.settings.num_needles) == (4_000_000, 1)
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["data.task=passkey", "model.vocab_size=16", "data.vocab_size=32"],
      "model.vocab_size=16 is smaller than data.vocab_size=32, the ids of data.task=passkey"),
