@@ -5,7 +5,8 @@
 # (compiled/); one torch thread, waiting for a quiet machine.
 #   bash experiments/edge_decoding/run.sh             # a trial, under trial/
 #   bash experiments/edge_decoding/run.sh --replace   # the committed eager/ and compiled/
-# Extra arguments are mcsd-bench overrides of both runs (e.g. time_budget_s=1800).
+# Extra arguments are mcsd-bench overrides of both runs: time_budget_s=1800 stops each run after the
+# point that ends within it, and resume=true goes on with what a stopped run left (a grid of hours in pieces).
 set -euo pipefail
 cd "$(dirname "$0")"
 results=trial; if [ "${1:-}" = --replace ]; then results=.; shift; fi

@@ -12,6 +12,7 @@ the run directory.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import gc
 import itertools
 import json
@@ -54,10 +55,12 @@ COLUMNS = {
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
                   "read_bandwidth_bytes_per_s", "limit_ratio", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
-                  "threads", "other_cores", "shared", "compiled", "graphs_recorded_timed", "point_s", "status", "reason"],
+                  "threads", "other_cores", "shared", "compiled", "graphs_recorded_timed", "point_s", "measured_at", "status",
+                  "reason"],
     "train": ["model", "arch", "variant", "kernels", "form", "documents", "size", "params", "batch", "seq_len", "activation_checkpointing", "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
-              "step_s_min", "step_s_max", "unsteady", "threads", "other_cores", "shared", "compiled", "point_s", "status", "reason"],
+              "step_s_min", "step_s_max", "unsteady", "threads", "other_cores", "shared", "compiled", "point_s", "measured_at",
+              "status", "reason"],
 }
 # How an allocation failure reads, on a CPU and on a GPU (the caching allocator's OutOfMemoryError,
 # or a library that allocates for itself: cuBLAS, cuDNN, cuFFT, or CUDA's own error).
@@ -434,9 +437,10 @@ def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, A
     json_path.write_text(json.dumps({"header": head, "points": rows}, indent=2) + "\n")
     columns = COLUMNS[head["mode"]]
     frame = pd.DataFrame(rows).reindex(columns=columns)
-    for key in ("device", "dtype", "torch", "git_commit", "compile", "cuda_graphs", "complete", "points_planned",
-                "stopped_by"):
+    for key in ("device", "dtype", "torch", "compile", "cuda_graphs", "complete", "points_planned", "stopped_by"):
         frame[key] = head[key]
+    # A resumed grid's rows come from several runs: each row's own commit (rows written before rows had one: the header's).
+    frame["git_commit"] = [row.get("git_commit", head["git_commit"]) for row in rows]
     frame.to_csv(csv_path, index=False)
     return json_path, csv_path
 
@@ -461,13 +465,16 @@ def bench(cfg: DictConfig) -> Path:
     if cfg.threads:  # the peak and the bandwidth on the points' own thread count
         torch.set_num_threads(cfg.threads)
     points = grid(cfg)
-    others_before = check_machine(cfg)
-    rows = []
     output_dir = Path(cfg.output_dir)
-    head = {**header(cfg), "complete": False, "points_planned": len(points), "stopped_by": None,
-            "other_cores_before": others_before}
+    head = {**header(cfg), "complete": False, "points_planned": len(points), "stopped_by": None}
+    rows = resumed_rows(output_dir, head) if cfg.get("resume") else []
+    to_measure = [(labels, arguments) for labels, arguments in points if not any(is_row_of(row, labels) for row in rows)]
+    if rows:
+        log.info("resume=true: %d of the %d points already measured in %s, %d to measure", len(points) - len(to_measure),
+                 len(points), output_dir, len(to_measure))
+    head["other_cores_before"] = check_machine(cfg)
     budget = PointBudget(cfg.time_budget_s)
-    bar = tqdm(points, desc=f"mcsd-bench {cfg.mode}", unit="point")
+    bar = tqdm(to_measure, desc=f"mcsd-bench {cfg.mode}", unit="point")
     # Ctrl-C: stop after the point under way (again: at once); the points measured are kept.
     with StopAfterCurrent(lambda: bar.set_description(f"mcsd-bench {cfg.mode} (Ctrl-C: stopping after this point)")
                           ) as stop:
@@ -476,7 +483,7 @@ def bench(cfg: DictConfig) -> Path:
                 log.warning("time_budget_s=%s: the next point (%s) would end past it (about %.0f s more after %.0f s): "
                             "the grid stops here, %d of %d points measured (complete=false)", cfg.time_budget_s,
                             " ".join(f"{key}={value}" for key, value in labels.items()), budget.estimate(arguments),
-                            budget.elapsed(), len(rows), len(points))
+                            budget.elapsed(), measured(rows, points), len(points))
                 head["stopped_by"] = f"time_budget_s={cfg.time_budget_s}"
                 break
             # The machine's limit right before each point (this process is idle while a point runs):
@@ -486,7 +493,8 @@ def bench(cfg: DictConfig) -> Path:
             start = read_clock()
             began = time.monotonic()
             result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
-            result = {**result, "point_s": time.monotonic() - began}
+            result = {**result, "point_s": time.monotonic() - began, "git_commit": head["git_commit"],
+                      "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
             budget.record(arguments, result["point_s"])
             others = other_cores(start, read_clock())  # the point's own process and its children left out
             if others is not None:
@@ -498,11 +506,11 @@ def bench(cfg: DictConfig) -> Path:
                 head["stopped_by"] = "Ctrl-C"
                 break
     bar.close()
-    head["complete"] = len(rows) == len(points)
+    head["complete"] = measured(rows, points) == len(points)
     json_path, csv_path = write_results(output_dir, head, rows)
     if stop.requested:
-        interrupted("mcsd-bench", f"kept the {len(rows)} of {len(points)} points measured in {csv_path} and "
-                    f"{json_path.name} (complete=false; mcsd-plot {cfg.mode} draws them)")
+        interrupted("mcsd-bench", f"kept the {measured(rows, points)} of {len(points)} points measured in {csv_path} and "
+                    f"{json_path.name} (complete=false; mcsd-plot {cfg.mode} draws them; resume=true measures the rest)")
     if cfg.wandb.enabled:
         log_to_wandb(cfg, head, csv_path, output_dir)
     shared = [row for row in rows if row.get("shared")]
@@ -515,6 +523,41 @@ def bench(cfg: DictConfig) -> Path:
                     "them again", len(unsteady), len(rows), 100 * SPREAD_LIMIT)
     print(f"results: {csv_path} and {json_path}\nplot: mcsd-plot {cfg.mode} {csv_path}", flush=True)
     return csv_path
+
+
+RESUME_MUST_MATCH = ("mode", "device", "dtype", "torch", "compile", "cuda_graphs")  # header fields a resumed grid keeps
+
+
+def resumed_rows(output_dir: Path, head: dict[str, Any]) -> list[dict[str, Any]]:
+    """``resume=true``: the rows of the results already in ``output_dir`` (none there: none), which
+    the grid keeps and does not measure again; refused in one line when they were measured on
+    another device, thread count, dtype, torch or compile setting (:data:`RESUME_MUST_MATCH`), whose
+    numbers would not compare with the new rows'."""
+    path = output_dir / "results.json"
+    if not path.is_file():
+        return []
+    try:
+        earlier = json.loads(path.read_text())
+        earlier_head, rows = earlier["header"], list(earlier["points"])
+    except (ValueError, KeyError, TypeError):
+        raise MCSDError(f"resume=true: {path} is not an mcsd-bench results file: give an output_dir of a grid to "
+                        "resume, or resume=false") from None
+    for key in RESUME_MUST_MATCH:
+        if earlier_head.get(key) != head[key]:
+            raise MCSDError(f"resume=true: the results in {output_dir} were measured with {key}={earlier_head.get(key)!r} "
+                            f"and this grid has {key}={head[key]!r}: resume with the same setting, or give another "
+                            "output_dir")
+    return [{**row, "git_commit": row.get("git_commit", earlier_head.get("git_commit"))} for row in rows]
+
+
+def is_row_of(row: dict[str, Any], labels: dict[str, Any]) -> bool:
+    """Whether ``row`` is the measurement of the point that ``labels`` name."""
+    return all(row.get(key) == value for key, value in labels.items())
+
+
+def measured(rows: list[dict[str, Any]], points: list[tuple[dict[str, Any], dict[str, Any]]]) -> int:
+    """How many of the grid's ``points`` ``rows`` measure."""
+    return sum(any(is_row_of(row, labels) for row in rows) for labels, _ in points)
 
 
 def point_work(arguments: dict[str, Any]) -> float:

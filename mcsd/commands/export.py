@@ -228,7 +228,7 @@ From `{saved.name}` (mcsd commit `{git_commit()}`, torch {manifest['torch']}, we
 - `prefill.onnx`: `input_ids` [batch, length] (int64, 1 to {manifest['capacity'] - 1} tokens) -> `logits` [batch, vocab]
   of the last position and the state after the prompt (`state.0` ..).
 - `step.onnx`: `token_ids` [batch], `position` (int64, tokens seen so far), the state -> `logits` and
-  the state after the token (`new_state.0` ..).{" KV caches hold " + str(manifest['capacity']) + " positions." if manifest['has_kv_cache'] else ""}
+  the state after the token (`new_state.0` ..).{" KV caches hold " + str(manifest['capacity']) + " positions; for each the step returns the token's entries alone, [batch, heads, 1, ..], to be written at `position` in place (`step_output` in export.json)." if manifest['has_kv_cache'] else ""}
 - `export.json`: the state's names and dtypes, the capacity, the end-of-text token; `tokenizer.json`.
 
 Run it with ONNX Runtime, NumPy and tokenizers alone (mcsd's runner, `mcsd/deploy/onnx_runner.py`,

@@ -6,10 +6,14 @@ format=onnx``; the runner is :mod:`mcsd.deploy.onnx_runner`).
   for every prompt length and batch size, where the chunk and recurrent forms' loops would be
   traced at one length), into KV caches of ``capacity`` positions.
 - ``step.onnx``: ``token_ids`` ``[B]``, ``position`` (a 0-d int64: the tokens seen so far), the
-  state -> ``logits`` ``[B, vocab]`` and the state after the token, ``new_state.0 ..``: the step at
-  fixed addresses (:meth:`CausalLM.static_step`: a KV cache of ``capacity`` positions written at
-  ``position`` and read over its whole length, masked after it), so the state is explicit:
-  recurrent states in fp32 as in PyTorch, KV caches in the model's dtype.
+  state -> ``logits`` ``[B, vocab]`` and ``new_state.0 ..``: a recurrent state after the token
+  (fp32, as in PyTorch), and for a KV cache (in the model's dtype) the token's entries alone,
+  ``[B, H, 1, ..]``, which the runner writes at ``position`` in place. The step reads each KV cache
+  over its whole capacity, the positions from ``position`` on masked, and attends to its own key
+  and value beside them (:class:`~mcsd.models.modules.attention.ReadOnlyKVCache`): a graph that
+  wrote the token into its input would copy every cache at every step (ONNX has no in-place
+  update of an input), which made an export of format 1 decode the Transformer slower than eager
+  PyTorch.
 - ``export.json``: what the runner needs (the state's names, the capacity, the vocabulary, the
   tokenizer's end of text) and what the export was made from.
 
@@ -28,6 +32,7 @@ toolchain, a step this harness cannot test on its CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -40,11 +45,12 @@ from torch import nn
 from mcsd.deploy.quantize import weight_format
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, registry
+from mcsd.models.modules.attention import KVCache, ReadOnlyKVCache
 from mcsd.models.modules.state import CapacityState, LayerState, map_tensors, tensors_of
 
 MANIFEST_FILE = "export.json"
 PREFILL_FILE, STEP_FILE = "prefill.onnx", "step.onnx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the step returns a KV cache's entries of the token alone (1: the whole cache)
 INSTALL_HINT = "pip install 'mcsd[edge]' (onnx, onnxscript, onnxruntime)"
 
 
@@ -76,19 +82,42 @@ class PrefillGraph(nn.Module):
         return (logits, *tensors_of(layers))
 
 
+def read_only_caches(value: Any) -> Any:
+    """A layer state as the exported step takes it: each KV cache read-only (the step returns the
+    token's entries), every other tensor a copy (a recurrent step may advance its state in place,
+    and ONNX has no in-place update of an input)."""
+    if value is None:
+        return None
+    if isinstance(value, KVCache):
+        return ReadOnlyKVCache(**{field.name: getattr(value, field.name) for field in dataclasses.fields(value)})
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        items = [read_only_caches(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: an ONNX step knows tensors, KV caches, "
+                    "tuples and lists")
+
+
 class StepGraph(nn.Module):
-    """What ``step.onnx`` computes: one token into a copy of the state given (ONNX has no
-    in-place update of an input), through :meth:`CausalLM.static_step`."""
+    """What ``step.onnx`` computes: one token through :meth:`CausalLM.step_entries` on the state
+    given, its KV caches read and not written (:func:`read_only_caches`)."""
 
     def __init__(self, model: CausalLM, template: list[LayerState]) -> None:
         super().__init__()
         self.model, self.template = model, template
 
     def forward(self, token_ids: torch.Tensor, position: torch.Tensor, *state: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        copies = iter([tensor.clone() for tensor in state])
-        layers = map_tensors(self.template, lambda _: next(copies))
-        logits = self.model.static_step(token_ids, layers, position)
-        return (logits, *tensors_of(layers))
+        given = iter(state)
+        layers = read_only_caches(map_tensors(self.template, lambda _: next(given)))
+        logits, advanced = self.model.step_entries(token_ids, layers, position)
+        return (logits, *tensors_of(advanced))
+
+
+def written_at_position(layers: list[LayerState]) -> list[bool]:
+    """For each tensor of ``layers`` (in :func:`tensors_of`' order): whether it is a KV cache's,
+    whose step output is the token's entries to write at the position, not the whole state."""
+    return [isinstance(part, KVCache) for part in _layer_parts(layers) for _ in tensors_of(part)]
 
 
 def check_onnx_installed() -> None:
@@ -249,7 +278,9 @@ def write_onnx_export(model: CausalLM, folder: Path, capacity: int, eos_token_id
         "architecture": architecture.name, "config": model.config.to_dict(),
         "vocab_size": model.config.vocab_size, "capacity": capacity,
         "has_kv_cache": any(isinstance(part, CapacityState) for part in _layer_parts(state)),
-        "state": [{"name": name, "dtype": str(tensor.dtype).removeprefix("torch.")} for name, tensor in zip(names, flat)],
+        "state": [{"name": name, "dtype": str(tensor.dtype).removeprefix("torch."),
+                   "step_output": "entries" if entries else "state"}
+                  for name, tensor, entries in zip(names, flat, written_at_position(state))],
         "eos_token_id": eos_token_id, "dtype": str(model.embed.weight.dtype).removeprefix("torch."),
         "weights": weights, "quantized_matmuls": quantized,
         "torch": torch.__version__, "source": source,

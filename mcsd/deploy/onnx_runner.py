@@ -28,7 +28,9 @@ class OnnxExportError(ValueError):
 class OnnxDecoder:
     """The prefill and the step of an exported model as ONNX Runtime sessions: ``prefill(ids)``
     -> (logits ``[B, vocab]``, state), ``step(tokens, state)`` -> (logits, state), where a state
-    is the position and the list of the graph's state arrays."""
+    is the position and the list of the graph's state arrays. A step writes its token's KV-cache
+    entries into the state's caches in place (as PyTorch's decoding advances its state): a state
+    that is to be continued twice is copied first."""
 
     def __init__(self, folder: str | Path, threads: int | None = None) -> None:
         try:
@@ -45,6 +47,9 @@ class OnnxDecoder:
         self.manifest = json.loads(manifest.read_text())
         self.capacity = int(self.manifest["capacity"])
         self.state_names = [entry["name"] for entry in self.manifest["state"]]
+        # Format 2: a KV cache's step output is the token's entries, written here at the position;
+        # format 1's step returned every state whole.
+        self.writes_entries = [entry.get("step_output") == "entries" for entry in self.manifest["state"]]
         options = onnxruntime.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = threads
@@ -64,6 +69,7 @@ class OnnxDecoder:
         input_ids = np.asarray(input_ids, dtype=np.int64)
         self.check_room(input_ids.shape[1])
         logits, *state = self.prefill_session.run(None, {"input_ids": input_ids})
+        state = [np.require(array, requirements=["C", "W"]) for array in state]  # written in place by steps
         return logits, (input_ids.shape[1], state)
 
     def step(self, token_ids: np.ndarray, state: tuple[int, list[np.ndarray]]) -> tuple[np.ndarray, tuple[int, list[np.ndarray]]]:
@@ -72,8 +78,12 @@ class OnnxDecoder:
         self.check_room(position + 1)
         feeds = {"token_ids": np.asarray(token_ids, dtype=np.int64), "position": np.asarray(position, dtype=np.int64),
                  **dict(zip(self.state_names, arrays))}
-        logits, *arrays = self.step_session.run(None, feeds)
-        return logits, (position + 1, arrays)
+        logits, *outputs = self.step_session.run(None, feeds)
+        for array, output, entries in zip(arrays, outputs, self.writes_entries):
+            if entries:
+                array[:, :, position] = output[:, :, 0]
+        return logits, (position + 1, [array if entries else output
+                                       for array, output, entries in zip(arrays, outputs, self.writes_entries)])
 
     def stream(self, input_ids: np.ndarray, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
                top_p: float | None = None, eos_token_id: int | None = None, seed: int = 0) -> Iterator[np.ndarray]:

@@ -117,6 +117,17 @@ class DecodingMixin:
                 old.copy_(new)
         return self._head(hidden)
 
+    def step_entries(
+        self, token_ids: torch.Tensor, layers: list[LayerState], position: torch.Tensor
+    ) -> tuple[torch.Tensor, list[LayerState]]:
+        """One token per row at the 0-d tensor ``position`` on ``layers`` whose KV caches are
+        read-only (:class:`~mcsd.models.modules.attention.ReadOnlyKVCache`): the logits ``[B, vocab]``
+        and each layer's state after the token, where a KV cache's is the token's entries alone
+        (one position) for the caller to write at ``position``. What an ONNX export's step
+        computes (:mod:`mcsd.deploy.onnx`), whose runner writes those entries in place."""
+        hidden, advanced = self._step_layers(token_ids, layers, position)
+        return self._head(hidden), advanced
+
     def step_function(
         self, compile: bool = False
     ) -> Callable[[torch.Tensor, DecodingState], tuple[torch.Tensor, DecodingState]]:

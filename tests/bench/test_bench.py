@@ -402,7 +402,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     timings = ["prefill_s", "decode_s_per_token", "latency_s", "tokens_per_s", "peak_mem_bytes",
                "peak_mem_minus_weights_bytes", "read_bandwidth_bytes_per_s", "limit_ratio", "complete",
                "points_planned", "git_commit", "decode_s_per_token_min", "decode_s_per_token_max", "unsteady",
-               "other_cores", "shared", "point_s", "stopped_by"]
+               "other_cores", "shared", "point_s", "measured_at", "stopped_by"]
     pd.testing.assert_frame_equal(kept.drop(columns=timings), whole.head(2).drop(columns=timings))
     figures = plot_inference(tmp_path / "stopped" / "results.csv")
     assert figures and all(path.stat().st_size > 0 for path in figures)
@@ -790,3 +790,32 @@ def test_the_old_spelling_mcsd_ablation_still_picks_the_variant(caplog: pytest.L
         variants = {labels["variant"] for labels, _ in grid(cfg)}
     assert "mcsd_ablation=slope_only is renamed model_variant" in caplog.text
     assert variants == {"slope_only"}
+
+
+def test_a_resumed_grid_measures_only_the_points_it_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``resume=true``: the rows already in output_dir are kept as they are and only the grid's other
+    points are measured, appended; the grid is complete when every point has a row; every row says
+    when and at which commit it was measured; results of another dtype are refused in one line."""
+    grid = [*TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd]", "isolate=false"]
+    first = pd.read_csv(run_bench(tmp_path, *grid, "inference.gen_lengths=[4]"))
+    measured = []
+    point = measure.inference_point
+
+    def counted(**arguments):
+        measured.append(arguments["gen_len"])
+        return point(**arguments)
+
+    monkeypatch.setattr(measure, "inference_point", counted)
+    resumed = pd.read_csv(run_bench(tmp_path, *grid, "inference.gen_lengths=[4,8]", "resume=true"))
+    assert measured == [8] and list(resumed["gen_len"]) == [4, 8]
+    kept = [column for column in first.columns if column not in ("complete", "points_planned")]
+    pd.testing.assert_frame_equal(resumed.head(1)[kept], first[kept])
+    assert resumed["complete"].all() and (resumed["points_planned"] == 2).all()
+    assert resumed["measured_at"].str.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00").all()
+    assert resumed["git_commit"].notna().all() and resumed["measured_at"].iloc[0] <= resumed["measured_at"].iloc[1]
+    again = run_bench(tmp_path, *grid, "inference.gen_lengths=[4,8]", "resume=true")  # nothing left to measure
+    assert measured == [8] and pd.read_csv(again).equals(resumed)
+    with pytest.raises(MCSDError, match="resume=true: the results in .* were measured with dtype='float32' and this "
+                                        "grid has dtype='bfloat16': resume with the same setting, or give another"):
+        run_bench(tmp_path, *grid, "inference.gen_lengths=[4,8]", "resume=true", "dtype=bfloat16")
+    assert pd.read_csv(tmp_path / "results.csv").equals(resumed)  # the refusal wrote nothing

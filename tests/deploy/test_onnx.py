@@ -27,6 +27,7 @@ from mcsd.deploy.onnx import MANIFEST_FILE, write_onnx_export  # noqa: E402
 from mcsd.deploy.onnx_runner import OnnxDecoder, OnnxExportError, next_tokens  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
+from mcsd.models.modules.attention import CausalSelfAttention  # noqa: E402
 
 CAPACITY = 96
 TOLERANCE = 1e-5  # fp32 logits, ONNX Runtime against PyTorch (the issue's bar)
@@ -72,6 +73,33 @@ def test_a_greedy_path_of_64_tokens_equals_pytorch(export) -> None:
             logits, onnx_state = decoder.step(tokens.numpy(), onnx_state)
         streamed = np.stack(list(decoder.stream(prompt.numpy(), 20)), 1)
         assert np.array_equal(streamed, model.generate(prompt, 20)[:, 9:].numpy())
+
+
+def test_the_step_returns_a_kv_caches_entries_and_the_runner_writes_them_in_place(export) -> None:
+    """A KV cache goes into the step whole and comes out as the token's entries, one position wide,
+    which the runner writes at the position into the very array it was given; a recurrent state
+    comes out whole."""
+    model, folder, manifest = export
+    decoder = OnnxDecoder(folder)
+    _, (position, state) = decoder.prefill(np.arange(10, dtype=np.int64).reshape(2, 5) % model.config.vocab_size)
+    tokens = np.array([3, 4], dtype=np.int64)
+    feeds = {"token_ids": tokens, "position": np.asarray(position, dtype=np.int64),
+             **{entry["name"]: array for entry, array in zip(manifest["state"], state)}}
+    outputs = decoder.step_session.run(None, feeds)[1:]
+    before = [array.copy() for array in state]
+    _, (_, after) = decoder.step(tokens, (position, state))
+    kinds = [entry["step_output"] for entry in manifest["state"]]
+    attends = any(isinstance(module, CausalSelfAttention) for module in model.modules())
+    assert ("entries" in kinds) == manifest["has_kv_cache"] == attends
+    for kind, given, old, output, new in zip(kinds, state, before, outputs, after):
+        if kind == "entries":
+            assert output.shape == given.shape[:2] + (1,) + given.shape[3:]
+            assert new is given and np.array_equal(given[:, :, position], output[:, :, 0])
+            untouched = np.ones(given.shape[2], dtype=bool)
+            untouched[position] = False
+            assert np.array_equal(given[:, :, untouched], old[:, :, untouched])
+        else:
+            assert kind == "state" and output.shape == given.shape and np.array_equal(new, output)
 
 
 def test_a_sequence_past_the_kv_cache_capacity_is_one_line(export) -> None:

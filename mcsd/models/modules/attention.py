@@ -86,6 +86,16 @@ class KVCache:
             setattr(self, field.name, new)
 
 
+@dataclasses.dataclass
+class ReadOnlyKVCache(KVCache):
+    """A KV cache that a step at a 0-d tensor position reads and does not write: what an ONNX
+    export's step is given (:mod:`mcsd.deploy.onnx`). The step attends over the positions before
+    its own (the rest masked) and to its own key and value beside them, and returns its token's
+    entries (a :class:`KVCache` of one position) for the caller to write at the position: in a
+    graph a write into an input copies the whole cache at every step, where the runner writes the
+    one position in place."""
+
+
 class CausalSelfAttention(TokenMixer):
     """Multi-head causal self-attention with RoPE and a KV cache. Initialisation: Normal(0,
     init_std) projections; ``out_proj`` writes into the residual stream (the skeleton scales
@@ -189,12 +199,18 @@ class CausalSelfAttention(TokenMixer):
         cache in place, its query attending to every cached position (none is in its future).
         With ``position`` a 0-d tensor (the step at fixed addresses), the cache keeps its size:
         the token is written at ``position`` and the query attends over the whole capacity,
-        the positions after it masked out (:meth:`_attend_static`)."""
+        the positions after it masked out (:meth:`_attend_static`); a :class:`ReadOnlyKVCache`
+        is read, not written, and the token's entries are returned in its place."""
         batch, hidden = x.shape
         qkv = self.qkv_proj(x).view(batch, 3, self.num_heads, self.head_width)
         query, key = rotary_step(qkv[:, :2], position, self.rope_base).unbind(1)  # [B, H, Dh] each
         value = qkv[:, 2]
         bias = self.key_bias(value[:, :, None])
+        if isinstance(cache, ReadOnlyKVCache):
+            entries = KVCache(key[:, :, None].to(cache.keys.dtype), value[:, :, None].to(cache.values.dtype),
+                              None if bias is None else bias.to(cache.key_bias.dtype))
+            attended = self._attend_beside(query, entries, cache, position)
+            return self.out_proj(attended.reshape(batch, hidden)), entries
         if isinstance(position, torch.Tensor):
             attended = self._attend_static(query, key, value, bias, cache, position)
             return self.out_proj(attended.reshape(batch, hidden)), cache
@@ -234,6 +250,25 @@ class CausalSelfAttention(TokenMixer):
             mask = cache.key_bias[:, :, None, :].to(query.dtype).masked_fill(~visible, float("-inf"))
         return F.scaled_dot_product_attention(query[:, :, None], cache.keys.to(query.dtype),
                                               cache.values.to(query.dtype), attn_mask=mask)
+
+    @staticmethod
+    def _attend_beside(query: torch.Tensor, entries: KVCache, cache: KVCache, position: torch.Tensor) -> torch.Tensor:
+        """One query per row ``[B, H, Dh]`` at the 0-d tensor ``position`` attending over ``cache``'s
+        positions before it (the rest masked, never written to) and its own ``entries`` (one
+        position) beside them, in one softmax: :meth:`_attend_static`'s numbers without writing
+        the cache. ``[B, H, 1, Dh]``."""
+        scale = query.shape[-1] ** -0.5
+        query = query[:, :, None]
+        past = query @ cache.keys.to(query.dtype).transpose(-1, -2) * scale  # [B, H, 1, capacity]
+        own = query @ entries.keys.to(query.dtype).transpose(-1, -2) * scale  # [B, H, 1, 1]
+        if cache.key_bias is not None:
+            past = past + cache.key_bias[:, :, None, :].to(query.dtype)
+            own = own + entries.key_bias[:, :, None, :].to(query.dtype)
+        before = (torch.arange(cache.capacity, device=query.device) < position)[None, None, None]
+        scores = torch.cat([past.masked_fill(~before, float("-inf")), own], -1)
+        weights = torch.softmax(scores.float(), -1).to(query.dtype)
+        return (weights[..., :-1] @ cache.values.to(query.dtype)
+                + weights[..., -1:] * entries.values.to(query.dtype))
 
     def _attend_cached(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
