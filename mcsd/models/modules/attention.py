@@ -266,7 +266,7 @@ class CausalSelfAttention(TokenMixer):
             own = own + entries.key_bias[:, :, None, :].to(query.dtype)
         before = (torch.arange(cache.capacity, device=query.device) < position)[None, None, None]
         scores = torch.cat([past.masked_fill(~before, float("-inf")), own], -1)
-        weights = torch.softmax(scores.float(), -1).to(query.dtype)
+        weights = torch.softmax(scores, -1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(query.dtype)
         return (weights[..., :-1] @ cache.values.to(query.dtype)
                 + weights[..., -1:] * entries.values.to(query.dtype))
 
