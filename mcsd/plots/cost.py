@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 from pathlib import Path
 
@@ -160,8 +161,10 @@ def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scal
     """One line per (model, ``within`` value): successful points joined (hollow where the bench
     marked them shared or unsteady), OOM points as red x on the top edge of the axes. An
     architecture's colour; a marker per series of it (weights, runtime, kernels: told apart at a
-    single point too) and a line style per ``within`` value."""
+    single point too), or per ``within`` value for an architecture of one series; a line style per
+    ``within`` value."""
     values = sorted(frame[within].unique())
+    series_count = collections.Counter(_arch(frame, model) for model in frame["model"].unique())
     series_of_arch: dict[str, int] = {}
     for model, by_model in frame.groupby("model", sort=False):
         arch = _arch(frame, model)
@@ -170,7 +173,7 @@ def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scal
             curve = by_model[by_model[within] == value].sort_values(x)
             ok = curve[curve["status"] == "ok"]
             label = f"{model_label(arch, model)}, {within.replace('_', ' ')}={value}"
-            marker = MARKERS[(series + index) % len(MARKERS)]
+            marker = MARKERS[(series if series_count[arch] > 1 else index) % len(MARKERS)]
             ax.plot(ok[x], ok[y] * scale, color=_color(arch), linestyle=LINESTYLES[index % len(LINESTYLES)],
                     marker=marker, label=label)
             _hollow(ax, ok, x, y, scale, _color(arch), marker)

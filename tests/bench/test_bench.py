@@ -705,9 +705,10 @@ def test_points_taken_on_a_shared_machine_or_unsteady_are_drawn_hollow(tmp_path:
 
 
 def test_series_of_one_architecture_have_markers_of_their_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An architecture's series (its weight formats and runtimes) share its colour and differ in
-    marker, so that they are told apart at a single point too; an architecture of one series keeps
-    a marker per batch size as before."""
+    """An architecture's series (its weight formats and runtimes) share its colour and each has a
+    marker of its own at every batch size (line styles tell the batch sizes apart), so that they
+    are told apart at a single point too; an architecture of one series keeps a marker per batch
+    size as before."""
     rows = [{"model": model, "arch": model, "weights": weights, "runtime": "torch", "form": "chunk", "batch": batch,
              "gen_len": 64, "status": "ok", "peak_mem_bytes": 2**20, "latency_s": 0.1, "tokens_per_s": 1000.0}
             for model, formats in (("mcsd", ("full", "int8", "int4")), ("transformer", ("full",)))
@@ -720,7 +721,9 @@ def test_series_of_one_architecture_have_markers_of_their_own(tmp_path: Path, mo
     drawn = {line.get_label(): line.get_marker() for line in figures[0].axes[0].get_lines()
              if not line.get_label().startswith("_")}
     mcsd_batch1 = [drawn[f"MCSD, {weights} weights, batch=1"] for weights in ("full", "int8", "int4")]
+    mcsd_batch4 = [drawn[f"MCSD, {weights} weights, batch=4"] for weights in ("full", "int8", "int4")]
     assert len(set(mcsd_batch1)) == 3
+    assert mcsd_batch4 == mcsd_batch1
     assert drawn["Transformer, batch=1"] != drawn["Transformer, batch=4"]
 
 
