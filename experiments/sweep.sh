@@ -77,8 +77,11 @@ stop() {
 trap 'stop Ctrl-C' INT; trap 'stop SIGTERM' TERM
 mcsd-train -m experiment="$experiment" ${data[@]+"${data[@]}"} hydra/launcher=local_parallel \
   paths.log_dir="$here/logs/$name" hydra.sweep.dir="$sweep" "$@" &
-wait $!
+status=0; wait $! || status=$?
 trap - INT TERM
+# A job that diverged, was refused or failed ends the sweep with status 1 or 2 once every other job has run
+# (its summary says which): what the jobs logged is still copied and drawn, and the script ends with that status.
+(( status == 0 || status == 1 || status == 2 )) || exit "$status"
 out="$here/$results/$name"
 first=0
 if $add; then
@@ -97,3 +100,4 @@ for job in "$sweep"*/; do
   cp "$logs/metrics.csv" "$logs/hparams.yaml" "$copy/"
 done
 mcsd-plot experiment "$out" --name "$experiment"
+exit "$status"

@@ -41,6 +41,7 @@ from mcsd.checkpoint.saved_model import locate, read_config
 from mcsd.data.tokens import DOCUMENTS
 from mcsd.deploy.onnx import check_onnx_installed
 from mcsd.deploy.quantize import WEIGHT_FORMATS, check_weight_format
+from mcsd.files import replace_earlier_results
 from mcsd.runtime import StopAfterCurrent, apply_threads, git_commit, interrupted, require_wandb_login
 from mcsd.errors import MCSDError
 from mcsd.models import registry
@@ -368,6 +369,8 @@ def _check(cfg: DictConfig) -> None:
     problems = grid_problems(cfg)  # imports fla's kernels (seconds) where the grid asks for them
     if problems:
         raise MCSDError("\n".join(problems))
+    if cfg.get("resume") and cfg.get("overwrite"):
+        raise MCSDError("resume=true keeps the results in output_dir and overwrite=true replaces them: give one of them")
     if cfg.busy_machine not in BUSY_MACHINE:
         raise MCSDError(f"busy_machine={cfg.busy_machine!r} is unknown: use {', '.join(BUSY_MACHINE)}")
     budget = cfg.get("time_budget_s")
@@ -428,12 +431,15 @@ def header(cfg: DictConfig) -> dict[str, Any]:
             "git_commit": git_commit(), "bench": cfg.name, "compile": cfg.compile, "cuda_graphs": cfg.cuda_graphs}
 
 
+RESULT_FILES = ("results.json", "results.csv")  # what a grid writes into its output_dir
+
+
 def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[Path, Path]:
     """``results.json`` (header + points) and the tidy ``results.csv`` (header fields as columns)."""
     import pandas as pd
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    json_path, csv_path = output_dir / "results.json", output_dir / "results.csv"
+    json_path, csv_path = (output_dir / name for name in RESULT_FILES)
     json_path.write_text(json.dumps({"header": head, "points": rows}, indent=2) + "\n")
     columns = COLUMNS[head["mode"]]
     frame = pd.DataFrame(rows).reindex(columns=columns)
@@ -467,6 +473,9 @@ def bench(cfg: DictConfig) -> Path:
     points = grid(cfg)
     output_dir = Path(cfg.output_dir)
     head = {**header(cfg), "complete": False, "points_planned": len(points), "stopped_by": None}
+    if not cfg.get("resume"):
+        replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-bench", cfg.get("overwrite", False),
+                                resume="resume=true to keep its rows and measure only the points they lack")
     rows = resumed_rows(output_dir, head) if cfg.get("resume") else []
     to_measure = [(labels, arguments) for labels, arguments in points if not any(is_row_of(row, labels) for row in rows)]
     if rows:

@@ -6,7 +6,9 @@ A run folder holds::
     .hydra/hydra.yaml       Hydra's runtime (the config groups chosen: ``choices``)
     csv/version_*/metrics.csv, hparams.yaml   the CSV logger's metrics and the run's logged config
     checkpoints/            last.ckpt and step-*.ckpt (:mod:`mcsd.checkpoint.lightning_checkpoint`)
-    result.json             the finished run's result (validation and test loss and perplexity)
+    result.json             how the run ended (``status``: finished, diverged, refused, interrupted or
+                            failed, with the ``reason`` where it did not finish) and a finished run's
+                            result (validation and test loss and perplexity)
     model/                  the final model (:mod:`mcsd.checkpoint.saved_model`)
 
 Resuming, the sweep summary, the model card, the plots and the bench read a run through
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,19 @@ def _parse_yaml(text: str) -> Any:
 
 def _yaml(path: Path) -> Any:
     return _parse_yaml(path.read_text()) if path.is_file() else None
+
+
+# How a run ended (``status`` in result.json): a finished run has a result; the others say why not.
+FINISHED, DIVERGED, REFUSED, INTERRUPTED, FAILED = "finished", "diverged", "refused", "interrupted", "failed"
+
+
+def write_result(run_dir: Path, result: dict[str, Any]) -> None:
+    """``result.json`` in the run folder, as valid JSON: a value that is not finite is null
+    (:meth:`RunFolder.result` reads it back)."""
+    plain = {key: None if isinstance(value, float) and not math.isfinite(value) else value
+             for key, value in result.items()}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RESULT_FILE).write_text(json.dumps(plain, indent=2) + "\n")
 
 
 @dataclass(frozen=True)
@@ -94,9 +110,25 @@ class RunFolder:
         return None
 
     def result(self) -> dict[str, Any] | None:
-        """The finished run's ``result.json``."""
+        """The run's ``result.json`` (how it ended; a finished run's result). A file written before
+        results said how the run ended has no ``status``: it is a finished run's, or a diverged
+        one's where it names ``diverged_at_step``."""
         path = self.path / RESULT_FILE
-        return json.loads(path.read_text()) if path.is_file() else None
+        if not path.is_file():
+            return None
+        result = json.loads(path.read_text())
+        result.setdefault("status", DIVERGED if result.get("diverged_at_step") is not None else FINISHED)
+        return result
+
+    def holds_a_run(self) -> list[str]:
+        """What of an ``mcsd-train`` run this folder holds (checkpoints, model, logs, the result of
+        a run that trained): their names, none for a new or empty folder or a refused run's."""
+        found = [name for name in (CHECKPOINT_DIR, "model", "csv", "wandb")
+                 if (self.path / name).is_dir() and any((self.path / name).iterdir())]
+        result = self.result() if (self.path / RESULT_FILE).is_file() else None
+        if result is not None and result["status"] != REFUSED:
+            found.append(RESULT_FILE)
+        return found
 
     def latest_checkpoint(self) -> Path | None:
         """``checkpoints/last.ckpt`` (a file, or a sharded checkpoint's folder), else the highest

@@ -1,5 +1,6 @@
-"""What the command-line apps share: config resolvers, the arms sweeper, and the bad-input
-rules (one line on stderr, exit status 2, no run folder left behind)."""
+"""What the command-line apps share: config resolvers, the arms sweeper, the bad-input rules
+(one line on stderr, exit status 2, no run folder left behind) and a sweep's jobs that do not
+finish (each says why in its folder; the sweep goes on: :mod:`mcsd.training.sweep`)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,12 +130,21 @@ def _register_plugins() -> None:
 _register_plugins()
 
 
+class Refusal(SystemExit):
+    """How :func:`fail` ends an app (exit status 2), keeping its message: a sweep's job that
+    refused its settings records why, for the sweep's summary."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
 def fail(app: str, message: str) -> NoReturn:
     """End the app with one line on stderr (a line for each problem, when ``message`` lists
     several) and exit status 2."""
     for line in message.splitlines() or [message]:
         print(f"{app}: error: {line}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    raise Refusal(message)
 
 
 def _own_error(error: BaseException | None) -> BaseException | None:
@@ -250,15 +262,21 @@ def check_overrides_parse(app: str, argv: list[str]) -> None:
             fail(app, f"{argument} cannot be read as a setting ({reason}): {fix}")
 
 
-def check_new_top_level_keys(app: str, config_name: str, argv: list[str]) -> None:
-    """Refuse ``+key=value`` of a top-level key the command has no setting or group of (Hydra's
-    own suggestion for a typo, ``+sed=5`` for ``sed=5``, would be accepted and ignored), naming
-    the nearest one it has."""
+def _top_level_names(config_name: str) -> set[str]:
+    """The top-level settings and config groups of a command's primary config."""
     text = (importlib.resources.files("mcsd.conf") / f"{config_name}.yaml").read_text()
     known = set(yaml.safe_load(text) or {})
     for entry in (yaml.safe_load(text) or {}).get("defaults", []):
         if isinstance(entry, dict):
             known |= {str(group).removeprefix("override ") for group in entry}
+    return known - {"defaults", "hydra"}
+
+
+def check_new_top_level_keys(app: str, config_name: str, argv: list[str]) -> None:
+    """Refuse ``+key=value`` of a top-level key the command has no setting or group of (Hydra's
+    own suggestion for a typo, ``+sed=5`` for ``sed=5``, would be accepted and ignored), naming
+    the nearest one it has."""
+    known = _top_level_names(config_name)
     for argument in argv:
         key, equals, value = argument.partition("=")
         if not equals or not key.startswith("+") or key.startswith("++"):
@@ -266,9 +284,80 @@ def check_new_top_level_keys(app: str, config_name: str, argv: list[str]) -> Non
         name = key.lstrip("+")
         if "." in name or "/" in name or name in known:
             continue
-        close = difflib.get_close_matches(name, sorted(known - {"defaults", "hydra"}), n=1)
+        close = difflib.get_close_matches(name, sorted(known), n=1)
         hint = f"did you mean {close[0]}={value}?" if close else f"{app} --help lists its settings"
         fail(app, f"{argument}: {name} is not a setting of {app}, so it would be ignored: {hint}")
+
+
+def _first_values(argv: list[str]) -> list[str]:
+    """The ``key=value`` overrides of ``argv``, a sweep's by its first value (what its first job composes)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    overrides = []
+    for argument in argv:
+        if argument.startswith("-") or "=" not in argument:
+            continue
+        override = parser.parse_override(argument)
+        if override.is_sweep_override():
+            first = next(iter(override.sweep_string_iterator()), None)
+            argument = f"{argument.split('=', 1)[0]}={first}"
+        overrides.append(argument)
+    return overrides
+
+
+def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
+    """Refuse, in one line with the nearest setting there is, an override of a key the composed
+    config does not have (``trainer.max_stepz=5``, ``modle=transformer``, a dict of keys a
+    settings node lacks), where Hydra would print several lines whose advice (``+key=...``)
+    adds a key that nothing reads."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import ConfigCompositionException
+
+    overrides = _first_values(argv)
+    try:
+        with initialize_config_module("mcsd.conf", version_base="1.3"):
+            compose(config_name, overrides=overrides)
+        return
+    except ConfigCompositionException as error:
+        cause = str(error.__cause__ or "")
+        missing = re.search(r"full_key: (\S+)", cause)
+        if "is not in struct" not in cause or missing is None:
+            return  # Hydra's own message says what else is wrong
+        full_key = missing.group(1)
+    except Exception:  # noqa: BLE001  anything else is Hydra's to report, as it would have
+        return
+    def key_of(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~")
+
+    argument = next((override for override in overrides if key_of(override) == full_key), None) or next(
+        (override for override in overrides if full_key.startswith(key_of(override) + ".")
+         and override.split("=", 1)[1].startswith("{")), None)
+    if argument is None:
+        return
+    key, value = argument.split("=", 1)
+    others = [override for override in overrides if override != argument]
+    with initialize_config_module("mcsd.conf", version_base="1.3"):
+        cfg = compose(config_name, overrides=others)
+    if full_key != key:  # a dict value with keys its node lacks
+        node = OmegaConf.select(cfg, key)
+        held = ", ".join(str(name) for name in node) if isinstance(node, DictConfig) and len(node) else "nothing"
+        name = full_key[len(key) + 1:].split(".")[0]
+        fail(app, f"{argument}: {key} has no key {name} (it holds {held}): set each key as its own setting, "
+                  f"{key}.KEY=VALUE, and add a key it lacks with a +: +{key}.{name}=...")
+    parent, _, name = key.rpartition(".")
+    if parent:
+        node = OmegaConf.select(cfg, parent)
+        names = sorted(str(item) for item in node if not str(item).startswith("_")) if isinstance(node, DictConfig) else []
+    else:
+        names = sorted(_top_level_names(config_name))
+    close = difflib.get_close_matches(name, names, n=1)
+    chosen = next((override for override in others if key_of(override) == parent), None)  # data=mqar: its option's
+    where = f"a setting of {chosen or parent}" if parent else f"a setting or group of {app}"
+    hint = (f"did you mean {parent + '.' if parent else ''}{close[0]}={value}?" if close else
+            f"{app} --help lists its settings ({parent} holds {', '.join(names) or 'nothing'})" if parent else
+            f"{app} --help lists its settings and groups")
+    fail(app, f"{argument}: {name} is not {where}: {hint}")
 
 
 def check_command_line(app: str, config_name: str, argv: list[str]) -> None:
@@ -284,6 +373,7 @@ def check_command_line(app: str, config_name: str, argv: list[str]) -> None:
             if group == "hydra/launcher" and "slurm" in choice and shutil.which("sbatch") is None:
                 fail(app, f"hydra/launcher={choice} submits to SLURM, but there is no sbatch here: run on a SLURM "
                           "login node, or use hydra/launcher=local_parallel (or basic)")
+    check_keys_exist(app, config_name, argv)
 
 
 # The command-line settings that name folders a command writes into (hydra.run.dir and
@@ -359,6 +449,44 @@ def _remove_empty_run_dir(cfg: DictConfig) -> None:
         folder = folder.parent
 
 
+def _in_sweep() -> bool:
+    """Whether this task is a job of a ``-m`` sweep."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _end_job(app: str, cfg: DictConfig, ended: BaseException) -> None:
+    """A sweep's job that did not finish (refused, diverged, interrupted, or an error of ours):
+    its folder's ``result.json`` says how it ended (a diverged run has written its own), and the
+    sweep goes on with the next job, in this process or beside it, instead of ending with it. An
+    interrupted job (Ctrl-C, SIGTERM) stops the sweep: its summary is printed and the command ends."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mcsd.checkpoint.run_folder import FAILED, INTERRUPTED, REFUSED, RunFolder, write_result
+    from mcsd.training.sweep import end_sweep
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    code = ended.code if isinstance(ended, SystemExit) else 1
+    if isinstance(ended, Refusal):
+        status, reason = REFUSED, ended.message
+    elif isinstance(code, int) and code > 128:
+        status, reason = INTERRUPTED, f"stopped by {signal.Signals(code - 128).name} (exit status {code})"
+    elif isinstance(ended, SystemExit):
+        status, reason = FAILED, f"exit status {code}"
+    else:
+        status, reason = FAILED, f"{type(ended).__name__}: {ended} (the traceback is in this job's output)"
+    if RunFolder(run_dir).result() is None:
+        write_result(run_dir, {"status": status, "reason": reason})
+    if status == INTERRUPTED:
+        sweep = HydraConfig.get().sweep
+        print(f"{app}: the sweep stops at its interrupted job {HydraConfig.get().job.num}: the jobs after it do not start",
+              file=sys.stderr, flush=True)
+        end_sweep(Path(sweep.dir).absolute(), cfg.get("task_name", ""), OmegaConf.select(cfg, "paths.log_dir"))
+        raise ended
+
+
 def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Result]], Callable[[], Result]]:
     """``@hydra.main`` on ``conf/<config_name>.yaml`` (the package ``mcsd.conf``), with this project's bad-input rules: a
     bad group option or launcher, or a folder it cannot write, is refused before Hydra starts, a missing value or a
@@ -367,13 +495,21 @@ def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Re
 
     def decorate(task: Callable[[DictConfig], Result]) -> Callable[[], Result]:
         @functools.wraps(task)
-        def checked_task(cfg: DictConfig) -> Result:
+        def checked_task(cfg: DictConfig) -> Result | None:
             try:
                 return run_or_exit(app, lambda: (require_values(cfg), check_settings_exist(cfg), apply_threads(app, cfg),
                                                  task(cfg))[3])
-            except SystemExit:
-                _remove_empty_run_dir(cfg)
-                raise
+            except SystemExit as ended:
+                if ended.code in (0, None) or not _in_sweep():
+                    _remove_empty_run_dir(cfg)
+                    raise
+                _end_job(app, cfg, ended)
+            except Exception as error:  # noqa: BLE001  a sweep's job: said with its traceback, the sweep goes on
+                if not _in_sweep():
+                    raise
+                traceback.print_exc()
+                _end_job(app, cfg, error)
+            return None
 
         hydra_main = hydra.main(version_base="1.3", config_path="pkg://mcsd.conf", config_name=config_name)(
             checked_task)

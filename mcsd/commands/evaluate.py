@@ -28,11 +28,15 @@ from mcsd.runtime import StopAfterCurrent, git_commit, interrupted, require_wand
 from mcsd.data.corpus import hub_is_reachable
 from mcsd.data.tokenizer import eos_id
 from mcsd.errors import MCSDError
+from mcsd.files import replace_earlier_results
 from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
 from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import registry
 from mcsd.deploy.quantize import decoding_dtype, quantize_weights, weight_format
+
+RESULTS_FILE, TABLE_FILE = "results.json", "table2.md"
+RESULT_FILES = (RESULTS_FILE, TABLE_FILE)  # what a run writes into its output_dir
 
 
 def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | None, int | None]:
@@ -149,6 +153,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     saved = locate(cfg.ckpt)
     decoding_dtype(cfg.dtype, cfg.get("weights", "full"), cfg.device)  # refused before anything is written
     output_dir = Path(cfg.output_dir)
+    replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-eval", cfg.get("overwrite", False))
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
     manager = check_tasks(tasks, include_path)
@@ -187,18 +192,18 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     summary = {"model": str(saved.path), "params": params, "tasks": finished, "tasks_planned": tasks,
                "complete": finished == tasks, "num_fewshot": num_fewshot, "limit": cfg.limit, "results": results,
                "n-shot": shots, "versions": versions, "config": OmegaConf.to_container(cfg, resolve=True)}
-    (output_dir / "results.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (output_dir / RESULTS_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     table = table2_markdown([(label, params, results)])
-    (output_dir / "table2.md").write_text(table)
+    (output_dir / TABLE_FILE).write_text(table)
     if stop.requested:
         interrupted("mcsd-eval", f"kept the results of the {len(finished)} of {len(tasks)} tasks finished "
-                    f"({', '.join(finished)}) in {output_dir / 'results.json'} (complete: false) and table2.md")
+                    f"({', '.join(finished)}) in {output_dir / RESULTS_FILE} (complete: false) and {TABLE_FILE}")
     if cfg.wandb.enabled:
         _log_to_wandb(cfg, results, output_dir)
     lines = [f"{task}: " + ", ".join(f"{key.split(',')[0]}={value:.4f}" for key, value in metrics.items()
                                      if isinstance(value, float) and "stderr" not in key)
              for task, metrics in results.items()]
-    print("\n".join(lines) + f"\nresults: {output_dir / 'results.json'}\ntable: {output_dir / 'table2.md'}",
+    print("\n".join(lines) + f"\nresults: {output_dir / RESULTS_FILE}\ntable: {output_dir / TABLE_FILE}",
           flush=True)
     return results
 

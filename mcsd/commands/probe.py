@@ -26,6 +26,7 @@ from mcsd.data.corpus import DataError
 from mcsd.data.datamodule import corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.errors import MCSDError
+from mcsd.files import replace_earlier_results
 from mcsd.models import CausalLM
 from mcsd.plots.context import CURVE_FILE, DELTA_FILE, markdown_context_table, plot_context
 from mcsd.plots.runs import curve_label
@@ -82,6 +83,8 @@ def context(cfg: DictConfig) -> ContextProbe:
     documents finished."""
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
+    replace_earlier_results(Path(cfg.output_dir), [CURVE_FILE, DELTA_FILE], "mcsd-probe context",
+                            cfg.get("overwrite", False))
     windows = sorted(int(window) for window in cfg.windows)
     if not windows or windows[0] < 1:
         raise MCSDError(f"windows={list(cfg.windows)} must be positive token counts, e.g. windows=[64,256,1024]")

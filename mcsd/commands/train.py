@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.checkpoint.resume import WANDB_RUN_KEY, RememberRun, resume_config
+from mcsd.checkpoint.run_folder import DIVERGED, FINISHED, write_result
 from mcsd.checkpoint.saved_model import load_tokenizer
 from mcsd.commands.app import hydra_app
 from mcsd.runtime import parallel_jobs, require_wandb_login
@@ -42,7 +43,7 @@ from mcsd.training.checks import check_run
 from mcsd.training.fsdp import FSDP2Strategy
 from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, plan_memory
 from mcsd.training.module import LanguageModelModule
-from mcsd.training.report import end_of_run_report, write_result
+from mcsd.training.report import end_of_run_report
 from mcsd.training.signals import StopOnSignal, stop_after_signal
 
 log = logging.getLogger("mcsd.commands.train")
@@ -203,8 +204,10 @@ def train(cfg: DictConfig) -> float:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     except DivergedError as error:
         if trainer.is_global_zero:  # a sweep's summary says which job diverged, and where
-            write_result(Path(HydraConfig.get().runtime.output_dir), {"diverged_at_step": error.step, "val_loss": None, "val_ppl": None, "test_loss": None,
-                           "test_ppl": None, "tokens": int(module.tokens_seen), "steps": trainer.global_step})
+            write_result(Path(HydraConfig.get().runtime.output_dir), {
+                "status": DIVERGED, "reason": str(error), "diverged_at_step": error.step, "val_loss": None,
+                "val_ppl": None, "test_loss": None, "test_ppl": None, "tokens": int(module.tokens_seen),
+                "steps": trainer.global_step})
         raise
     if interrupt.checkpoint is not None:
         stop_after_signal(trainer, interrupt, Path(HydraConfig.get().runtime.output_dir), parallel_jobs())
@@ -222,9 +225,9 @@ def train(cfg: DictConfig) -> float:
     report = end_of_run_report(trainer, loggers, callbacks, val_loss, val_ppl, int(module.tokens_seen), train_loss, test,
                      datamodule.describe())
     if trainer.is_global_zero:  # what a sweep's summary reads (mcsd.training.sweep)
-        write_result(Path(HydraConfig.get().runtime.output_dir), {"val_loss": val_loss, "val_ppl": val_ppl, "test_loss": test[0] if test else None,
-                       "test_ppl": test[1] if test else None, "tokens": int(module.tokens_seen),
-                       "steps": trainer.global_step})
+        write_result(Path(HydraConfig.get().runtime.output_dir), {
+            "status": FINISHED, "val_loss": val_loss, "val_ppl": val_ppl, "test_loss": test[0] if test else None,
+            "test_ppl": test[1] if test else None, "tokens": int(module.tokens_seen), "steps": trainer.global_step})
     wandb.finish()  # before the report, so that the report is what the run prints last
     if trainer.is_global_zero:
         print(report, flush=True)

@@ -61,6 +61,7 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
     rows["size"] = choices.get("size") or ""
     files = data_files(config.get("data"))  # local corpora are named by their files
     rows["experiment"] = choices.get("experiment") or ""
+    rows["task"] = choices.get("task") or ""
     rows["data"] = (choices.get("data") or "") + (": " + ", ".join(Path(f).name for f in files) if files else "")
     rows["documents"] = (config.get("data") or {}).get("documents") or "joined"  # (logged before the setting: joined)
     rows["seed"] = config.get("seed")
@@ -245,6 +246,12 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
     ``reference`` curve is named, ``<name>_by_seed.md`` (:func:`seed_table`)."""
     if kind not in ("scaling", "ablation"):
         raise MCSDError(f"unknown sweep kind {kind!r}: use scaling or ablation")
+    for column in ("task", "data"):  # a curve averages its runs as seeds: of one task, on one corpus
+        values = sorted(set(rows[column])) if column in rows else []
+        if len(values) > 1:
+            raise MCSDError(f"mcsd-plot {kind}: the runs differ in their {column} ({', '.join(v or 'none' for v in values)}), "
+                            f"and a curve averages its runs as seeds of one {column}: draw a sweep of tasks with "
+                            "mcsd-plot tasks DIR, or give a folder of runs of one task on one corpus")
     rows = rows.assign(curve=_curve_key(kind, rows))
     keys = sorted(rows["curve"].unique(), key=lambda key: curve_order(kind, key))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -4,10 +4,12 @@ config that cannot work, a line each (not one mistake per try)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from mcsd.checkpoint.run_folder import RunFolder
 from mcsd.data.tokens import DOCUMENTS
 from mcsd.errors import MCSDError
 from mcsd.models import build_model
@@ -24,6 +26,7 @@ def check_run(cfg: DictConfig) -> None:
 
 def run_problems(cfg: DictConfig) -> Iterator[str]:
     """Each setting of a composed ``mcsd-train`` config that cannot work, in one line naming it and the fix."""
+    yield from output_folder_problems(cfg)
     if cfg.get("trainable") is not None and cfg.get("init_from") is None and cfg.get("ckpt_path") is None:
         yield (f"trainable={list(cfg.trainable)} trains part of a model that starts from scratch: "
                "set init_from=RUN_DIR (the trained model to fine-tune) or trainable=null")
@@ -126,3 +129,27 @@ def documents_problems(cfg: DictConfig) -> Iterator[str]:
         if not model.separates_documents:
             yield (f"data.documents=apart: {model.architecture.name} cannot keep the documents of a packed batch apart "
                    "yet: use data.documents=joined")
+
+
+def output_folder_problems(cfg: DictConfig) -> Iterator[str]:
+    """A run's folder (``paths.output_dir``) that already holds another run: a new run there would
+    replace its checkpoints, model and config and append to its metrics, one folder holding two
+    runs. A run that goes on from a checkpoint in that folder (``resume=`` it, or a requeued job
+    in its own folder) is that run, resumed."""
+    from hydra.core.hydra_config import HydraConfig
+
+    value = OmegaConf.select(cfg, "paths.output_dir", default=None)
+    if value is None:
+        return
+    folder = Path(value).expanduser().absolute()
+    found = RunFolder(folder).holds_a_run()
+    resumed_here = cfg.get("ckpt_path") and folder in Path(cfg.ckpt_path).expanduser().absolute().parents
+    if not found or resumed_here:
+        return
+    own = HydraConfig.initialized() and Path(HydraConfig.get().runtime.output_dir).absolute() == folder
+    setting = f"hydra.run.dir={value}" if own else f"paths.output_dir={value}"
+    log_dir = OmegaConf.select(cfg, "paths.log_dir", default="logs")
+    resume = f"go on with that run (resume={value}), or " if RunFolder(folder).latest_checkpoint() else ""
+    yield (f"{setting} holds a run already ({', '.join(found)}): a new run there would mix its files with that "
+           f"run's; {resume}choose a new folder, or leave {setting.split('=')[0]} out (each run gets a folder of its "
+           f"own under {log_dir}/train/runs)")

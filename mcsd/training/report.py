@@ -1,9 +1,8 @@
-"""The end of an ``mcsd-train`` run: its result file and the closing lines it prints (the result on
+"""The end of an ``mcsd-train`` run: the closing lines it prints (the result on
 each held-out split, which documents it is, and where every artefact is)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -12,16 +11,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
-from mcsd.checkpoint.run_folder import RESULT_FILE
 from mcsd.training.callbacks import SaveFinalModel
-
-
-def write_result(run_dir: Path, result: dict[str, Any]) -> None:
-    """``result.json`` in the run folder, as valid JSON: a value that is not finite is null
-    (:meth:`mcsd.checkpoint.run_folder.RunFolder.result` reads it)."""
-    plain = {key: None if isinstance(value, float) and not math.isfinite(value) else value
-             for key, value in result.items()}
-    (run_dir / RESULT_FILE).write_text(json.dumps(plain, indent=2) + "\n")
 
 
 def end_of_run_report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callback], val_loss: float,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from mcsd.checkpoint.run_folder import RunFolder, csv_logs, data_files, model_node_of
+from mcsd.checkpoint.run_folder import RunFolder, csv_logs, data_files, model_node_of, write_result
 
 MODEL = {"_target_": "mcsd.models.mcsd.MCSDConfig", "hidden_size": 24}
 
@@ -39,7 +39,8 @@ def test_each_file_of_a_run_is_read(tmp_path: Path) -> None:
     assert run.metrics() == [{"step": "10", "val/ppl": "6"}, {"step": "20", "val/ppl": "5"}]  # the latest version's
     assert run.logged_config()["model"]["hidden_size"] == 25
     assert run.model_node() == {**MODEL, "hidden_size": 25}  # the logged config's, before the composed one's
-    assert run.result() == {"val_ppl": 4.0}
+    assert run.result() == {"val_ppl": 4.0, "status": "finished"}  # written before results said how a run ended
+    assert run.holds_a_run() == ["checkpoints", "csv", "result.json"]
     assert run.latest_checkpoint() == tmp_path / "run" / "checkpoints" / "step-000100.ckpt"
     (tmp_path / "run" / "checkpoints" / "last.ckpt").mkdir()  # a sharded checkpoint is a folder
     assert run.latest_checkpoint() == tmp_path / "run" / "checkpoints" / "last.ckpt"
@@ -50,6 +51,16 @@ def test_a_folder_that_holds_nothing_reads_as_nothing(tmp_path: Path) -> None:
         assert run.overrides() is None and run.config() is None and run.choices() is None
         assert run.metrics_files() == [] and run.metrics() == [] and run.logged_config() is None
         assert run.model_node() is None and run.result() is None and run.latest_checkpoint() is None
+        assert run.holds_a_run() == []
+
+
+def test_a_result_says_how_the_run_ended_and_a_refused_run_holds_no_run(tmp_path: Path) -> None:
+    write_result(tmp_path, {"status": "refused", "reason": "optimizer.lr=-1 must be 0 or more", "val_ppl": float("nan")})
+    assert RunFolder(tmp_path).result() == {"status": "refused", "reason": "optimizer.lr=-1 must be 0 or more",
+                                            "val_ppl": None}
+    assert RunFolder(tmp_path).holds_a_run() == []  # a refused sweep job's folder: its job may run there again
+    (tmp_path / "result.json").write_text(json.dumps({"diverged_at_step": 7, "val_ppl": None}))  # an older diverged run
+    assert RunFolder(tmp_path).result()["status"] == "diverged" and RunFolder(tmp_path).holds_a_run() == ["result.json"]
 
 
 def test_an_empty_overrides_file_is_no_overrides(tmp_path: Path) -> None:

@@ -170,6 +170,11 @@ def bad_inputs(earlier_run: tuple[Path, dict[str, str]]) -> Path:
     shutil.copytree(earlier, truncated_run)
     (truncated_run / "checkpoints" / "step-000002.ckpt").write_bytes(checkpoint)
     (truncated_run / "checkpoints" / "last.ckpt").write_bytes(checkpoint[: len(checkpoint) // 2])
+    for folder, names in [("earlier_bench", ["results.json", "results.csv"]), ("earlier_eval", ["results.json", "table2.md"]),
+                          ("earlier_probe", ["context_curve.csv", "context_delta.csv"])]:  # earlier results, kept whole
+        (cwd / folder).mkdir()
+        for name in names:
+            (cwd / folder / name).write_text(f"the earlier run's {name}\n")
     broken = cwd / "broken_model"  # a model folder whose weights were cut short
     shutil.copytree(earlier / "model", broken)
     weights = (broken / "model.safetensors").read_bytes()
@@ -271,7 +276,21 @@ BAD_INPUTS = [
     ("mcsd-generate", ["ckpt=EARLIER", "top_p=1.5"], {}, None, "top_p=1.5 must be a probability in (0, 1]"),
     ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "limit=ten"], {}, None,
      "limit=ten must be a number of documents per task (e.g. limit=100)"),
-    ("mcsd-train", ["optimizer.lr=-1,-2", "--multirun"], {}, None, "optimizer.lr=-1 must be 0 or more"),  # no sweep folder
+    ("mcsd-train", ["optimizer.lr=-1", "--multirun"], {}, None, "optimizer.lr=-1 must be 0 or more"),  # no sweep folder
+    # Each of these replaced an earlier run's files before (exit 0, no word): results, or a run mixed into another's folder.
+    ("mcsd-bench", ["output_dir=earlier_bench"], {}, None, "output_dir=earlier_bench holds the results of an earlier "
+     "mcsd-bench run (results.json, results.csv): choose a new folder (leave output_dir out: each run gets one of its "
+     "own), resume=true to keep its rows and measure only the points they lack, or overwrite=true to replace them"),
+    ("mcsd-bench", ["output_dir=earlier_bench", "resume=true", "overwrite=true"], {}, None,
+     "resume=true keeps the results in output_dir and overwrite=true replaces them: give one of them"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "output_dir=earlier_eval"], {}, None,
+     "output_dir=earlier_eval holds the results of an earlier mcsd-eval run (results.json, table2.md): choose a new "
+     "folder (leave output_dir out: each run gets one of its own), or overwrite=true to replace them"),
+    ("mcsd-probe", ["context", "ckpt=EARLIER", "output_dir=earlier_probe"], {}, "mcsd-probe context",
+     "output_dir=earlier_probe holds the results of an earlier mcsd-probe context run (context_curve.csv, "
+     "context_delta.csv)"),
+    ("mcsd-train", ["paths.output_dir=EARLIER"], {}, None, "holds a run already (checkpoints, model, csv, result.json): "
+     "a new run there would mix its files with that run's; go on with that run (resume="),
     ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,
      f"model=rnn is not an option of model: use one of {', '.join(sorted(registry.architectures()))}"),
     ("mcsd-bench", ["mode=serve"], {}, None, "mode='serve' is unknown"),
@@ -357,6 +376,9 @@ def test_every_bad_input_fails_in_one_line(
     added = sorted(set(_folders(cwd)) - set(folders))  # no empty logs/<task>/runs, no cache folder of a refused corpus
     assert not added, added
     assert (cwd / "notes" / "notes.txt").is_file() and (cwd / "afile").is_file()
+    for earlier_results in ("earlier_bench", "earlier_eval", "earlier_probe"):
+        for file in (cwd / earlier_results).iterdir():
+            assert file.read_text() == f"the earlier run's {file.name}\n"
 
 
 def test_the_projects_error_inside_hydras_wrappers_is_its_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -497,3 +519,106 @@ def test_a_run_that_tests_nothing_holds_out_no_test_documents_beside_named_val_f
         splits = data.build()
         built[tested] = (splits["train"].documents, splits["val"].documents, splits["test"].documents)
     assert built[False] == (40, 25, 0) and built[True][0] < 40 and built[True][1:] == (25, 40 - built[True][0])
+
+
+# A sweep whose jobs diverge first, in the middle and last, with a refused job among them: every job runs.
+SWEEP_ENDS = [("1e6", "diverged"), ("1e-3", "finished"), ("2e6", "diverged"), ("-1", "refused"), ("2e-3", "finished"),
+              ("3e6", "diverged")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["basic", "local_parallel"])
+def test_a_sweep_runs_every_job_and_reports_how_each_ended(tmp_path: Path, launcher: str) -> None:
+    """One diverging or refused job ended the sweep (the jobs after it never ran, no summary, and
+    under local_parallel a diverging job killed its healthy sibling). Now every job runs, each
+    healthy one to its model, the summary says how each ended, and the command exits 2."""
+    lrs = ",".join(lr for lr, _ in SWEEP_ENDS)
+    result = run_here("mcsd-train", "-m", f"hydra/launcher={launcher}", f"optimizer.lr={lrs}", *FAST, "logger=csv",
+                      "test_after_training=false", "callbacks.model_checkpoint.every_n_train_steps=1", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    lines = result.stdout.strip().splitlines()
+    start = lines.index(f"sweep: {sweep} ({len(SWEEP_ENDS)} jobs)")
+    for job, (lr, end) in enumerate(SWEEP_ENDS):
+        folder = sweep / str(job)
+        ended = json.loads((folder / "result.json").read_text())
+        assert ended["status"] == end, (job, ended)
+        line = lines[start + 1 + job]
+        typed = lr if lr.lstrip("-").isdigit() else repr(float(lr))  # as Hydra writes the job's override
+        assert line.startswith(f"  job {job}: optimizer.lr={typed}: "), line
+        if end == "finished":
+            assert (folder / "model" / "model.safetensors").is_file() and (folder / "checkpoints" / "last.ckpt").is_file()
+            assert line.endswith(f"val ppl {ended['val_ppl']:.2f}")
+        elif end == "diverged":
+            assert line.endswith(f"diverged at step {ended['diverged_at_step']} (no result)")
+            assert not (folder / "model").exists()
+        else:
+            assert line.endswith("refused: optimizer.lr=-1 must be 0 or more (the paper's 8e-4 is the default)"), line
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+    assert len(errors) == (4 if launcher == "basic" else 0), errors  # each said why in its line (a worker: its own stderr)
+    assert result.stderr.strip().splitlines()[-1] == (
+        "sweep: 4 of 6 jobs did not finish (job 0 diverged, job 2 diverged, job 3 refused, job 5 diverged)")
+
+
+def test_a_job_that_fails_with_an_error_of_ours_does_not_stop_the_sweep(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that ends in a traceback (a bug) prints it, records it, and the next job runs."""
+    import mcsd.commands.train as train_command
+
+    trained = train_command.train
+
+    def a_bug_at_the_first_rate(cfg):
+        if cfg.optimizer.lr == 1e-3:
+            raise RuntimeError("a bug")
+        return trained(cfg)
+
+    monkeypatch.setattr(train_command, "train", a_bug_at_the_first_rate)
+    result = run_here("mcsd-train", "-m", "optimizer.lr=1e-3,2e-3", *QUICK, "logger=csv", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "RuntimeError: a bug" in result.stderr and "Traceback" in result.stderr
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    assert json.loads((sweep / "0" / "result.json").read_text()) == {
+        "status": "failed", "reason": "RuntimeError: a bug (the traceback is in this job's output)"}
+    assert json.loads((sweep / "1" / "result.json").read_text())["status"] == "finished"
+    assert "  job 0: optimizer.lr=0.001: failed: RuntimeError: a bug (the traceback is in this job's output)" in (
+        result.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_overwrite_true_replaces_an_earlier_grids_results_and_resume_keeps_them(tmp_path: Path) -> None:
+    """mcsd-bench into a folder of earlier results: refused by default (the earlier rows stay),
+    overwrite=true replaces them with this grid's alone, resume=true keeps them and adds its own."""
+    grid = ["model_size=tiny", "inference.gen_lengths=[4]", "inference.batch_sizes=[1]", "inference.prompt_len=8",
+            "inference.repeats=1", "inference.warmup=0", "wandb.enabled=false", "output_dir=grid"]
+
+    def models() -> list[str]:
+        return [line.split(",")[0] for line in (tmp_path / "grid" / "results.csv").read_text().splitlines()[1:]]
+
+    assert run_here("mcsd-bench", "models=[mcsd,transformer]", *grid, cwd=tmp_path).returncode == 0
+    refused = run_here("mcsd-bench", "models=[retnet]", *grid, cwd=tmp_path)
+    assert refused.returncode == 2 and models() == ["mcsd", "transformer"]
+    assert run_here("mcsd-bench", "models=[retnet]", *grid, "resume=true", cwd=tmp_path).returncode == 0
+    assert models() == ["mcsd", "transformer", "retnet"]
+    replaced = run_here("mcsd-bench", "models=[retnet]", *grid, "overwrite=true", cwd=tmp_path)
+    assert replaced.returncode == 0 and models() == ["retnet"]
+
+
+def test_an_interrupted_job_stops_its_sweep_with_the_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job stopped by a signal (its checkpoint written, as mcsd-train does) stops the sweep: its
+    result says so, the summary is printed, the jobs after it do not start, the exit status is the job's."""
+    import mcsd.commands.train as train_command
+
+    def stopped_by_sigterm(cfg):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(train_command, "train", stopped_by_sigterm)
+    result = run_here("mcsd-train", "-m", "optimizer.lr=1e-3,2e-3", *QUICK, "logger=csv", cwd=tmp_path)
+    assert result.returncode == 143, result.stderr[-3000:]
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    assert [job.name for job in sweep.iterdir() if job.is_dir()] == ["0"]
+    assert json.loads((sweep / "0" / "result.json").read_text()) == {
+        "status": "interrupted", "reason": "stopped by SIGTERM (exit status 143)"}
+    assert "  job 0: (the sweep's settings): interrupted: stopped by SIGTERM (exit status 143)" in result.stdout.splitlines()
+    assert result.stderr.strip().splitlines()[-2:] == [
+        "mcsd-train: the sweep stops at its interrupted job 0: the jobs after it do not start",
+        "sweep: 1 of 1 jobs did not finish (job 0 interrupted)"]

@@ -411,3 +411,19 @@ def test_a_runs_variant_is_named_from_its_fields_against_todays_defaults() -> No
         "toy", "v")
     assert run_identity({"model": {"_target_": "elsewhere.Config"}, "choices": {"model": "toy", "variant": "v"}}) == (
         "toy", "v")
+
+
+def test_an_ablation_refuses_runs_of_several_tasks(tmp_path: Path) -> None:
+    """mcsd-plot ablation on a sweep of MAD's tasks averaged six tasks as six seeds: refused in one line."""
+    import pandas as pd
+
+    from mcsd.plots.runs import plot_sweep
+
+    rows = pd.DataFrame({"run": ["0", "1"], "metric": ["val/loss"] * 2, "tokens": [1.0, 1.0], "value": [1.0, 2.0],
+                         "arch": ["mcsd"] * 2, "variant": ["full"] * 2, "size": ["tiny"] * 2, "experiment": ["mad"] * 2,
+                         "task": ["in_context_recall", "selective_copying"], "data": ["mad"] * 2, "seed": [0, 0]})
+    with pytest.raises(MCSDError, match=r"^mcsd-plot ablation: the runs differ in their task \(in_context_recall, "
+                                        r"selective_copying\), and a curve averages its runs as seeds of one task: draw "
+                                        r"a sweep of tasks with mcsd-plot tasks DIR"):
+        plot_sweep("ablation", rows, tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from helpers.runs import FAST, command, compose_train, read_metrics, run_cli, run_here, series, train_refusal
 from mcsd.data import LanguageModelDataModule
@@ -235,16 +236,42 @@ def test_a_diverged_run_stops_at_once_and_keeps_only_finite_checkpoints(tmp_path
     assert int(saved[-1].stem.split("-")[1]) <= result["diverged_at_step"]
 
 
-def test_a_sweeps_summary_names_the_jobs_that_diverged(tmp_path: Path) -> None:
-    """The sweep's closing lines read each job's result.json: a diverged job says at which step."""
-    for job, overrides, result in [("0", ["optimizer.lr=1e-3"], {"val_ppl": 12.5, "test_ppl": 13.25}),
-                                   ("1", ["optimizer.lr=1e6"], {"diverged_at_step": 2, "val_ppl": None}),
-                                   ("2", ["optimizer.lr=1e-2"], None)]:
-        (tmp_path / job / ".hydra").mkdir(parents=True)
-        (tmp_path / job / ".hydra" / "overrides.yaml").write_text("\n".join(f"- {item}" for item in overrides) + "\n")
+def _write_jobs(sweep: Path, jobs: list[tuple[list[str], dict | None, dict]]) -> None:
+    """Job folders as a sweep leaves them: each one's overrides, result.json and chosen config groups."""
+    for job, (overrides, result, choices) in enumerate(jobs):
+        folder = sweep / str(job) / ".hydra"
+        folder.mkdir(parents=True)
+        (folder / "overrides.yaml").write_text("\n".join(f"- {item}" for item in overrides) + "\n")
+        (folder / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"runtime": {"choices": choices}}}))
         if result is not None:
-            (tmp_path / job / "result.json").write_text(json.dumps(result))
-    assert summary(tmp_path, "train").splitlines()[1:4] == [
+            (sweep / str(job) / "result.json").write_text(json.dumps(result))
+
+
+def test_a_sweeps_summary_says_how_each_job_ended(tmp_path: Path) -> None:
+    """The sweep's closing lines read each job's result.json: a diverged job says at which step, a
+    refused one why, one that never wrote its result that it did not finish."""
+    corpus = {"data": "embedded"}
+    _write_jobs(tmp_path, [(["optimizer.lr=1e-3"], {"val_ppl": 12.5, "test_ppl": 13.25}, corpus),
+                           (["optimizer.lr=1e6"], {"diverged_at_step": 2, "val_ppl": None}, corpus),
+                           (["optimizer.lr=1e-2"], None, corpus),
+                           (["optimizer.lr=-1"], {"status": "refused", "reason": "optimizer.lr=-1 must be 0 or more"},
+                            corpus)])
+    assert summary(tmp_path, "train").splitlines()[1:] == [
         "  job 0: optimizer.lr=1e-3: val ppl 12.50, test ppl 13.25",
         "  job 1: optimizer.lr=1e6: diverged at step 2 (no result)",
-        "  job 2: optimizer.lr=1e-2: no result (it did not finish)"]
+        "  job 2: optimizer.lr=1e-2: no result (it did not finish)",
+        "  job 3: optimizer.lr=-1: refused: optimizer.lr=-1 must be 0 or more",
+        f"plot: mcsd-plot ablation {tmp_path} (or mcsd-plot scaling {tmp_path} for a sweep of sizes)"]
+
+
+@pytest.mark.parametrize(("choices", "plot"), [
+    ([{"data": "mad", "task": "in_context_recall"}, {"data": "mad", "task": "selective_copying"}], "tasks"),
+    ([{"data": "mqar", "task": None}, {"data": "mqar", "task": None}], "mqar"),
+    ([{"data": "embedded", "task": None}, {"data": "embedded", "task": None}], "ablation"),
+])
+def test_a_sweeps_summary_suggests_the_plot_that_fits_it(tmp_path: Path, choices: list[dict], plot: str) -> None:
+    """A sweep of MAD's tasks is drawn task by task, an MQAR sweep by width, one corpus's as an ablation
+    (mcsd-plot ablation would average six tasks as six seeds)."""
+    _write_jobs(tmp_path, [([f"model={model}"], {"val_ppl": 2.0}, chosen)
+                           for model, chosen in zip(["mcsd", "transformer"], choices)])
+    assert summary(tmp_path, "train").splitlines()[-1].startswith(f"plot: mcsd-plot {plot} {tmp_path}")
