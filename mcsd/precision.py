@@ -16,6 +16,18 @@ from mcsd.errors import MCSDError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def check_device(device: str | torch.device, setting: str = "device") -> None:
+    """A ``device`` setting this machine has: a CUDA device only where a GPU is visible (torch
+    would end in a traceback once the model is read), refused in one line with the fix."""
+    name = str(device)
+    try:
+        kind = torch.device(name).type
+    except (RuntimeError, TypeError):
+        raise MCSDError(f"{setting}={name!r} is not a device: use cpu, or cuda (cuda:N) on a machine with a GPU") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise MCSDError(f"{setting}={name} needs a CUDA GPU, and none is visible here: use {setting}=cpu")
+
+
 def model_dtype(setting: str, device: str | torch.device) -> torch.dtype:
     """The dtype a ``dtype`` setting names: ``auto`` is bf16 on a GPU that supports it, fp32
     elsewhere (a CPU, an older GPU); otherwise one of :data:`DTYPES`. A wrong value is one line

@@ -59,7 +59,16 @@ def _experiment(args: argparse.Namespace) -> list:
     return [path for one in drawn for path in one.paths]
 
 
+def _check_fit(args: argparse.Namespace) -> None:
+    """``--fit`` and ``--samples`` that cannot work, refused before any figure is drawn."""
+    if args.fit and args.kind != "scaling":
+        raise MCSDError("--fit fits scaling laws: use it with mcsd-plot scaling")
+    if args.samples < 1:
+        raise MCSDError(f"--samples {args.samples} must be a positive number of bootstrap samples (e.g. --samples 1000)")
+
+
 def _plot(args: argparse.Namespace) -> list:
+    _check_fit(args)
     if args.kind == "experiment":
         return _experiment(args)
     if args.kind in COSTS:
@@ -94,15 +103,13 @@ def _plot(args: argparse.Namespace) -> list:
         rows, default_out = load_csv_runs(args.source), args.source
     else:
         raise MCSDError(f"mcsd-plot {args.kind} needs a sweep folder, or --wandb ENTITY/PROJECT --group GROUP")
+    fits = fit_sweep(rows, samples=args.samples) if args.fit else None  # a sweep it cannot fit: refused before drawing
     figure = plot_sweep(args.kind, rows, args.out or default_out, args.name, args.reference)
     print(markdown_table(figure.table))
     if figure.by_seed is not None:
         print(markdown_seed_table(figure.by_seed))
-    if not args.fit:
+    if fits is None:
         return figure.paths
-    if args.kind != "scaling":
-        raise MCSDError("--fit fits scaling laws: use it with mcsd-plot scaling")
-    fits = fit_sweep(rows, samples=args.samples)
     print(markdown_fit_table(fits))
     return [*figure.paths, *plot_fit(rows, fits, args.out or default_out, args.name or "fig4_scaling")]
 

@@ -30,7 +30,7 @@ from mcsd.files import replace_earlier_results
 from mcsd.models import CausalLM
 from mcsd.plots.context import CURVE_FILE, DELTA_FILE, markdown_context_table, plot_context
 from mcsd.plots.runs import curve_label
-from mcsd.precision import model_dtype
+from mcsd.precision import check_device, model_dtype
 from mcsd.probes.context import ContextProbe, probe_context
 
 
@@ -83,6 +83,7 @@ def context(cfg: DictConfig) -> ContextProbe:
     documents finished."""
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
+    check_device(cfg.device)
     replace_earlier_results(Path(cfg.output_dir), [CURVE_FILE, DELTA_FILE], "mcsd-probe context",
                             cfg.get("overwrite", False))
     windows = sorted(int(window) for window in cfg.windows)

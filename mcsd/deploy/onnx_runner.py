@@ -44,19 +44,56 @@ class OnnxDecoder:
         if missing:
             raise OnnxExportError(f"{self.folder} is not an ONNX export of mcsd (no {', '.join(missing)}): export one "
                                   "with mcsd-export format=onnx")
-        self.manifest = json.loads(manifest.read_text())
-        self.capacity = int(self.manifest["capacity"])
-        self.state_names = [entry["name"] for entry in self.manifest["state"]]
-        # Format 2: a KV cache's step output is the token's entries, written here at the position;
-        # format 1's step returned every state whole.
-        self.writes_entries = [entry.get("step_output") == "entries" for entry in self.manifest["state"]]
+        try:
+            self.manifest = json.loads(manifest.read_text())
+            self.capacity = int(self.manifest["capacity"])
+            self.state_names = [entry["name"] for entry in self.manifest["state"]]
+            # Format 2: a KV cache's step output is the token's entries, written here at the position;
+            # format 1's step returned every state whole.
+            self.writes_entries = [entry.get("step_output") == "entries" for entry in self.manifest["state"]]
+        except (ValueError, KeyError, TypeError) as error:
+            raise OnnxExportError(f"{manifest} is not a readable export manifest ({type(error).__name__}: {error}; "
+                                  "truncated or corrupt): export the model again with mcsd-export format=onnx") from None
         options = onnxruntime.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
-        providers = ["CPUExecutionProvider"]
-        self.prefill_session = onnxruntime.InferenceSession(str(self.folder / PREFILL_FILE), options, providers=providers)
-        self.step_session = onnxruntime.InferenceSession(str(self.folder / STEP_FILE), options, providers=providers)
+        self.prefill_session, self.step_session = (self._session(onnxruntime, name, options)
+                                                   for name in (PREFILL_FILE, STEP_FILE))
+        self._check_graphs()
+
+    def _session(self, onnxruntime, name: str, options) -> onnxruntime.InferenceSession:
+        """ONNX Runtime's session of the graph ``name``; a file it cannot read is one line."""
+        try:
+            return onnxruntime.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
+        except Exception as error:  # noqa: BLE001  ONNX Runtime raises its own pybind errors (InvalidProtobuf, Fail, ...)
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise OnnxExportError(f"{self.folder / name} is not a readable ONNX graph ({reason}): export the model "
+                                  "again with mcsd-export format=onnx") from None
+
+    def _check_graphs(self) -> None:
+        """The prefill, the step and the manifest are one export's: the step reads the states the
+        manifest names and the prefill writes, of the same fixed sizes, and both give logits over
+        one vocabulary (a graph copied from another export fails here, not after its first token)."""
+        prefill_outputs, step_inputs = self.prefill_session.get_outputs(), self.step_session.get_inputs()
+        expected = ["token_ids", "position", *self.state_names]
+        problem = None
+        if sorted(item.name for item in step_inputs) != sorted(expected):
+            problem = f"the step reads {', '.join(item.name for item in step_inputs)}, the manifest names {', '.join(expected)}"
+        elif len(prefill_outputs) != 1 + len(self.state_names):
+            problem = f"the prefill writes {len(prefill_outputs) - 1} states, the manifest names {len(self.state_names)}"
+        else:
+            shapes = {item.name: item.shape for item in step_inputs}
+            pairs = [(prefill_outputs[0].shape, self.step_session.get_outputs()[0].shape, "logits")] + [
+                (written.shape, shapes[name], name) for written, name in zip(prefill_outputs[1:], self.state_names)]
+            for first, second, name in pairs:
+                fixed = [(a, b) for a, b in zip(first, second) if isinstance(a, int) and isinstance(b, int)]
+                if len(first) != len(second) or any(a != b for a, b in fixed):
+                    problem = f"{name} is {list(first)} in the prefill and {list(second)} in the step"
+                    break
+        if problem is not None:
+            raise OnnxExportError(f"{self.folder}: {PREFILL_FILE} and {STEP_FILE} are not the graphs of one export "
+                                  f"({problem}): export the model again with mcsd-export format=onnx")
 
     def check_room(self, end: int) -> None:
         """Refuse a sequence of ``end`` tokens past the KV caches' capacity, in one line."""
@@ -108,7 +145,14 @@ class OnnxDecoder:
         """The export's tokenizer (``tokenizer.json``)."""
         from tokenizers import Tokenizer
 
-        return Tokenizer.from_file(str(self.folder / TOKENIZER_FILE))
+        path = self.folder / TOKENIZER_FILE
+        if not path.is_file():
+            raise OnnxExportError(f"{self.folder} has no {TOKENIZER_FILE}: export the model again with mcsd-export "
+                                  "format=onnx (an export ships its tokenizer)")
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as error:  # noqa: BLE001  tokenizers raises a bare Exception for a file it cannot parse
+            raise OnnxExportError(f"{path} is not a readable tokenizer ({error}): export the model again") from None
 
     def generate_text(self, prompt: str, max_new_tokens: int, **sampling) -> str:
         """``prompt`` and its continuation, decoded by the export's tokenizer."""

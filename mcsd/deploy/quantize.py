@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from mcsd.errors import MCSDError
-from mcsd.precision import model_dtype
+from mcsd.precision import check_device, model_dtype
 from mcsd.runtime import quiet_torchao_import
 from mcsd.models import CausalLM
 
@@ -87,7 +87,9 @@ def weights_dtype(weights: str, dtype: torch.dtype, device: str | torch.device =
 
 def decoding_dtype(dtype: str, weights: str, device: str | torch.device) -> torch.dtype:
     """The dtype a command's ``dtype`` setting names with ``weights`` (``dtype=auto`` with int4, or
-    int8 on a CPU: bfloat16), both refused in one line where they cannot run together."""
+    int8 on a CPU: bfloat16), both refused in one line where they cannot run together, as is a
+    device this machine does not have."""
+    check_device(device)
     chosen = (torch.bfloat16 if dtype == "auto" and runs_in_bfloat16(weights, device)
               else model_dtype(dtype, device))
     check_weight_format(weights, chosen, device)

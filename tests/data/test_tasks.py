@@ -103,7 +103,8 @@ def test_training_logs_the_tasks_accuracy_at_its_length_and_past_it(tmp_path: Pa
 def test_mad_recall_defaults_are_mad_labs() -> None:
     """conf/data/mad.yaml's defaults draw MAD-lab's default task: multi-query in-context recall,
     vocabulary 16, 128 tokens."""
-    cfg = compose_train(Path("unused"), "data=mad", "model.vocab_size=16")
+    cfg = compose_train(Path("unused"), "data=mad")
+    assert cfg.model.vocab_size == cfg.data.vocab_size == 16  # the task's vocabulary, not the size's
     assert (cfg.data.task, cfg.data.seq_len, cfg.data.num_train, cfg.data.num_val, cfg.data.batch_size) == (
         "in_context_recall", 128, 12800, 1280, 128)
     inputs, labels = in_context_recall(2, seed=0, split="test")
@@ -115,7 +116,7 @@ def test_compression_is_scored_by_the_decoder_the_run_trains_beside_the_model(tm
     the checkpoint's decoder reading the saved model's last position, for every position."""
     run_dir = tmp_path / "run"
     cfg = compose_train(run_dir, *FAST, "data=mad", "data.task=compression", "data.seq_len=8",
-                        "data.num_train=64", "data.num_val=16", "data.batch_size=8", "model.vocab_size=8",
+                        "data.num_train=64", "data.num_val=16", "data.batch_size=8", "data.vocab_size=8",
                         "trainer.limit_val_batches=null", "logger=csv")
     train(cfg)
     module = TaskDataModule(task="compression", vocab_size=8, seq_len=8, num_train=64, num_val=16, batch_size=8,
@@ -141,7 +142,7 @@ def test_each_task_config_draws_its_task_at_its_sources_settings(task: str) -> N
     over every registered architecture, each model as wide in vocabulary as its task."""
     data = "mad" if task in MAD_TASKS else "retrieval"
     cfg = compose_train(Path("unused"), f"data={data}", f"task={task}")
-    assert cfg.data.task == task
+    assert cfg.data.task == task and cfg.model.vocab_size == cfg.data.vocab_size  # the task group alone sets both
     module = TaskDataModule(task=task, vocab_size=cfg.data.vocab_size, seq_len=cfg.data.seq_len,
                             settings=cfg.data.settings, num_train=8, num_val=8, batch_size=8)
     inputs = module.build()["train"].inputs
@@ -153,6 +154,17 @@ def test_each_task_config_draws_its_task_at_its_sources_settings(task: str) -> N
     arms = registry_arms(sweeper.get("registry_variants") or [], sweeper.get("registry_architectures"),
                          sweeper.get("registry_settings"))
     assert [arm[0] for arm in arms] == [f"model={name}" for name in registry.architectures()]
+
+
+def test_the_documented_task_settings_compose() -> None:
+    """docs/recall_and_comparison.md's commands: a task's settings set key by key (a dict of them
+    met Hydra's "not in struct"; it is refused in one line: tests/commands/test_cli.py)."""
+    copying = compose_train(Path("unused"), "data=mad", "task=selective_copying", "data.seq_len=256",
+                            "data.settings.num_tokens_to_copy=32")
+    assert (copying.data.settings.num_tokens_to_copy, copying.model.vocab_size) == (32, 16)
+    tracking = compose_train(Path("unused"), "data=retrieval", "task=variable_tracking", "data.settings.num_chains=2",
+                             "data.settings.num_hops=4")
+    assert (tracking.data.settings.num_chains, tracking.data.settings.num_hops, tracking.model.vocab_size) == (2, 4, 64)
 
 
 def test_the_retrieval_experiment_trains_each_task_at_the_budget_its_anchor_needs() -> None:

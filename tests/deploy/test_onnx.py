@@ -6,6 +6,7 @@ and the inputs refused in one line."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -245,3 +246,41 @@ def test_runtimes_are_a_bench_axis(tmp_path: Path) -> None:
     labels = [model_label(arch, model) for arch, model in zip(*[read_results(csv_path)[1][key] for key in ("arch", "model")])]
     assert labels == ["Transformer, full weights, PyTorch", "Transformer, int8 weights, PyTorch",
                       "Transformer, full weights, ONNX Runtime", "Transformer, int8 weights, ONNX Runtime"]
+
+
+def test_a_damaged_export_is_one_line(tmp_path: Path) -> None:
+    """A truncated graph or manifest, a missing tokenizer or another export's step ended in a traceback
+    (the last after the first printed token): each is one line naming the file and the fix, on loading."""
+    text = "the king of a far land ships gold and silver to every harbour along the coast\n\n" * 20
+    tokenizer = train_tokenizer([text], 300)
+    torch.manual_seed(0)
+    exports = {}
+    for name in ("mcsd", "transformer"):
+        saved = mcsd.save(tiny_model(name, vocab_size=300), tmp_path / f"saved-{name}", tokenizer)
+        assert run_here("mcsd-export", f"ckpt={saved}", f"out={tmp_path / name}", "format=onnx",
+                        "capacity=32").returncode == 0
+        exports[name] = tmp_path / name
+
+    def damaged(label: str, change) -> Path:
+        folder = tmp_path / label
+        shutil.copytree(exports["mcsd"], folder)
+        change(folder)
+        return folder
+
+    def cut(path: Path) -> None:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+    cases = [
+        (damaged("cut-step", lambda folder: cut(folder / "step.onnx")), "step.onnx is not a readable ONNX graph ("),
+        (damaged("no-tokenizer", lambda folder: (folder / "tokenizer.json").unlink()),
+         "has no tokenizer.json: export the model again with mcsd-export format=onnx"),
+        (damaged("cut-manifest", lambda folder: cut(folder / MANIFEST_FILE)),
+         "export.json is not a readable export manifest (JSONDecodeError: "),
+        (damaged("other-step", lambda folder: shutil.copy(exports["transformer"] / "step.onnx", folder / "step.onnx")),
+         "prefill.onnx and step.onnx are not the graphs of one export ("),
+    ]
+    for folder, message in cases:
+        result = run_here("mcsd-generate", f"ckpt={folder}", "runtime=onnx", "prompt=the king", "max_new_tokens=4")
+        errors = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+        assert errors[0].startswith(f"mcsd-generate: error: ckpt={folder}: ") and result.stdout == ""
