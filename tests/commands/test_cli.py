@@ -289,6 +289,29 @@ BAD_INPUTS = [
     ("mcsd-probe", ["context", "ckpt=EARLIER", "output_dir=earlier_probe"], {}, "mcsd-probe context",
      "output_dir=earlier_probe holds the results of an earlier mcsd-probe context run (context_curve.csv, "
      "context_delta.csv)"),
+    # Each of these ended in Hydra's 7 lines, whose advice (+KEY=...) led to a second refusal.
+    ("mcsd-train", ["trainer.max_stepz=5"], {}, None,
+     "trainer.max_stepz=5: max_stepz is not a setting of trainer: did you mean trainer.max_steps=5?"),
+    ("mcsd-train", ["modle=transformer"], {}, None,
+     "modle=transformer: modle is not a setting or group of mcsd-train: did you mean model=transformer?"),
+    ("mcsd-train", ["data=mqar", "data.documents=apart"], {}, None,
+     "data.documents=apart: documents is not a setting of data=mqar: mcsd-train --help lists its settings (data holds "),
+    ("mcsd-train", ["-m", "trainer.max_stepz=5,6"], {}, None, "trainer.max_stepz=5: max_stepz is not a setting of trainer"),
+    ("mcsd-train", ["data=mad", "data.settings={num_tokens_to_copy: 16}"], {}, None,
+     "data.settings={num_tokens_to_copy: 16}: data.settings has no key num_tokens_to_copy (it holds nothing): set each "
+     "key as its own setting, data.settings.KEY=VALUE, and add a key it lacks with a +: +data.settings.num_tokens_to_copy=..."),
+    # Each of these ended in a traceback (eval and probe left their run folders).
+    *([("mcsd-generate", ["ckpt=EARLIER", "device=cuda"], {}, None,
+        "device=cuda needs a CUDA GPU, and none is visible here: use device=cpu"),
+       ("mcsd-generate", ["ckpt=EARLIER", "device=cuda", "weights=int8"], {}, None,
+        "device=cuda needs a CUDA GPU, and none is visible here: use device=cpu"),
+       ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "device=cuda"], {}, None,
+        "device=cuda needs a CUDA GPU, and none is visible here: use device=cpu"),
+       ("mcsd-probe", ["context", "ckpt=EARLIER", "device=cuda"], {}, "mcsd-probe context",
+        "device=cuda needs a CUDA GPU, and none is visible here: use device=cpu")] if not torch.cuda.is_available() else []),
+    ("mcsd-plot", ["scaling", "logs", "--fit", "--samples", "0"], {}, None,
+     "--samples 0 must be a positive number of bootstrap samples (e.g. --samples 1000)"),
+    ("mcsd-plot", ["ablation", "logs", "--fit"], {}, None, "--fit fits scaling laws: use it with mcsd-plot scaling"),
     ("mcsd-train", ["paths.output_dir=EARLIER"], {}, None, "holds a run already (checkpoints, model, csv, result.json): "
      "a new run there would mix its files with that run's; go on with that run (resume="),
     ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,
