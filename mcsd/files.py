@@ -8,6 +8,7 @@ cannot read; the project gives such files the usual mode instead.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -51,3 +52,11 @@ def replace_earlier_results(folder: Path, names: list[str], command: str, overwr
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     logging.getLogger("mcsd").warning("overwrite=true: the earlier results in %s (%s) removed; figures drawn from them "
                                       "there are stale until drawn again", folder, ", ".join(found))
+
+
+def require_readable(path: Path) -> None:
+    """Raise :class:`PermissionError` (which the commands report in one line, naming the file and
+    this user's rights) for a file this user may not read, before a reader would take the failure
+    for a truncated or corrupt file."""
+    if path.exists() and not os.access(path, os.R_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))

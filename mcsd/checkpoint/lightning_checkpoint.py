@@ -16,6 +16,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from mcsd.checkpoint.sharded import SHARDED_METADATA, check_sharded_checkpoint, is_sharded_checkpoint, whole_checkpoint
 from mcsd.errors import MCSDError
+from mcsd.files import require_readable
 
 CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints folder
 LAST_CHECKPOINT = "last.ckpt"
@@ -29,6 +30,7 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     if path.is_dir():
         check_sharded_checkpoint(path)
         path = path / SHARDED_METADATA
+    require_readable(path)
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):

@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
 from mcsd.checkpoint.sharded import check_sharded_checkpoint, copy_into, is_sharded, is_sharded_checkpoint, read_sharded
 from mcsd.errors import MCSDError
-from mcsd.files import give_default_permissions
+from mcsd.files import give_default_permissions, require_readable
 from mcsd.models.build import build_model, make_config
 from mcsd.models.config import LMConfig
 from mcsd.models.modeling import CausalLM
@@ -70,7 +70,9 @@ def locate(path: str | Path) -> SavedModel:
     a Hub repository id of one (downloaded once into the Hugging Face cache)."""
     fix = ("point to a model folder (mcsd.save), an mcsd-train run directory or one of its .ckpt files, "
            "an mcsd-export folder or its Hub repository")
-    if not Path(path).expanduser().exists() and HUB_REPO_ID.fullmatch(str(path)):
+    local = Path(path).expanduser()
+    # NAME/NAME may be a Hub repository; not where its first part is a folder here (logs/nope: a local path).
+    if not local.exists() and HUB_REPO_ID.fullmatch(str(path)) and not local.parent.is_dir():
         path = download_from_hub(str(path), fix)
     path = Path(path).expanduser()
     if not path.exists():
@@ -183,6 +185,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtyp
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a ``.safetensors`` file; one that is not whole (truncated) or not one at all
     is named in one line."""
+    require_readable(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as error:

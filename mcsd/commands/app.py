@@ -176,6 +176,15 @@ def run_or_exit(app: str, function: Callable[[], Result]) -> Result:
         fail(app, str(own))
 
 
+def refuse_onnx_export(app: str, ckpt: str, how: str) -> None:
+    """A command that reads a PyTorch model given an ONNX export (``mcsd-export format=onnx``): one
+    line saying what the folder is and ``how`` to use it, not that it holds no model."""
+    from mcsd.deploy.onnx_runner import is_onnx_export
+
+    if is_onnx_export(Path(ckpt).expanduser()):
+        raise MCSDError(f"ckpt={ckpt} is an ONNX export (mcsd-export format=onnx), which {app} does not read: {how}")
+
+
 def require_values(cfg: DictConfig) -> None:
     """Every ``???`` of the config has been given a value, and a ``seed`` is a whole number."""
     missing = sorted(OmegaConf.missing_keys(cfg))
@@ -306,6 +315,20 @@ def _first_values(argv: list[str]) -> list[str]:
     return overrides
 
 
+def _check_task_has_its_data(app: str, cfg: DictConfig, overrides: list[str]) -> None:
+    """``task=NAME`` (a task of MAD or of retrieval) with a text corpus for data: one line naming the
+    data option the task belongs to, instead of the corpus's list of settings that lack ``task``."""
+    chosen = next((override.split("=", 1)[1] for override in overrides if override.split("=", 1)[0] == "task"), None)
+    data = cfg.get("data")
+    if chosen in (None, "null") or not isinstance(data, DictConfig) or str(data.get("_target_")).endswith("TaskDataModule"):
+        return
+    from mcsd.data.mad import MAD_TASKS
+
+    source = "mad" if chosen in MAD_TASKS else "retrieval"
+    fail(app, f"task={chosen} is a task of data={source}, and this run's data is a text corpus: add data={source} "
+              f"(or experiment={source}: every architecture on every task)")
+
+
 def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
     """Refuse, in one line with the nearest setting there is, an override of a key the composed
     config does not have (``trainer.max_stepz=5``, ``modle=transformer``, a dict of keys a
@@ -317,7 +340,8 @@ def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
     overrides = _first_values(argv)
     try:
         with initialize_config_module("mcsd.conf", version_base="1.3"):
-            compose(config_name, overrides=overrides)
+            cfg = compose(config_name, overrides=overrides)
+        _check_task_has_its_data(app, cfg, overrides)
         return
     except ConfigCompositionException as error:
         cause = str(error.__cause__ or "")

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate
-from mcsd.commands.app import hydra_app
+from mcsd.commands.app import hydra_app, refuse_onnx_export
 from mcsd.runtime import StopAfterCurrent, git_commit, interrupted, require_wandb_login
 from mcsd.data.corpus import hub_is_reachable
 from mcsd.data.tokenizer import eos_id
@@ -150,6 +150,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
     check_settings(cfg)
+    refuse_onnx_export("mcsd-eval", cfg.ckpt, "give the model folder or run it was exported from")
     saved = locate(cfg.ckpt)
     decoding_dtype(cfg.dtype, cfg.get("weights", "full"), cfg.device)  # refused before anything is written
     output_dir = Path(cfg.output_dir)

@@ -15,6 +15,7 @@ writes), never another folder, nor one that holds the model being exported.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import tempfile
@@ -30,7 +31,7 @@ from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, read_checkpoint
 from mcsd.checkpoint.resume import OVERRIDES_KEY, WANDB_RUN_KEY
 from mcsd.checkpoint.run_folder import RunFolder
 from mcsd.checkpoint.saved_model import MODEL_DIR, SavedModel, load, load_tokenizer, locate, trained_seq_len
-from mcsd.commands.app import hydra_app
+from mcsd.commands.app import hydra_app, refuse_onnx_export
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.deploy.onnx import check_onnx_installed, check_onnx_weights, write_onnx_export
 from mcsd.runtime import git_commit
@@ -49,6 +50,9 @@ EXPORT_FILE = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|
 ONNX_EXPORT_FILE = re.compile(r"(prefill|step)\.onnx|export\.json|tokenizer\.json|README\.md")
 ONNX_MARKER = "export.json"
 FORMATS = ("hf", "onnx")
+# Each format's files and the file that marks a folder as its export.
+EXPORTS = {"hf": (EXPORT_FILE, REMOTE_CODE_FILE, "transformers"), "onnx": (ONNX_EXPORT_FILE, ONNX_MARKER, "ONNX")}
+WORK_PREFIX = "."  # an export is written in .<out>.XXXX/ beside out (new/, and earlier/ while they swap)
 DEFAULT_ONNX_CAPACITY = 2048  # a model whose run recorded no sequence length
 AUTO_MAP = {"AutoConfig": "modeling_mcsd.MCSDHFConfig", "AutoModel": "modeling_mcsd.MCSDHFModel",
             "AutoModelForCausalLM": "modeling_mcsd.MCSDHFForCausalLM"}
@@ -82,7 +86,7 @@ def _within(path: Path, folder: Path) -> bool:
 def check_out(setting: str, out: Path, saved: SavedModel, overwrite: bool, format: str = "hf") -> None:
     """Refuse, before anything is written, an ``out`` that exporting would harm: one that holds
     (or is) the model being exported or its run, a file, and a folder that is not empty, unless
-    it is an earlier export (only what an export writes, ``modeling_mcsd.py`` among it) and
+    it is an earlier export of either format (only what one writes, with its marker file) and
     ``overwrite`` is true. ``out`` is resolved; ``setting`` is what the user typed."""
     source = saved.path.resolve()
     run = run_directory(saved)
@@ -96,16 +100,45 @@ def check_out(setting: str, out: Path, saved: SavedModel, overwrite: bool, forma
     entries = sorted(out.iterdir())
     if not entries:
         return
-    pattern, marker = (ONNX_EXPORT_FILE, ONNX_MARKER) if format == "onnx" else (EXPORT_FILE, REMOTE_CODE_FILE)
-    foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries
-               if entry.is_dir() or not pattern.fullmatch(entry.name)]
-    if foreign or not (out / marker).is_file():
+    earlier = next((name for name, (pattern, marker, _) in EXPORTS.items() if (out / marker).is_file()
+                    and all(entry.is_file() and pattern.fullmatch(entry.name) for entry in entries)), None)
+    if earlier is None:
+        pattern, marker, _ = EXPORTS[format]
+        foreign = [entry.name + ("/" if entry.is_dir() else "") for entry in entries
+                   if entry.is_dir() or not pattern.fullmatch(entry.name)]
         named = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         why = f"holds what an export does not write ({named})" if foreign else f"is not an earlier export (no {marker})"
         raise MCSDError(f"out={setting} {why}: choose a new or empty folder (overwrite=true replaces only an earlier "
                         "export)")
     if not overwrite:
-        raise MCSDError(f"out={setting} exists (an earlier export): choose a new folder, or overwrite=true to replace it")
+        raise MCSDError(f"out={setting} exists (an earlier {EXPORTS[earlier][2]} export): choose a new folder, or "
+                        "overwrite=true to replace it")
+
+
+def recover_interrupted_export(out: Path) -> None:
+    """An export killed outright (SIGKILL) leaves its working folder beside ``out``: its new
+    export half written, and, killed between the two renames, the earlier export moved out of
+    ``out``'s place. The earlier export goes back to ``out``; the rest of such a folder is removed.
+    A folder whose export is still running (its process alive) is left alone."""
+    for work in out.parent.glob(f"{WORK_PREFIX}{out.name}.*"):
+        if not work.is_dir() or not {entry.name for entry in work.iterdir()} <= {"new", "earlier", "pid"}:
+            continue
+        pid = (work / "pid").read_text().strip() if (work / "pid").is_file() else ""
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        if (work / "earlier").is_dir() and not out.exists():
+            (work / "earlier").rename(out)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _last_value(rows: list[dict[str, str]], key: str) -> float | None:
@@ -262,17 +295,21 @@ def export(cfg: DictConfig) -> Path:
         if get_token() is None:
             raise MCSDError(f"push_to_hub={cfg.push_to_hub} needs a Hugging Face token: run `hf auth login` "
                             "(or set HF_TOKEN), or export without push_to_hub")
+    refuse_onnx_export("mcsd-export", cfg.ckpt, "give the model folder or run it was exported from")
     saved = locate(cfg.ckpt)
     out = Path(cfg.out).expanduser().resolve()
+    if out.parent.is_dir():
+        recover_interrupted_export(out)
     check_out(str(cfg.out), out, saved, cfg.overwrite, export_format)
     capacity = onnx_capacity(cfg, saved) if export_format == "onnx" else None
     model, tokenizer = load(saved.path), load_tokenizer(saved.path)
     # A folder of our own beside out (a fresh name: nothing there but what this export puts in it) holds
     # the new export while it is written and the earlier one while the new one moves into place.
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    work = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{out.name}.", dir=out.parent))
     staging, earlier = work / "new", work / "earlier"
     try:
+        (work / "pid").write_text(f"{os.getpid()}\n")  # an export killed outright: recover_interrupted_export
         staging.mkdir()
         if export_format == "onnx":
             manifest = write_onnx_export(model, staging, capacity, tokenizer.token_to_id(EOS_TOKEN), saved.name,

@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from mcsd.checkpoint.saved_model import load, load_tokenizer, trained_seq_len
-from mcsd.commands.app import hydra_app
+from mcsd.commands.app import hydra_app, refuse_onnx_export
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.deploy.quantize import decoding_dtype, quantize_weights
 from mcsd.models.config import ConfigError
@@ -54,6 +54,8 @@ def generate(cfg: DictConfig) -> str:
         raise ConfigError(f"runtime={runtime!r} is unknown: use torch, or onnx (an export of mcsd-export format=onnx)")
     if runtime == "onnx":
         return generate_onnx(cfg)
+    refuse_onnx_export("mcsd-generate", cfg.ckpt, f"decode it with runtime=onnx (mcsd-generate ckpt={cfg.ckpt} "
+                       "runtime=onnx)")
     weights = cfg.get("weights", "full")
     dtype = decoding_dtype(cfg.dtype, weights, cfg.device)  # refused before the model is read
     model = quantize_weights(load(cfg.ckpt, device=cfg.device, dtype=dtype), weights)

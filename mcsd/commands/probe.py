@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
 from mcsd.checkpoint.saved_model import load, load_tokenizer
-from mcsd.commands.app import fail, hydra_app
+from mcsd.commands.app import fail, hydra_app, refuse_onnx_export
 from mcsd.runtime import StopAfterCurrent, interrupted, require_wandb_login
 from mcsd.data.corpus import DataError
 from mcsd.data.datamodule import corpus_sources
@@ -84,6 +84,7 @@ def context(cfg: DictConfig) -> ContextProbe:
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
     check_device(cfg.device)
+    refuse_onnx_export("mcsd-probe context", cfg.ckpt, "give the model folder or run it was exported from")
     replace_earlier_results(Path(cfg.output_dir), [CURVE_FILE, DELTA_FILE], "mcsd-probe context",
                             cfg.get("overwrite", False))
     windows = sorted(int(window) for window in cfg.windows)

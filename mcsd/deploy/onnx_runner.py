@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 MANIFEST_FILE, PREFILL_FILE, STEP_FILE, TOKENIZER_FILE = "export.json", "prefill.onnx", "step.onnx", "tokenizer.json"
 
 
+def is_onnx_export(folder: str | Path) -> bool:
+    """Whether ``folder`` holds an ONNX export (its manifest and step graph)."""
+    return (Path(folder) / MANIFEST_FILE).is_file() and (Path(folder) / STEP_FILE).is_file()
+
+
 class OnnxExportError(ValueError):
     """A folder that is not an ONNX export, a runtime that is missing, a sequence past the capacity."""
 

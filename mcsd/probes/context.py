@@ -48,8 +48,8 @@ def evaluation_positions(length: int, windows: list[int], count: int) -> list[in
     token after it, inside the document)."""
     first, last = max(windows), length - 2
     if first > last:
-        raise MCSDError(f"probe.length={length} leaves no position beyond the longest window {max(windows)}: "
-                        "raise probe.length or drop the longest window")
+        raise MCSDError(f"length={length} leaves no position beyond the longest window {max(windows)}: "
+                        "raise length or drop the longest window")
     return sorted({int(round(p)) for p in np.linspace(first, last, count)})
 
 

@@ -63,3 +63,25 @@ def test_a_saved_model_is_readable_by_others(tmp_path: Path) -> None:
             "config.json": "0o644", "model.safetensors": "0o644"}
     finally:
         os.umask(previous)
+
+
+def test_a_file_this_user_may_not_read_is_not_called_corrupt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unreadable last.ckpt or model.safetensors was reported as truncated or corrupt: it is a
+    PermissionError naming the file (the commands' one line of this user's rights). As root every file
+    is readable, so the rights are taken away where the project asks for them."""
+    import torch
+
+    from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
+    from mcsd.checkpoint.saved_model import read_safetensors
+
+    checkpoint, weights = tmp_path / "last.ckpt", tmp_path / "model.safetensors"
+    torch.save({"global_step": 3}, checkpoint)
+    from safetensors.torch import save_file
+
+    save_file({"embed.weight": torch.zeros(2, 2)}, str(weights))
+    assert read_checkpoint(checkpoint)["global_step"] == 3 and set(read_safetensors(weights)) == {"embed.weight"}
+    monkeypatch.setattr("mcsd.files.os.access", lambda path, mode: False)
+    for read, path in ((read_checkpoint, checkpoint), (read_safetensors, weights)):
+        with pytest.raises(PermissionError) as error:
+            read(path)
+        assert error.value.filename == str(path) and error.value.strerror == "Permission denied"

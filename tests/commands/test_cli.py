@@ -312,6 +312,10 @@ BAD_INPUTS = [
     ("mcsd-plot", ["scaling", "logs", "--fit", "--samples", "0"], {}, None,
      "--samples 0 must be a positive number of bootstrap samples (e.g. --samples 1000)"),
     ("mcsd-plot", ["ablation", "logs", "--fit"], {}, None, "--fit fits scaling laws: use it with mcsd-plot scaling"),
+    # Each of these said something else than what was wrong.
+    ("mcsd-train", ["task=passkey"], {}, None, "task=passkey is a task of data=retrieval, and this run's data is a text "
+     "corpus: add data=retrieval (or experiment=retrieval: every architecture on every task)"),
+    ("mcsd-eval", ["ckpt=logs/nope", "tasks=local"], OFFLINE, None, "logs/nope does not exist: point to a model folder"),
     ("mcsd-train", ["paths.output_dir=EARLIER"], {}, None, "holds a run already (checkpoints, model, csv, result.json): "
      "a new run there would mix its files with that run's; go on with that run (resume="),
     ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,

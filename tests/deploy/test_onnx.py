@@ -196,7 +196,7 @@ def test_mcsd_export_format_onnx_and_mcsd_generate_runtime_onnx(tmp_path: Path) 
     assert len(mcsd_generate(OmegaConf.create({"ckpt": str(tmp_path / "onnx-int8"), "runtime": "onnx", **settings}))) > 0
     # Exporting again over it needs overwrite=true; a transformers folder is no earlier ONNX export.
     again = run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "format=onnx")
-    assert again.returncode == 2 and "exists (an earlier export)" in again.stderr
+    assert again.returncode == 2 and "exists (an earlier ONNX export)" in again.stderr
     bad = [(["format=gguf"], "format='gguf' is not an export format"),
            (["format=onnx", "capacity=1"], "capacity=1 must be a whole number of positions, at least 2"),
            (["format=onnx", "weights=int2"], "weights='int2' is not a weight format of an ONNX export: use full, "
@@ -212,6 +212,36 @@ def test_mcsd_export_format_onnx_and_mcsd_generate_runtime_onnx(tmp_path: Path) 
     assert compiled.returncode == 2 and "runtime=onnx runs the export as it was written" in compiled.stderr
     missing = run_here("mcsd-generate", f"ckpt={saved}", "runtime=onnx")
     assert missing.returncode == 2 and "is not an ONNX export of mcsd" in missing.stderr
+    torch_runtime = run_here("mcsd-generate", f"ckpt={out}")  # was "holds no config.json ...: an mcsd-export folder"
+    assert torch_runtime.returncode == 2 and (f"ckpt={out} is an ONNX export (mcsd-export format=onnx), which "
+                                              "mcsd-generate does not read: decode it with runtime=onnx") in torch_runtime.stderr
+    # A transformers export over an ONNX one (and back) is an earlier export, not a folder of unknown files.
+    as_hf = run_here("mcsd-export", f"ckpt={saved}", f"out={out}")
+    assert as_hf.returncode == 2 and f"out={out} exists (an earlier ONNX export): choose a new folder" in as_hf.stderr
+    assert run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "overwrite=true").returncode == 0
+    assert (out / "modeling_mcsd.py").is_file() and not (out / "step.onnx").exists()
+    back = run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "format=onnx", "capacity=64")
+    assert back.returncode == 2 and "exists (an earlier transformers export)" in back.stderr
+
+
+def test_an_export_killed_between_its_renames_puts_the_earlier_one_back(tmp_path: Path) -> None:
+    """SIGKILL while an export replaced an earlier one left .OUT.XXXX/ beside it (the earlier export
+    in earlier/, a half-written new/): the next export puts the earlier one back, then goes on."""
+    text = "the king of a far land ships gold and silver to every harbour along the coast\n\n" * 20
+    torch.manual_seed(0)
+    saved = mcsd.save(tiny_model("retnet", vocab_size=300), tmp_path / "saved", train_tokenizer([text], 300))
+    out = tmp_path / "onnx"
+    assert run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "format=onnx", "capacity=16").returncode == 0
+    manifest = (out / MANIFEST_FILE).read_text()
+    work = tmp_path / ".onnx.killed"
+    (work / "new").mkdir(parents=True)
+    (work / "new" / "step.onnx").write_bytes(b"half")
+    (work / "pid").write_text("999999999\n")  # no such process
+    out.rename(work / "earlier")
+    refused = run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "format=onnx", "capacity=16")
+    assert refused.returncode == 2 and "exists (an earlier ONNX export)" in refused.stderr
+    assert (out / MANIFEST_FILE).read_text() == manifest and not work.exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["onnx", "saved"]
 
 
 def test_an_export_that_fails_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -352,7 +352,7 @@ def test_mcsd_export_writes_a_folder_with_its_model_card_and_refuses_bad_input(
     monkeypatch.setattr("huggingface_hub.constants.HF_STORED_TOKENS_PATH", str(tmp_path / "hf-home" / "tokens"))
     refusals = {
         "is not a .ckpt file": ["ckpt=" + str(out / "README.md"), f"out={tmp_path / 'other'}"],
-        "exists (an earlier export): choose a new folder, or overwrite=true": [f"ckpt={trained_run}", f"out={out}"],
+        "exists (an earlier transformers export): choose a new folder, or overwrite=true": [f"ckpt={trained_run}", f"out={out}"],
         "holds the model being exported": [f"ckpt={trained_run}", f"out={trained_run.parent}", "overwrite=true"],
         "needs a Hugging Face token": [f"ckpt={trained_run}", f"out={tmp_path / 'other'}", "push_to_hub=me/model"],
     }

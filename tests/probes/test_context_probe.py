@@ -104,7 +104,7 @@ def periodic_documents(count: int, length: int, period: int, seed: int = 0) -> t
 
 def test_positions_lie_beyond_the_longest_window() -> None:
     assert evaluation_positions(100, [8, 32], 4) == [32, 54, 76, 98]
-    with pytest.raises(MCSDError, match="probe.length=40 leaves no position beyond the longest window 64"):
+    with pytest.raises(MCSDError, match="length=40 leaves no position beyond the longest window 64"):
         evaluation_positions(40, [8, 64], 4)
 
 
