@@ -445,6 +445,8 @@ def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, A
     frame = pd.DataFrame(rows).reindex(columns=columns)
     for key in ("device", "dtype", "torch", "compile", "cuda_graphs", "complete", "points_planned", "stopped_by"):
         frame[key] = head[key]
+    # The dtype each point ran in (int4, and int8 on a CPU, run in bfloat16 whatever dtype says): the row's own.
+    frame["dtype"] = [row.get("dtype", head["dtype"]) for row in rows]
     # A resumed grid's rows come from several runs: each row's own commit (rows written before rows had one: the header's).
     frame["git_commit"] = [row.get("git_commit", head["git_commit"]) for row in rows]
     frame.to_csv(csv_path, index=False)

@@ -206,6 +206,7 @@ def decoding_numbers(model: CausalLM, runs: list[tuple[float, float, float, floa
     weights, step_weights = stored or (weights_bytes(model), step_weight_bytes(model))
     return {
         "params": sum(p.numel() for p in model.parameters()),
+        "dtype": str(model.embed.weight.dtype).removeprefix("torch."),  # int4, and int8 on a CPU: bfloat16
         "prefill_s": statistics.median(r[0] for r in runs),
         "decode_s_per_token": statistics.median(r[1] for r in runs) / gen_len,
         "decode_s_per_token_min": min(decode_per_token),

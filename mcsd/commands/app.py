@@ -440,6 +440,17 @@ def check_folders(app: str, config_name: str, argv: list[str]) -> None:
             fail(app, f"{key}={value} is not writable: {reason}; choose a folder this user can write to")
 
 
+def _log_dir(config_name: str, argv: list[str]) -> Path | None:
+    """The ``paths.log_dir`` a command writes under (``logs`` unless given; none for mcsd-export,
+    which writes ``out=`` alone), as typed on the command line."""
+    if config_name == "export":
+        return None
+    given = [argument.lstrip("+~").partition("=")[2] for argument in argv
+             if argument.lstrip("+~").startswith("paths.log_dir=")]
+    value = given[-1] if given else "logs"
+    return None if "${" in value or "," in value else Path(value).expanduser()
+
+
 def _remove_empty_run_dir(cfg: DictConfig) -> None:
     """A run that failed before writing anything leaves no folder (Hydra's own ``.hydra/`` and
     log file do not count), nor the empty folders Hydra made above it under ``paths.log_dir``
@@ -542,7 +553,13 @@ def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Re
         def entry() -> Result:
             check_command_line(app, config_name, sys.argv[1:])
             check_folders(app, config_name, sys.argv[1:])
-            return hydra_main()
+            log_dir = _log_dir(config_name, sys.argv[1:])
+            made_here = log_dir is not None and not log_dir.exists()
+            try:
+                return hydra_main()
+            finally:  # a refused command in a fresh folder leaves no empty logs/ behind
+                if made_here and log_dir.is_dir() and not any(path.is_file() for path in log_dir.rglob("*")):
+                    shutil.rmtree(log_dir, ignore_errors=True)
 
         return entry
 

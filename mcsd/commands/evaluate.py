@@ -155,10 +155,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     decoding_dtype(cfg.dtype, cfg.get("weights", "full"), cfg.device)  # refused before anything is written
     output_dir = Path(cfg.output_dir)
     replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-eval", cfg.get("overwrite", False))
+    lm = language_model(saved, cfg)  # a checkpoint it cannot read is refused before the run folder holds anything
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
     manager = check_tasks(tasks, include_path)
-    lm = language_model(saved, cfg)
     results: dict[str, Any] = {}
     shots: dict[str, Any] = {}
     versions: dict[str, Any] = {}

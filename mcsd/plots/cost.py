@@ -200,7 +200,17 @@ def _title(head: dict, text: str, frame: pd.DataFrame) -> str:
     marked = int(flagged(ok).sum())
     note = f"\n{marked} of {len(ok)} points hollow: shared machine or unsteady repeats (columns shared, unsteady)" \
         if marked else ""
-    return f"{text}\n{head.get('device', '')}, {head.get('dtype', '')}{compiled}{incomplete}{note}"
+    return f"{text}\n{head.get('device', '')}, {points_dtype(head, ok)}{compiled}{incomplete}{note}"
+
+
+def points_dtype(head: dict, frame: pd.DataFrame) -> str:
+    """The dtype the points ran in: the grid's, or each one with the weight formats that ran in it
+    (int4, and int8 on a CPU, run in bfloat16 whatever the grid's dtype)."""
+    if "dtype" not in frame or frame["dtype"].nunique() <= 1:
+        return str(frame["dtype"].iloc[0]) if "dtype" in frame and len(frame) else str(head.get("dtype", ""))
+    formats = frame.groupby("dtype", sort=False)["weights"].unique() if "weights" in frame else None
+    return ", ".join(f"{dtype} ({'/'.join(formats[dtype])})" if formats is not None else str(dtype)
+                     for dtype in frame["dtype"].unique())
 
 
 def plot_inference(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:

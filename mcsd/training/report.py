@@ -46,8 +46,10 @@ def end_of_run_report(trainer: L.Trainer, loggers: list[Logger], callbacks: list
     for name in (f"val/{accuracy}", f"test/{accuracy}") if accuracy else ():
         if name in trainer.callback_metrics:
             lines.append(f"final {name}: {float(trainer.callback_metrics[name]):.4f}")
-    lines += [f"final {name}: {float(value):.4f} (past the training length)"
-              for name, value in sorted(trainer.callback_metrics.items()) if accuracy and name.startswith(f"test/{accuracy}_at_")]
+    past = [(name, value) for name, value in trainer.callback_metrics.items()
+            if accuracy and name.startswith(f"test/{accuracy}_at_")]
+    lines += [f"final {name}: {float(value):.4f} (past the training length)"  # by length: _512 before _1024
+              for name, value in sorted(past, key=lambda item: int(item[0].rsplit("_", 1)[1]))]
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             run = logger.experiment

@@ -189,3 +189,17 @@ def test_a_task_the_model_cannot_take_is_refused_before_the_run(tmp_path: Path, 
     line = train_refusal(tmp_path / "run", f"data={data}", *overrides)
     assert message in line
     assert not (tmp_path / "run").exists()
+
+
+def test_the_closing_lines_list_the_accuracies_past_the_training_length_by_length() -> None:
+    """test/passkey_acc_at_1024 came before _at_512 (string order): by length now."""
+    from types import SimpleNamespace
+
+    from mcsd.training.report import end_of_run_report
+
+    metrics = {f"test/passkey_acc_at_{length}": torch.tensor(1 / length) for length in (1024, 512, 768)}
+    trainer = SimpleNamespace(overfit_batches=0, datamodule=SimpleNamespace(accuracy_metric="passkey_acc"),
+                              callback_metrics=metrics, checkpoint_callback=None)
+    lines = end_of_run_report(trainer, [], [], 1.0, 2.7, 100).splitlines()
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "final test/passkey_acc_at_512", "final test/passkey_acc_at_768", "final test/passkey_acc_at_1024"]

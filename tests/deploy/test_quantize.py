@@ -29,7 +29,7 @@ from mcsd.deploy.quantize import (  # noqa: E402
 )
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
-from mcsd.plots.cost import model_label, read_results  # noqa: E402
+from mcsd.plots.cost import points_dtype, model_label, read_results  # noqa: E402
 
 # Widths that every int4 group divides (the tiny models' 24 would leave every linear whole).
 WIDE = dict(hidden_size=64, num_channels=4, mlp_hidden_size=128, vocab_size=128)
@@ -159,6 +159,10 @@ def test_weights_are_a_bench_axis_with_the_bytes_each_step_reads(tmp_path: Path)
     full, int8, int4 = (frame[frame["weights"] == name].iloc[0] for name in ("full", "int8", "int4"))
     assert int8.step_weight_bytes < 0.3 * full.step_weight_bytes and int4.step_weight_bytes < int8.step_weight_bytes
     assert full.params == int8.params == int4.params
+    # Each row says the dtype it ran in: int4, and int8 on a CPU, in bfloat16 (the rows said float32, the grid's).
+    assert list(frame["dtype"]) == ["float32", "bfloat16", "bfloat16"]
+    head, points = read_results(csv_path)
+    assert points_dtype(head, points) == "float32 (full), bfloat16 (int8/int4)"
     labels = [model_label(arch, model) for arch, model in zip(*[read_results(csv_path)[1][key] for key in ("arch", "model")])]
     assert labels == ["Transformer, full weights", "Transformer, int8 weights", "Transformer, int4 weights"]
 
