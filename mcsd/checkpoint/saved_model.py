@@ -92,6 +92,15 @@ def locate(path: str | Path) -> SavedModel:
                             f"{fix}")
 
 
+def run_directory(saved: SavedModel) -> Path | None:
+    """The ``mcsd-train`` run directory a saved model belongs to, if it lies in one."""
+    if saved.kind == "checkpoint" and saved.path.parent.name == CHECKPOINT_DIR:
+        return saved.path.parent.parent
+    if saved.kind == "folder" and saved.path.name == MODEL_DIR:
+        return saved.path.parent
+    return None
+
+
 def _is_exported(folder: Path) -> bool:
     """Whether ``folder``'s config.json is a Hugging Face config of ``model_type`` mcsd."""
     try:

@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, read_checkpoint
 from mcsd.checkpoint.resume import OVERRIDES_KEY, WANDB_RUN_KEY
 from mcsd.checkpoint.run_folder import RunFolder
-from mcsd.checkpoint.saved_model import MODEL_DIR, SavedModel, load, load_tokenizer, locate, trained_seq_len
+from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate, run_directory, trained_seq_len
 from mcsd.commands.app import hydra_app, refuse_onnx_export
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.deploy.onnx import check_onnx_installed, check_onnx_weights, write_onnx_export
@@ -68,15 +68,6 @@ def write_export(model: CausalLM, tokenizer: Tokenizer, folder: Path, card: str)
     shutil.copyfile(resources.files("mcsd.hf") / "remote_code.py", folder / REMOTE_CODE_FILE)
     (folder / "README.md").write_text(card)
     return folder
-
-
-def run_directory(saved: SavedModel) -> Path | None:
-    """The ``mcsd-train`` run directory a saved model belongs to, if it lies in one."""
-    if saved.kind == "checkpoint" and saved.path.parent.name == CHECKPOINT_DIR:
-        return saved.path.parent.parent
-    if saved.kind == "folder" and saved.path.name == MODEL_DIR:
-        return saved.path.parent
-    return None
 
 
 def _within(path: Path, folder: Path) -> bool:

@@ -13,13 +13,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
-from mcsd.checkpoint.saved_model import load, load_tokenizer
+from mcsd.checkpoint.run_folder import RunFolder
+from mcsd.checkpoint.saved_model import load, load_tokenizer, locate, run_directory
 from mcsd.commands.app import fail, hydra_app, refuse_onnx_export
 from mcsd.runtime import StopAfterCurrent, interrupted, require_wandb_login
 from mcsd.data.corpus import DataError
@@ -34,29 +37,93 @@ from mcsd.precision import check_device, model_dtype
 from mcsd.probes.context import ContextProbe, probe_context
 
 
-def probe_documents(data: DictConfig, tokenizer: Tokenizer, length: int, count: int, cache_dir: str | Path) -> torch.Tensor:
-    """The first ``count`` pieces of ``length`` tokens of the corpus ``data`` names (its own test
-    split where it names one, e.g. WikiText-103's), ``[D, length]``: each document tokenized as in
-    training (after ``<|endoftext|>`` when the data config separates documents) and cut into
-    consecutive non-overlapping pieces; its remainder is dropped."""
-    if "source" not in data:
-        raise MCSDError(f"data={data.get('name', '?')} has no text documents: probe on a text corpus "
-                        "(data=embedded, data=text_files data.paths=[...], data=wikitext103)")
-    if data.get("sample_by") == "auto":  # long documents: a lone file is one, not its paragraphs
-        data = {**data, "sample_by": "document"}
-    sources = corpus_sources(data, Path(cache_dir).expanduser() / "hf")
-    documents = sources.get("test", sources["train"]).documents()  # a corpus's own test split where it has one
-    eos = tokenizer.token_to_id(EOS_TOKEN) if data.get("separate_documents", True) else None
+# The fields of a data node that say which corpus it reads (its documents and how they are cut).
+CORPUS_FIELDS = ("source", "paths", "hub_path", "hub_subset", "splits", "sample_by", "text_field", "max_documents")
+
+
+@dataclasses.dataclass
+class ProbeDocuments:
+    """The probe's pieces ``[D, length]`` and what they are, in words (which split of which corpus,
+    and whether the model trained on them)."""
+
+    pieces: torch.Tensor
+    what: str
+
+
+def _pieces(documents: Iterator[list[int]], length: int, count: int) -> list[list[int]]:
+    """The first ``count`` consecutive, non-overlapping pieces of ``length`` tokens of ``documents``."""
     pieces: list[list[int]] = []
-    for text in itertools.chain.from_iterable(documents):
-        ids = ([eos] if eos is not None else []) + tokenizer.encode(text).ids
+    for ids in documents:
         pieces += [ids[start:start + length] for start in range(0, len(ids) - length + 1, length)]
         if len(pieces) >= count:
             break
+    return pieces[:count]
+
+
+def trained_data(ckpt: str) -> dict[str, Any] | None:
+    """The resolved ``data`` node the run of ``ckpt`` trained on (its logged config), or None for a
+    model saved outside a run or a run that logged no config."""
+    run = run_directory(locate(ckpt))
+    logged = RunFolder(run).logged_config() if run is not None else None
+    data = (logged or {}).get("data")
+    return data if isinstance(data, dict) else None
+
+
+def held_out_documents(trained: dict[str, Any], tokenizer: Tokenizer) -> tuple[str, int, Iterator[list[int]]]:
+    """The documents the run held out of its training (its test split, else its validation split),
+    as it drew them: the split's name, its count of documents and their tokens (each after its
+    separator, as in training)."""
+    from hydra.utils import instantiate
+
+    splits = instantiate(trained, tokenizer=tokenizer).build()
+    name = "test" if splits["test"].documents else "val"
+    split = splits[name]
+    return name, split.documents, (split.store.document(int(number)).tolist() for number in split.document_ids)
+
+
+def probe_documents(data: DictConfig, tokenizer: Tokenizer, length: int, count: int, cache_dir: str | Path,
+                    trained: dict[str, Any] | None = None) -> ProbeDocuments:
+    """The first ``count`` pieces of ``length`` tokens of the corpus ``data`` names, each document
+    tokenized as in training (after ``<|endoftext|>`` when the data config separates documents) and
+    cut into consecutive non-overlapping pieces (its remainder dropped). Held-out documents where
+    there are enough: where ``data`` is the corpus the model trained on (``trained``, its run's data
+    node), the documents the run held out of training; else a corpus's own test split where it
+    names one (WikiText-103's), else its documents in order."""
+    if "source" not in data:
+        raise MCSDError(f"data={data.get('name', '?')} has no text documents: probe on a text corpus "
+                        "(data=embedded, data=text_files data.paths=[...], data=wikitext103)")
+    data = OmegaConf.to_container(data, resolve=True) if isinstance(data, DictConfig) else dict(data)
+    name = data.get("name", "?")
+    same = trained is not None and "source" in trained and all(data.get(field) == trained.get(field)
+                                                                 for field in CORPUS_FIELDS)
+    note = ""
+    if same:  # its documents tokenized as the run's were, into this command's cache
+        split, held, documents = held_out_documents({**trained, "cache_dir": str(cache_dir)}, tokenizer)
+        pieces = _pieces(documents, length, count)
+        if len(pieces) >= 2:
+            return ProbeDocuments(torch.tensor(pieces), f"the {split} documents the run held out of training "
+                                                        f"(data={name}, {held} documents)")
+        note = (f"; its held-out {split} documents make {len(pieces)} piece(s) of length={length} tokens, fewer than "
+                "the 2 the probe needs: lower length for held-out text")
+    if data.get("sample_by") == "auto":  # long documents: a lone file is one, not its paragraphs
+        data = {**data, "sample_by": "document"}
+    sources = corpus_sources(data, Path(cache_dir).expanduser() / "hf")
+    split = "test" if "test" in sources else "train"  # a corpus's own test split where it has one
+    eos = tokenizer.token_to_id(EOS_TOKEN) if data.get("separate_documents", True) else None
+    texts = itertools.chain.from_iterable(sources[split].documents())
+    pieces = _pieces((([eos] if eos is not None else []) + tokenizer.encode(text).ids for text in texts), length, count)
     if len(pieces) < 2:
-        raise DataError(f"data={data.get('name', '?')} has {len(pieces)} piece(s) of length={length} tokens; the "
+        raise DataError(f"data={name} has {len(pieces)} piece(s) of length={length} tokens; the "
                         "probe needs at least 2: lower length or give longer documents")
-    return torch.tensor(pieces[:count])
+    if split == "test":
+        what = f"data={name}'s own test split"
+    elif same:
+        what = f"data={name}'s documents in order, which the model trained on{note}"
+    elif trained is not None:
+        what = f"data={name}'s documents in order (not the corpus the model trained on)"
+    else:
+        what = f"data={name}'s documents in order (the model's training data is not recorded beside it)"
+    return ProbeDocuments(torch.tensor(pieces), what)
 
 
 def model_identity(model: CausalLM) -> dict[str, str]:
@@ -95,9 +162,11 @@ def context(cfg: DictConfig) -> ContextProbe:
     if cfg.form is not None and cfg.form not in forms:
         raise MCSDError(f"form={cfg.form} is not a form of this model: use one of {', '.join(forms)} (or null)")
     identity = model_identity(model)
-    documents = probe_documents(cfg.data, load_tokenizer(cfg.ckpt), int(cfg.length), int(cfg.num_documents),
-                                cfg.paths.cache_dir).to(cfg.device)
-    print(f"probing {identity['label']} on {len(documents)} documents of {documents.shape[1]} tokens", flush=True)
+    read = probe_documents(cfg.data, load_tokenizer(cfg.ckpt), int(cfg.length), int(cfg.num_documents),
+                           cfg.paths.cache_dir, trained_data(cfg.ckpt))
+    documents = read.pieces.to(cfg.device)
+    print(f"probing {identity['label']} on {len(documents)} pieces of {documents.shape[1]} tokens: {read.what}",
+          flush=True)
     result = None  # a second Ctrl-C stops at once, in the middle of the probe
     with StopAfterCurrent() as stop:
         result = probe_context(model, documents, windows, num_positions=cfg.num_positions,

@@ -357,6 +357,7 @@ class PackedBlocks(torch.utils.data.Dataset):
         self.run_offset = np.concatenate([[0], np.cumsum(self.run_length)])
         self.tokens = int(self.run_offset[-1])
         self.documents = len(documents)
+        self.document_ids = documents  # which of the store's documents (the long-context probe reads them whole)
 
     def __len__(self) -> int:
         return self.tokens // self.block

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 import mcsd
 from helpers.models import tiny_model
 from helpers.runs import run_here
+from mcsd.checkpoint.saved_model import load_tokenizer
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, LMConfig, TokenMixer, registry
 from mcsd.probes.context import _losses, evaluation_positions, probe_context
@@ -196,6 +197,8 @@ def test_mcsd_probe_context_writes_the_probe_of_the_documents_it_cuts(tmp_path: 
               "paths.log_dir=logs"]
     result = run_here("mcsd-probe", "context", *common, f"length={length}", f"num_documents={count}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
+    assert (f"probing MCSD full on {count} pieces of {length} tokens: data=text_files's documents in order (the "
+            "model's training data is not recorded beside it)") in result.stdout.splitlines()
     (run_dir,) = (tmp_path / "logs" / "probe_context" / "runs").iterdir()
     deltas = pd.read_csv(run_dir / "context_delta.csv")
     pd.testing.assert_frame_equal(deltas[expected.columns], expected, check_exact=False, atol=1e-6)
@@ -289,3 +292,43 @@ def test_the_probes_bar_counts_every_token_the_model_reads(monkeypatch: pytest.M
     probe_context(model, documents, [8, 24], num_positions=3, batch_size=2, bootstrap=0, max_tokens=50)
     (bar,) = bars
     assert bar.total == bar.n == sum(fed) > 0
+
+
+@pytest.mark.slow
+def test_mcsd_probe_context_reads_the_documents_the_run_held_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probing a run on the corpus it trained on read that corpus from its start: documents it
+    trained on, said as "16 documents". It reads the documents the run held out of training (its
+    test split, drawn as training drew it) and says so; another corpus is said to be another."""
+    from hydra.utils import instantiate
+
+    from helpers.runs import FAST
+    from mcsd.checkpoint.run_folder import RunFolder
+
+    words = "the king of a far land ships gold and silver to every harbour along the coast".split()
+    rng = torch.Generator().manual_seed(5)
+    paragraphs = [" ".join(words[i] for i in torch.randint(0, len(words), (200,), generator=rng)) for _ in range(40)]
+    (tmp_path / "story.txt").write_text("\n\n".join(paragraphs) + "\n")
+    data = ["data=text_files", "data.paths=[story.txt]", "data.sample_by=paragraph"]
+    trained = run_here("mcsd-train", *FAST, *data, "logger=csv", "hydra.run.dir=run", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    logged = RunFolder(tmp_path / "run").logged_config()
+    common = ["ckpt=run", "windows=[16]", "num_positions=3", "batch_size=2", "bootstrap=0", "length=64",
+              "num_documents=6", "wandb.enabled=false"]
+    result = run_here("mcsd-probe", "context", *common, *data, "output_dir=held_out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (f"probing MCSD full on 6 pieces of 64 tokens: the test documents the run held out of training "
+            f"(data=text_files, {logged['data/test_documents']} documents)") in result.stdout.splitlines()
+    model = mcsd.load(tmp_path / "run")
+    monkeypatch.chdir(tmp_path)  # the run's data.paths are relative to where it ran
+    split = instantiate({**logged["data"], "cache_dir": str(tmp_path / "cache")}, tokenizer=load_tokenizer(tmp_path / "run")
+                        ).build()["test"]
+    pieces = [ids[start:start + 64] for number in split.document_ids for ids in [split.store.document(int(number)).tolist()]
+              for start in range(0, len(ids) - 63, 64)][:6]
+    expected = probe_context(model, torch.tensor(pieces), windows=[16], num_positions=3, batch_size=2, bootstrap=0,
+                             seed=0, max_tokens=16384).deltas
+    deltas = pd.read_csv(tmp_path / "held_out" / "context_delta.csv")
+    pd.testing.assert_frame_equal(deltas[expected.columns], expected, check_exact=False, atol=1e-6)
+    other = run_here("mcsd-probe", "context", *common, "output_dir=other", cwd=tmp_path)  # data=embedded
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert ("probing MCSD full on 6 pieces of 64 tokens: data=embedded's documents in order (not the corpus the model "
+            "trained on)") in other.stdout.splitlines()
