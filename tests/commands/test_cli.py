@@ -316,6 +316,8 @@ BAD_INPUTS = [
     ("mcsd-train", ["task=passkey"], {}, None, "task=passkey is a task of data=retrieval, and this run's data is a text "
      "corpus: add data=retrieval (or experiment=retrieval: every architecture on every task)"),
     ("mcsd-eval", ["ckpt=logs/nope", "tasks=local"], OFFLINE, None, "logs/nope does not exist: point to a model folder"),
+    ("mcsd-eval", ["ckpt=garbage.ckpt", "tasks=local"], {}, None,  # left its run folder (its local tasks) before
+     "garbage.ckpt is not a readable checkpoint (truncated or corrupt)"),
     ("mcsd-train", ["paths.output_dir=EARLIER"], {}, None, "holds a run already (checkpoints, model, csv, result.json): "
      "a new run there would mix its files with that run's; go on with that run (resume="),
     ("mcsd-train", ["-m", "model=mcsd,rnn"], {}, None,
@@ -438,6 +440,17 @@ def test_a_refused_run_in_a_users_folder_removes_none_of_its_files(tmp_path: Pat
     result = run_here("mcsd-train", *FAST, "hydra.run.dir=mine", "optimizer.lr=-1e-3", cwd=tmp_path)
     assert result.returncode == 2 and "optimizer.lr=-0.001 must be 0 or more" in result.stderr
     assert (folder / "notes.log").read_text() == "a user's own log\n"
+
+
+def test_a_refused_command_in_a_fresh_folder_leaves_nothing_there(tmp_path: Path) -> None:
+    """The first command in a new folder, refused, left an empty logs/ behind; one in a folder whose
+    logs/ was there before keeps that folder."""
+    result = run_here("mcsd-train", *FAST, "optimizer.lr=-1e-3", cwd=tmp_path)
+    assert result.returncode == 2 and "optimizer.lr=-0.001 must be 0 or more" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "logs").mkdir()
+    assert run_here("mcsd-train", *FAST, "optimizer.lr=-1e-3", cwd=tmp_path).returncode == 2
+    assert [path.name for path in tmp_path.rglob("*")] == ["logs"]
 
 
 def test_a_file_this_user_may_not_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

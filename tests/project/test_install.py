@@ -184,14 +184,22 @@ def test_the_gpu_check_installs_offline_from_a_wheel_folder(tmp_path: Path) -> N
     installed = install_site / "project" / "mcsd" / "__init__.py"
     installed_at = installed.stat().st_mtime_ns
     composed = tmp_path / "composed.txt"
+    # Hydra's own way of composing a folder of configs, in a Python that never imported mcsd: its plugin
+    # scan imports hydra_plugins.mcsd_config_nodes, which stores the registry's options (ablation=, ...).
+    (tmp_path / "compose.py").write_text(
+        "from hydra import compose, initialize_config_dir\n"
+        f"with initialize_config_dir({str(install_site / 'project' / 'mcsd' / 'conf')!r}, version_base='1.3'):\n"
+        "    print(list(compose('train', overrides=['ablation=slope_only', 'size=tiny']).model.sections))\n")
     collected = subprocess.run(
         ["bash", "-c", f"source {ROOT / 'experiments/gpu_check/install.sh'} {wheels} {install_site} && cd {tmp_path} && "
          f"mcsd-train --cfg hydra hydra/sweeper=arms hydra/launcher=local_parallel model=retnet size=tiny > {composed} && "
+         f"python3 -P compose.py >> {composed} && "
          f"cd {ROOT} && python3 -P -m pytest --collect-only -q -p no:cacheprovider -o addopts='' tests"],
         env=environment, capture_output=True, text=True, timeout=600)
     assert installed.stat().st_mtime_ns == installed_at  # the same wheels: the site as run.sh left it, not reinstalled
     assert "_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher" in composed.read_text()
     assert "_target_: hydra_plugins.mcsd_arms_sweeper.ArmsSweeper" in composed.read_text()
+    assert composed.read_text().splitlines()[-1] == "['slope']"
     last = collected.stdout.strip().splitlines()[-1]
     assert collected.returncode == 0 and re.match(r"\d+ tests collected", last) and "error" not in last, \
         last + collected.stderr[-3000:]

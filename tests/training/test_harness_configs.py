@@ -140,26 +140,3 @@ def test_the_bar_counts_the_runs_steps_on_a_terminal(tmp_path: Path, capsys: pyt
     assert any("Epoch 1: " in frame and "| 7/12 [" in frame for frame in frames)
     assert "| 12/12 [" in frames[-1] and "tokens=6,144" in frames[-1] and frames[-1].startswith("Epoch 2:")
 
-
-@pytest.mark.slow
-def test_hydras_own_ways_of_composing_find_the_registrys_options(tmp_path: Path) -> None:
-    """initialize_config_dir on conf/ and initialize(config_path=...), as Hydra's docs compose, in a
-    Python that has not imported mcsd: the registry's options (ablation=, variant=, model=transformer,
-    which only mcsd.conf's import stores) are found, as through initialize_config_module."""
-    import subprocess
-
-    conf = Path(__file__).resolve().parents[2] / "conf"
-    script = (
-        "import os\n"
-        "from hydra import compose, initialize, initialize_config_dir\n"
-        f"with initialize_config_dir({str(conf)!r}, version_base='1.3'):\n"
-        "    cfg = compose('train', overrides=['ablation=slope_only'])\n"
-        "print(list(cfg.model.sections))\n"
-        f"os.chdir({str(tmp_path)!r})\n"
-        f"with initialize(config_path=os.path.relpath({str(conf)!r}, {str(tmp_path)!r}), version_base='1.3'):\n"
-        "    cfg = compose('train', overrides=['model=transformer', 'variant=default'])\n"
-        "print(cfg.model._target_)\n")
-    (tmp_path / "compose.py").write_text(script)
-    result = subprocess.run([sys.executable, str(tmp_path / "compose.py")], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.splitlines() == ["['slope']", "mcsd.models.transformer.TransformerConfig"]
