@@ -298,6 +298,11 @@ def check_new_top_level_keys(app: str, config_name: str, argv: list[str]) -> Non
         fail(app, f"{argument}: {name} is not a setting of {app}, so it would be ignored: {hint}")
 
 
+def key_of(override: str) -> str:
+    """The key a ``key=value`` override sets (``+``, ``++`` and ``~`` dropped)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def _first_values(argv: list[str]) -> list[str]:
     """The ``key=value`` overrides of ``argv``, a sweep's by its first value (what its first job composes)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -318,9 +323,10 @@ def _first_values(argv: list[str]) -> list[str]:
 def _check_task_has_its_data(app: str, cfg: DictConfig, overrides: list[str]) -> None:
     """``task=NAME`` (a task of MAD or of retrieval) with a text corpus for data: one line naming the
     data option the task belongs to, instead of the corpus's list of settings that lack ``task``."""
-    chosen = next((override.split("=", 1)[1] for override in overrides if override.split("=", 1)[0] == "task"), None)
+    chosen = next((override.split("=", 1)[1] for override in overrides if key_of(override) == "task"), None)
     data = cfg.get("data")
-    if chosen in (None, "null") or not isinstance(data, DictConfig) or str(data.get("_target_")).endswith("TaskDataModule"):
+    if (chosen in (None, "null") or not isinstance(data, DictConfig)
+            or str(data.get("_target_")).endswith("TaskDataModule")):
         return
     from mcsd.data.mad import MAD_TASKS
 
@@ -351,9 +357,6 @@ def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
         full_key = missing.group(1)
     except Exception:  # noqa: BLE001  anything else is Hydra's to report, as it would have
         return
-    def key_of(override: str) -> str:
-        return override.split("=", 1)[0].lstrip("+~")
-
     argument = next((override for override in overrides if key_of(override) == full_key), None) or next(
         (override for override in overrides if full_key.startswith(key_of(override) + ".")
          and override.split("=", 1)[1].startswith("{")), None)
@@ -372,7 +375,8 @@ def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
     parent, _, name = key.rpartition(".")
     if parent:
         node = OmegaConf.select(cfg, parent)
-        names = sorted(str(item) for item in node if not str(item).startswith("_")) if isinstance(node, DictConfig) else []
+        names = sorted(str(item) for item in node if not str(item).startswith("_")) if isinstance(node, DictConfig) \
+            else []
     else:
         names = sorted(_top_level_names(config_name))
     close = difflib.get_close_matches(name, names, n=1)
@@ -499,20 +503,21 @@ def _end_job(app: str, cfg: DictConfig, ended: BaseException) -> None:
     interrupted job (Ctrl-C, SIGTERM) stops the sweep: its summary is printed and the command ends."""
     from hydra.core.hydra_config import HydraConfig
 
-    from mcsd.checkpoint.run_folder import FAILED, INTERRUPTED, REFUSED, RunFolder, write_result
+    from mcsd.checkpoint.run_folder import DIVERGED, FAILED, INTERRUPTED, REFUSED, RunFolder, write_result
     from mcsd.training.sweep import end_sweep
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     code = ended.code if isinstance(ended, SystemExit) else 1
     if isinstance(ended, Refusal):
         status, reason = REFUSED, ended.message
-    elif isinstance(code, int) and code > 128:
+    elif isinstance(code, int) and code - 128 in signal.valid_signals():
         status, reason = INTERRUPTED, f"stopped by {signal.Signals(code - 128).name} (exit status {code})"
     elif isinstance(ended, SystemExit):
         status, reason = FAILED, f"exit status {code}"
     else:
         status, reason = FAILED, f"{type(ended).__name__}: {ended} (the traceback is in this job's output)"
-    if RunFolder(run_dir).result() is None:
+    earlier = RunFolder(run_dir).result()
+    if earlier is None or not (earlier["status"] == DIVERGED and status == REFUSED):  # divergence: the run's own
         write_result(run_dir, {"status": status, "reason": reason})
     if status == INTERRUPTED:
         sweep = HydraConfig.get().sweep
