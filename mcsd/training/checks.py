@@ -3,6 +3,7 @@ config that cannot work, a line each (not one mistake per try)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,6 +132,10 @@ def documents_problems(cfg: DictConfig) -> Iterator[str]:
                    "yet: use data.documents=joined")
 
 
+# Where a process of a multi-process run learns its rank (Lightning's launcher, torchrun, SLURM).
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+
+
 def output_folder_problems(cfg: DictConfig) -> Iterator[str]:
     """A run's folder (``paths.output_dir``) that already holds another run: a new run there would
     replace its checkpoints, model and config and append to its metrics, one folder holding two
@@ -139,8 +144,8 @@ def output_folder_problems(cfg: DictConfig) -> Iterator[str]:
     from hydra.core.hydra_config import HydraConfig
 
     value = OmegaConf.select(cfg, "paths.output_dir", default=None)
-    if value is None:
-        return
+    if value is None or any(os.environ.get(name, "0") != "0" for name in RANK_VARIABLES):
+        return  # the first process looks, before any writes: the others start in its folder (DDP, FSDP, SLURM)
     folder = Path(value).expanduser().absolute()
     found = RunFolder(folder).holds_a_run()
     resumed_here = cfg.get("ckpt_path") and folder in Path(cfg.ckpt_path).expanduser().absolute().parents
