@@ -97,10 +97,16 @@ def _only_refused(jobs: list[Path], results: list[dict[str, Any] | None]) -> boo
 
 def end_sweep(sweep_dir: Path, task_name: str, log_dir: str | None) -> int:
     """Print the sweep's summary and return its exit status (:func:`exit_status`). A sweep whose
-    every job was refused (each said why in its line) leaves no folder and prints no summary."""
+    every job was refused (each said why in its line) leaves no folder and prints no summary; in a
+    folder that holds other files too, only its jobs' folders and ``multirun.yaml`` go."""
     jobs = jobs_of(sweep_dir)
     results = [RunFolder(job).result() for job in jobs]
     if _only_refused(jobs, results):
+        if {entry.name for entry in sweep_dir.iterdir()} - {job.name for job in jobs} - {"multirun.yaml"}:
+            for job in jobs:  # a folder of the user's (hydra.sweep.dir=THEIRS): only what the sweep wrote goes
+                shutil.rmtree(job)
+            (sweep_dir / "multirun.yaml").unlink(missing_ok=True)
+            return exit_status(results)
         shutil.rmtree(sweep_dir)
         folder, top = sweep_dir.parent, Path(log_dir).absolute() if log_dir else None
         while top is not None and top in folder.parents and folder.is_dir() and not any(folder.iterdir()):

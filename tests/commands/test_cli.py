@@ -662,3 +662,16 @@ def test_an_interrupted_job_stops_its_sweep_with_the_summary(tmp_path: Path, mon
     assert result.stderr.strip().splitlines()[-2:] == [
         "mcsd-train: the sweep stops at its interrupted job 0: the jobs after it do not start",
         "sweep: 1 of 1 jobs did not finish (job 0 interrupted)"]
+
+
+def test_a_refused_sweep_in_a_users_folder_removes_only_what_it_wrote(tmp_path: Path) -> None:
+    """hydra.sweep.dir naming a user's folder, every job refused: the jobs' folders and multirun.yaml
+    go, the user's file stays; in a folder of its own the sweep leaves nothing."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's notes\n")
+    result = run_here("mcsd-train", "-m", *FAST, "optimizer.lr=-1,-2", "hydra.sweep.dir=mine", cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+    assert result.returncode == 2 and len(errors) == 2, result.stderr[-2000:]
+    assert [path.name for path in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    assert run_here("mcsd-train", "-m", *FAST, "optimizer.lr=-1,-2", cwd=tmp_path).returncode == 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["mine"]
