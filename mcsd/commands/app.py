@@ -496,6 +496,18 @@ def _in_sweep() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _job_finished() -> None:
+    """A sweep's job that finished says so in its ``result.json`` (``mcsd-train`` writes its own,
+    with its result; another command's job, only how it ended)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mcsd.checkpoint.run_folder import FINISHED, RunFolder, write_result
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if RunFolder(run_dir).result() is None:
+        write_result(run_dir, {"status": FINISHED})
+
+
 def _end_job(app: str, cfg: DictConfig, ended: BaseException) -> None:
     """A sweep's job that did not finish (refused, diverged, interrupted, or an error of ours):
     its folder's ``result.json`` says how it ended (a diverged run has written its own), and the
@@ -537,8 +549,11 @@ def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Re
         @functools.wraps(task)
         def checked_task(cfg: DictConfig) -> Result | None:
             try:
-                return run_or_exit(app, lambda: (require_values(cfg), check_settings_exist(cfg), apply_threads(app, cfg),
-                                                 task(cfg))[3])
+                result = run_or_exit(app, lambda: (require_values(cfg), check_settings_exist(cfg),
+                                                   apply_threads(app, cfg), task(cfg))[3])
+                if _in_sweep():
+                    _job_finished()
+                return result
             except SystemExit as ended:
                 if ended.code in (0, None) or not _in_sweep():
                     _remove_empty_run_dir(cfg)

@@ -41,6 +41,8 @@ def _end(result: dict[str, Any] | None) -> str:
         return f"diverged at step {result.get('diverged_at_step')} (no result)"
     if status != FINISHED:
         return f"{status}: {result.get('reason') or 'no reason recorded'}"
+    if "val_ppl" not in result:  # a job of another command (mcsd-bench, mcsd-eval, ...): its results are its own
+        return "finished"
     text = "val ppl " + ("not finite" if result.get("val_ppl") is None else f"{result['val_ppl']:.2f}")
     if result.get("test_ppl") is not None:
         text += f", test ppl {result['test_ppl']:.2f}"

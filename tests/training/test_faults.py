@@ -275,3 +275,14 @@ def test_a_sweeps_summary_suggests_the_plot_that_fits_it(tmp_path: Path, choices
     _write_jobs(tmp_path, [([f"model={model}"], {"val_ppl": 2.0}, chosen)
                            for model, chosen in zip(["mcsd", "transformer"], choices)])
     assert summary(tmp_path, "train").splitlines()[-1].startswith(f"plot: mcsd-plot {plot} {tmp_path}")
+
+
+def test_a_sweep_of_another_command_ends_with_status_0_when_its_jobs_finished(tmp_path: Path) -> None:
+    """An mcsd-bench sweep's jobs write no result of their own: each records that it finished, and
+    the sweep's summary says so (it said "no result (it did not finish)", and would exit 1)."""
+    from mcsd.training.sweep import end_sweep
+
+    _write_jobs(tmp_path, [([f"models=[{model}]"], {"status": "finished"}, {}) for model in ("mcsd", "retnet")])
+    assert end_sweep(tmp_path, "bench", None) == 0
+    assert summary(tmp_path, "bench").splitlines()[1:] == ["  job 0: models=[mcsd]: finished",
+                                                            "  job 1: models=[retnet]: finished"]
