@@ -82,6 +82,7 @@ trap - INT TERM
 # A job that diverged, was refused or failed ends the sweep with status 1 or 2 once every other job has run
 # (its summary says which): what the jobs logged is still copied and drawn, and the script ends with that status.
 (( status == 0 || status == 1 || status == 2 )) || exit "$status"
+if (( status != 0 )) && ! compgen -G "$sweep[0-9]*/" > /dev/null; then exit "$status"; fi  # no job ran: nothing to copy
 out="$here/$results/$name"
 first=0
 if $add; then
