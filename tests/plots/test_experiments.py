@@ -427,3 +427,18 @@ def test_an_ablation_refuses_runs_of_several_tasks(tmp_path: Path) -> None:
                                         r"a sweep of tasks with mcsd-plot tasks DIR"):
         plot_sweep("ablation", rows, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_every_job_is_refused_ends_with_the_refusal_and_draws_nothing(tmp_path: Path) -> None:
+    """experiments/sweep.sh goes on to copy and draw after a sweep whose jobs did not all finish
+    (exit 1 or 2); one that ran no job ends with its status, no results folder and no second error."""
+    (tmp_path / "experiments").mkdir()
+    for name in ("sweep.sh", "corpus_path.sh"):
+        shutil.copy(EXPERIMENTS / name, tmp_path / "experiments" / name)
+    result = subprocess.run(
+        ["bash", "experiments/sweep.sh", "fig9_ablation", "embedded", "size=tiny", "optimizer.lr=-1", "logger=csv"],
+        cwd=tmp_path, env=_sweep_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "optimizer.lr=-1 must be 0 or more" in result.stderr and "mcsd-plot: error" not in result.stderr
+    assert not (tmp_path / "experiments" / "fig9_ablation" / "trial").exists()
