@@ -25,6 +25,19 @@ def require_positive_int(name: str, value: Any) -> None:
         raise ConfigError(f"model.{name}={value!r} must be a positive integer")
 
 
+def check_attention_every(value: Any) -> None:
+    """Refuse a ``model.attention_every`` that is not an integer >= 0."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"model.attention_every={value!r} must be an integer >= 0 "
+                          "(an attention layer every that many layers; 0 for none)")
+
+
+def is_attention_layer(layer_index: int, attention_every: int) -> bool:
+    """Whether layer ``layer_index`` of a hybrid is an attention layer: every ``attention_every``-th
+    (layers ``k-1, 2k-1, ...``; none for 0), the Wonderful Matrices hybrid's placement."""
+    return attention_every > 0 and layer_index % attention_every == attention_every - 1
+
+
 def check_kernels(kernels: Any) -> None:
     """Refuse a ``model.kernels`` that is not one of :data:`mcsd.ops.kernels.KERNELS`."""
     if kernels not in KERNELS:

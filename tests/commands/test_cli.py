@@ -529,8 +529,11 @@ def test_help_lists_the_groups_a_user_chooses_from_and_the_main_settings(tmp_pat
     lines = result.stdout.splitlines()
     assert lines[0].startswith("mcsd-train: ")
     assert f"  model={'|'.join(sorted(registry.architectures()))}  (default: mcsd)" in lines
-    assert "  ablation=decay_only|double_decay|double_slope|full|slope_only|sum_fusion  (default: none)" in lines
-    assert "  variant=decay_only|default|double_decay|double_slope|full|slope_only|sum_fusion  (default: none)" in lines
+    ablations = sorted(registry.get("mcsd").variants)
+    assert {"full", "slope_only", "double_decay", "sum_fusion", "short_conv", "hybrid_attention"} <= set(ablations)
+    assert f"  ablation={'|'.join(ablations)}  (default: none)" in lines
+    variants = sorted({variant for name in registry.architectures() for variant in registry.get(name).variants})
+    assert f"  variant={'|'.join(variants)}  (default: none)" in lines
     assert any(line.startswith("  test_after_training=true  (evaluate the test split") for line in lines)
     assert "_common" not in result.stdout and "hydra/" not in result.stdout and "Hydra" not in result.stdout
     assert list(tmp_path.iterdir()) == []  # --help writes nothing

@@ -22,6 +22,18 @@ per-channel concatenation and the output projection (Eq. 13) or by summation (Eq
 Decoding state per section: ``[B, C, Dc]`` fp32. The slope keeps the normalised average
 ``V'`` of the tokens seen (the convex update of Eq. 16); the decay keeps the unnormalised
 sum ``sum_j alpha^(n-j) E_j`` (Eq. 19).
+
+Two switches of the configuration change the block beyond the paper (issue 90):
+
+- ``short_conv``: a :class:`~mcsd.models.modules.conv.ShortConvolution` on the block's input
+  before the projections; its state (the last inputs, ``[B, K-1, D]`` in the model's dtype)
+  follows the sections' in the layer's state.
+- ``input_decay``: each decay section's coefficient is the token's, ``alpha_{n,i} =
+  sigmoid(w_i . x_n + b_i)`` (the logits in fp32), so its history is ``sum_{j<n} (prod_{j<r<=n}
+  alpha_r) E_j``: decayed linear attention (:mod:`mcsd.ops.decayed_attention`) with one key
+  feature, ``q = k = 1``, read one token late (``alpha_n`` times the sum up to ``n-1``; row 0
+  the token itself, as the fixed section's). Its state is that sum up to the last token,
+  ``[B, C, Dc]`` fp32.
 """
 
 from __future__ import annotations
@@ -30,11 +42,13 @@ import torch
 import torch.nn.functional as F
 
 from mcsd.models.mcsd.configuration_mcsd import MCSDConfig
-from mcsd.models.modules.decays import log_decay_values, section_log_decay
+from mcsd.models.modules.conv import ShortConvolution
+from mcsd.models.modules.decays import decay_rates, log_decay_values, section_log_decay
 from mcsd.models.modules.layers import ChannelRMSNorm, GroupedLinear
 from mcsd.models.modules.mixer import TokenMixer
+from mcsd.ops.decayed_attention import decayed_attention
 from mcsd.ops.exp_filter import History, exp_filter_matrix, filter_histories, history_step, history_weight_sum
-from mcsd.ops.flops import exp_filter_flops
+from mcsd.ops.flops import decayed_attention_flops, exp_filter_flops
 
 
 def slope_matrix(length: int, num_channels: int) -> torch.Tensor:
@@ -66,6 +80,9 @@ class Section(torch.nn.Module):
     def __init__(self, kind: str, config: MCSDConfig) -> None:
         super().__init__()
         self.kind = kind
+        # input_decay: the decay's logit per channel from the block's input (GLA's gate).
+        self.decay_gate = (torch.nn.Linear(config.hidden_size, config.num_channels)
+                           if kind == "decay" and config.input_decay else None)
         self.norm = (ChannelRMSNorm(config.num_channels, config.channel_width, config.norm_eps,
                                     config.decay_norm_gain_init)
                      if kind == "decay" and config.decay_norm == "rmsnorm" else None)
@@ -78,6 +95,15 @@ class Section(torch.nn.Module):
     def reset_parameters(self) -> None:
         if self.norm is not None:
             self.norm.reset_parameters()
+        if self.decay_gate is not None:  # the paper's fixed decays to begin with
+            torch.nn.init.zeros_(self.decay_gate.weight)
+            alphas = torch.tensor(decay_rates(self.decay_gate.out_features), dtype=torch.float64)
+            self.decay_gate.bias.copy_(torch.logit(alphas))
+
+    def log_decay(self, x: torch.Tensor) -> torch.Tensor:
+        """The input-dependent decays' logs, ``[..., C]`` fp32 from the block's input ``[..., D]``."""
+        gate = self.decay_gate
+        return F.logsigmoid(F.linear(x.float(), gate.weight.float(), gate.bias.float()))
 
     def gate(self, mixed: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
         """Eq. 6 (slope) or Eq. 12 (decay) from the mixed history and the current branch."""
@@ -105,6 +131,7 @@ class MCSDBlock(TokenMixer):
         self.chunk_size = config.chunk_size
         self.kernels = config.kernels
         self.sections = torch.nn.ModuleList(Section(kind, config) for kind in config.sections)
+        self.short_conv = ShortConvolution(config.hidden_size, config.short_conv) if config.short_conv else None
         # Per channel, per section: (U, V) for a slope, (F, E) for a decay.
         self.in_proj = GroupedLinear(config.num_channels, config.channel_width,
                                      2 * len(self.sections) * config.channel_width, config.init_std)
@@ -119,6 +146,8 @@ class MCSDBlock(TokenMixer):
             weight.copy_(torch.empty_like(weight).normal_(std=self.init_std))
             section.reset_parameters()
         torch.nn.init.normal_(self.out_proj.weight, std=self.init_std)
+        if self.short_conv is not None:
+            self.short_conv.reset_parameters()
 
     def residual_weights(self) -> list[torch.nn.Parameter]:
         return [self.out_proj.weight]
@@ -129,7 +158,10 @@ class MCSDBlock(TokenMixer):
         """Each section's exponential filter over every channel (``C Dc`` features); the slope's
         denominators, the gates and the fusion are elementwise."""
         width = self.num_channels * self.channel_width
-        return len(self.sections) * exp_filter_flops(length, width, form, self.chunk_size)
+        fixed = sum(section.decay_gate is None for section in self.sections)
+        gated = (len(self.sections) - fixed) * self.num_channels * decayed_attention_flops(
+            length, 1, self.channel_width, form, self.chunk_size)
+        return fixed * exp_filter_flops(length, width, form, self.chunk_size) + gated
 
     def section_inputs(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``x`` ``[..., D]`` -> each section's (current, history) branches, ``[..., C, Dc]`` each."""
@@ -143,11 +175,55 @@ class MCSDBlock(TokenMixer):
         position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         batch, length, hidden = x.shape
+        section_states, conv_state = self.split_state(layer_state)
+        if self.short_conv is not None:
+            x, conv_state = self.short_conv(x, conv_state, position_ids)
         inputs = self.section_inputs(x)
-        mixed = filter_histories([history for _, history in inputs], [section.history for section in self.sections],
-                                 layer_state, position, form, self.chunk_size, self.kernels, position_ids)
+        fixed = [index for index, section in enumerate(self.sections) if section.decay_gate is None]
+        mixed: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.sections)
+        if fixed:
+            filtered = filter_histories([inputs[index][1] for index in fixed],
+                                        [self.sections[index].history for index in fixed],
+                                        None if section_states is None else [section_states[index] for index in fixed],
+                                        position, form, self.chunk_size, self.kernels, position_ids)
+            for index, result in zip(fixed, filtered):
+                mixed[index] = result
+        for index, section in enumerate(self.sections):
+            if section.decay_gate is not None:
+                mixed[index] = self.gated_history(section.log_decay(x), inputs[index][1],
+                                                  None if section_states is None else section_states[index],
+                                                  position, form, position_ids)
         thetas = [section.gate(history, current) for section, (current, _), (history, _) in zip(self.sections, inputs, mixed)]
-        return self.out_proj(self.fuse(thetas, batch, length, hidden)), [state for _, state in mixed]
+        states = [state for _, state in mixed] + ([conv_state] if self.short_conv is not None else [])
+        return self.out_proj(self.fuse(thetas, batch, length, hidden)), states
+
+    def split_state(self, layer_state: list[torch.Tensor] | None) -> tuple[list[torch.Tensor] | None, torch.Tensor | None]:
+        """The layer's state as (each section's state, the convolution's), ``None`` at the start."""
+        if layer_state is None:
+            return None, None
+        return layer_state[:len(self.sections)], layer_state[len(self.sections)] if self.short_conv is not None else None
+
+    def gated_history(
+        self, log_decay: torch.Tensor, history: torch.Tensor, state: torch.Tensor | None, position: int, form: str,
+        position_ids: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """An input-decay section's mixed history ``[B, N, C, Dc]`` and state ``[B, C, Dc]`` fp32:
+        the decayed sum up to each token's predecessor times the token's decay (row 0 of a
+        sequence or document: the token itself)."""
+        batch, length, channels, width = history.shape
+        value = history.transpose(1, 2)  # [B, C, N, Dc]
+        ones = value.new_ones(batch, channels, length, 1)
+        log_decay = log_decay.transpose(1, 2)  # [B, C, N]
+        starts = None if position_ids is None else position_ids == 0
+        initial = None if state is None else state[:, :, None]
+        sums, final = decayed_attention(ones, ones, value, log_decay, initial, form, self.chunk_size, self.kernels,
+                                        starts)  # sums[n] = sum_{j<=n} (prod_{j<r<=n} alpha_r) E_j
+        before = sums.new_zeros(batch, channels, 1, width) if state is None else state[:, :, None].to(sums.dtype)
+        earlier = torch.cat([before, sums[:, :, :-1]], dim=2)
+        mixed = torch.exp(log_decay)[..., None].to(sums.dtype) * earlier
+        first = (torch.arange(length, device=history.device)[None, :] + position == 0) if starts is None else starts
+        mixed = torch.where(first[:, None, :, None], value, mixed)
+        return mixed.transpose(1, 2), final[:, :, 0]
 
     def step(
         self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int | torch.Tensor
@@ -155,18 +231,42 @@ class MCSDBlock(TokenMixer):
         """One token per row, ``x`` ``[B, D]``: the recurrent form without its sequence axis,
         the section states advanced in place."""
         batch, hidden = x.shape
-        if layer_state is None:
-            layer_state = [x.new_zeros(batch, self.num_channels, self.channel_width, dtype=torch.float32)
-                           for _ in self.sections]
-        thetas = [section.gate(history_step(history, section.history, state, position), current)
-                  for section, (current, history), state in zip(self.sections, self.section_inputs(x), layer_state)]
-        return self.out_proj(self.fuse(thetas, batch, 1, hidden)).view(batch, hidden), layer_state
+        section_states, conv_state = self.split_state(layer_state)
+        if self.short_conv is not None:
+            x, conv_state = self.short_conv.step(x, conv_state)
+        if section_states is None:
+            section_states = [x.new_zeros(batch, self.num_channels, self.channel_width, dtype=torch.float32)
+                              for _ in self.sections]
+        thetas = []
+        for section, (current, history), state in zip(self.sections, self.section_inputs(x), section_states):
+            if section.decay_gate is None:
+                mixed = history_step(history, section.history, state, position)
+            else:
+                mixed = gated_history_step(history, section.log_decay(x), state, position)
+            thetas.append(section.gate(mixed, current))
+        states = section_states + ([conv_state] if self.short_conv is not None else [])
+        return self.out_proj(self.fuse(thetas, batch, 1, hidden)).view(batch, hidden), states
+
 
     def fuse(self, thetas: list[torch.Tensor], batch: int, length: int, hidden: int) -> torch.Tensor:
         """Eq. 13 (per-channel concatenation) or Eq. 20 (element-wise sum), ``[B, N, fused]``."""
         if self.fusion == "concat":
             return torch.cat(thetas, dim=-1).reshape(batch, length, -1)
         return torch.stack(thetas).sum(0).reshape(batch, length, hidden)
+
+
+def gated_history_step(
+    value: torch.Tensor, log_decay: torch.Tensor, state: torch.Tensor, position: int | torch.Tensor
+) -> torch.Tensor:
+    """One token of an input-decay section: ``value`` ``[B, C, Dc]``, its decays' logs ``[B, C]``;
+    the mixed history (``alpha_n`` times the sum before it; at position 0 the token itself), with
+    ``state`` ``[B, C, Dc]`` fp32 advanced in place to the sum up to this token."""
+    decay = torch.exp(log_decay)[..., None]
+    earlier = (decay * state).to(value.dtype)
+    output = torch.where(position == 0, value, earlier) if isinstance(position, torch.Tensor) else (
+        value if position == 0 else earlier)
+    state.mul_(decay).add_(value.to(state.dtype))
+    return output
 
 
 def _merge_section_projections(module: torch.nn.Module, state_dict: dict, prefix: str, *args: object) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mcsd.models.config import ConfigError, LMConfig, require_positive_int
+from mcsd.models.config import ConfigError, LMConfig, check_attention_every, is_attention_layer, require_positive_int
 
 MLPS = ("geglu", "cdmoe")
 SSD_NORMS = ("per_head", "gate_first")
@@ -52,9 +52,7 @@ class WonderfulMatricesConfig(LMConfig):
         for name in ("ssd_expand", "state_size", "cdmoe_experts", "cdmoe_heads", "cdmoe_top_k",
                      "cdmoe_retrieval_width"):
             require_positive_int(name, getattr(self, name))
-        if not isinstance(self.attention_every, int) or isinstance(self.attention_every, bool) or self.attention_every < 0:
-            raise ConfigError(f"model.attention_every={self.attention_every!r} must be an integer >= 0 "
-                              "(an attention layer every that many layers; 0 for SSD only)")
+        check_attention_every(self.attention_every)
         if not isinstance(self.dynamic_mask, bool):
             raise ConfigError(f"model.dynamic_mask={self.dynamic_mask!r} must be true or false")
         if self.mlp not in MLPS:
@@ -78,4 +76,4 @@ class WonderfulMatricesConfig(LMConfig):
 
     def is_attention_layer(self, layer_index: int) -> bool:
         """Whether layer ``layer_index`` is an attention layer (every ``attention_every``-th)."""
-        return self.attention_every > 0 and layer_index % self.attention_every == self.attention_every - 1
+        return is_attention_layer(layer_index, self.attention_every)
