@@ -92,3 +92,34 @@ def test_retention_is_the_written_formula() -> None:
     expected = (normed * F.silu(g.view(2, 9, heads, value_width))).reshape(2, 9, -1) @ mixer.out_proj.weight.T
     actual, state = mixer(x, None, 5, "parallel")
     assert torch.allclose(actual, expected, atol=1e-10) and state.shape == (2, heads, key_width, value_width)
+
+
+@torch.no_grad()
+def test_retention_with_its_parts_switched_off_is_the_written_formula() -> None:
+    """RetNet with no RoPE, no per-head norm, no gate and decays 1 - 2^(-2-h) (the switches of
+    issue 90's study): out = W_O(o), o_n = sum_{m<=n} gamma_h^(n-m) (q_n . k_m / sqrt(dk)) v_m
+    with q and k as projected; each switch alone changes the default model's output."""
+    bare = dict(rope=False, retention_norm=False, output_gate=False, decay_offset=2.0)
+    mixer = tiny_model("retnet", **bare).layers[0].mixer.double()
+    assert mixer.norm is None and mixer.vg_proj.out_features == mixer.num_heads * mixer.value_width
+    heads, key_width, value_width = mixer.num_heads, mixer.key_width, mixer.value_width
+    x = torch.randn(2, 9, heads * key_width, dtype=torch.float64)
+    q, k = (x @ weight.T for weight in mixer.qk_proj.weight.chunk(2))
+    q, k = (t.view(2, 9, heads, key_width).transpose(1, 2) for t in (q, k))
+    v = (x @ mixer.vg_proj.weight.T).view(2, 9, heads, value_width).transpose(1, 2)
+    o = torch.zeros_like(v)
+    for h in range(heads):
+        gamma = 1 - 2.0 ** (-2 - h)
+        for n in range(9):
+            for m in range(n + 1):
+                o[:, h, n] += gamma ** (n - m) * (q[:, h, n] * k[:, h, m]).sum(-1, keepdim=True) / key_width**0.5 * v[:, h, m]
+    expected = o.transpose(1, 2).reshape(2, 9, -1) @ mixer.out_proj.weight.T
+    for form in ("parallel", "chunk", "recurrent"):
+        actual, _ = mixer(x, None, 5, form)
+        assert torch.allclose(actual, expected, atol=1e-10), form
+    input_ids = torch.randint(0, 101, (2, 30))
+    torch.manual_seed(0)
+    reference = tiny_model("retnet")(input_ids)
+    for switch in ({"rope": False}, {"retention_norm": False}, {"decay_offset": 2.0}, {"short_conv": 4}):
+        torch.manual_seed(0)  # the same weights where the switch leaves them
+        assert not torch.allclose(tiny_model("retnet", **switch)(input_ids), reference, atol=1e-4), switch

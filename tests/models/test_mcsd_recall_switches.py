@@ -3,7 +3,8 @@ the short convolution is a depthwise ``conv1d`` then SiLU, the input-dependent d
 ``sum_{j<n} (prod_{j<r<=n} alpha_r) E_j`` written as a loop and starts as the fixed decay, and the
 hybrid puts the Transformer's attention at every ``attention_every``-th layer. The conformance
 suite runs each registered variant through every form; these tests make the switches matter
-(trained-looking gate weights, documents apart) and check their refusals."""
+(trained-looking gate weights, documents apart) and check their refusals, and RetNet's switches'
+refusals (their formula: tests/models/test_architectures.py)."""
 
 from __future__ import annotations
 
@@ -145,3 +146,21 @@ def test_the_switches_refuse_what_cannot_work_in_one_line(fields: dict, message:
     with pytest.raises(ConfigError) as error:
         build_model(tiny_config("mcsd/full", **fields))
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"short_conv": 2.5}, "model.short_conv=2.5 must be an integer >= 0"),
+    ({"rope": "no"}, "model.rope='no' must be true or false"),
+    ({"decay_offset": 0}, "model.decay_offset=0 must be positive"),
+])
+def test_retnets_switches_refuse_what_cannot_work_in_one_line(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        build_model(tiny_config("retnet", **fields))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_retnet_without_rope_takes_any_head_width() -> None:
+    """RoPE's even head width is asked only with RoPE on."""
+    assert build_model(tiny_config("retnet", rope=False, hidden_size=9)).layers[0].mixer.key_width == 3
+    with pytest.raises(ConfigError, match="gives heads of 3 features"):
+        build_model(tiny_config("retnet", hidden_size=9))

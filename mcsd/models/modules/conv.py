@@ -6,8 +6,8 @@ token and the ``K - 1`` before it (none before a document's start), then SiLU as
 apply it. It lets the mixer see its neighbours' content directly, which associative recall needs
 (zoology: the short convolution is what turns a gated linear recurrence into one that recalls).
 
-Decoding state: the last ``K - 1`` inputs, ``[B, K - 1, D]`` fp32 as every recurrent state (exact
-copies of 16-bit inputs, nothing accumulated). It is the same computation in every form of the mixer.
+Decoding state: the last ``K - 1`` inputs, ``[B, K - 1, D]`` fp32 as every recurrent state (fp64
+in an fp64 model; exact copies of 16-bit inputs, nothing accumulated). It is the same computation in every form of the mixer.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from mcsd.ops.common import state_dtype
 
 
 class ShortConvolution(nn.Module):
@@ -37,7 +39,7 @@ class ShortConvolution(nn.Module):
 
     def init_state(self, x: torch.Tensor) -> torch.Tensor:
         """The state before the first token: no earlier inputs, ``[B, K - 1, D]`` of zeros."""
-        return x.new_zeros(x.shape[0], self.kernel_size - 1, x.shape[-1], dtype=torch.float32)
+        return x.new_zeros(x.shape[0], self.kernel_size - 1, x.shape[-1], dtype=state_dtype(x))
 
     def forward(
         self, x: torch.Tensor, state: torch.Tensor | None, position_ids: torch.Tensor | None = None
@@ -55,7 +57,7 @@ class ShortConvolution(nn.Module):
             if position_ids is not None:
                 earlier = earlier * (position_ids >= back)[..., None].to(x.dtype)
             mixed = mixed + earlier * self.weight[:, back]
-        new_state = padded[:, length:].to(torch.float32)
+        new_state = padded[:, length:].to(state_dtype(x))
         if position_ids is not None:  # the last document's inputs: zeros before its start
             from_end = torch.arange(past, 0, -1, device=x.device)  # how far back from the last token, plus 1
             inside = position_ids[:, -1:] >= from_end - 1

@@ -12,6 +12,9 @@ register(Architecture(
     label="RetNet",
     train_form="chunk",
     ops=("decayed_attention",),  # model.kernels: its chunk and recurrent forms through fla's kernels
+    # Its parts one at a time (issue 90: what RetNet needs to recall), each through the conformance suite.
+    setting_cases=({"rope": False}, {"retention_norm": False}, {"output_gate": False}, {"decay_offset": 2.0},
+                   {"short_conv": 4}),
 ))
 
 __all__ = ["MultiScaleRetention", "RetNetConfig", "RetNetForCausalLM"]
