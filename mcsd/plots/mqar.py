@@ -1,6 +1,6 @@
-"""MQAR figures and table: accuracy vs model width, and accuracy vs the bytes of one
-sequence's decoding state (zoology's and Based's recall / state-size trade-off), one panel
-per (T, K), one line per architecture (and variant), each point at its best learning rate
+"""MQAR figures and table: accuracy vs model width, accuracy vs the bytes of one
+sequence's decoding state (zoology's and Based's recall / state-size trade-off) and accuracy vs
+learning rate (whether the grid brackets each best), one panel per (T, K), one line per architecture (and variant), each point at its best learning rate
 (zoology's protocol).
 
 A point's accuracy is the final ``val/mqar_acc`` of its run, averaged over seeds; the best
@@ -148,7 +148,10 @@ def best_learning_rate(runs: pd.DataFrame) -> pd.DataFrame:
              .agg(mean=("accuracy", "mean"), min=("accuracy", "min"), max=("accuracy", "max"),
                   count=("accuracy", "count"), state_bytes=("state_bytes", "first")).reset_index())
     best = by_lr.loc[by_lr.groupby(["curve", "seq_len", "num_pairs", "width"])["mean"].idxmax()].copy()
-    best["lrs_tried"] = by_lr.groupby(["curve", "seq_len", "num_pairs", "width"])["lr"].count().to_numpy()
+    grid = by_lr.groupby(["curve", "seq_len", "num_pairs", "width"])["lr"]
+    best["lrs_tried"] = grid.count().to_numpy()
+    best["at_edge"] = ((best["lr"].to_numpy() == grid.min().to_numpy()) | (best["lr"].to_numpy() == grid.max().to_numpy())) \
+        & (best["lrs_tried"].to_numpy() > 1)
     best["label"] = [curve_label("ablation", curve, None) for curve in best["curve"]]
     best["order"] = [curve_order("ablation", curve) for curve in best["curve"]]
     best = best.rename(columns={"mean": "accuracy", "min": "accuracy_min", "max": "accuracy_max", "count": "seeds"})
@@ -156,7 +159,8 @@ def best_learning_rate(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def markdown_mqar_table(best: pd.DataFrame) -> str:
-    """Rows: curve and width; columns: each (T, K), as ``accuracy (lr)``."""
+    """Rows: curve and width; columns: each (T, K), as ``accuracy (lr)``, the rate starred where it is
+    the lowest or highest of those tried (not bracketed by the grid)."""
     settings = sorted({(row.seq_len, row.num_pairs) for row in best.itertuples()})
     header = ["curve", "width", *(f"T={t}, K={k}" for t, k in settings)]
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
@@ -164,8 +168,12 @@ def markdown_mqar_table(best: pd.DataFrame) -> str:
         cells = [label, str(width)]
         for t, k in settings:
             point = group[(group["seq_len"] == t) & (group["num_pairs"] == k)]
-            cells.append(f"{point['accuracy'].iloc[0]:.3f} (lr {point['lr'].iloc[0]:g})" if len(point) else "")
+            edge = "*" if len(point) and point["at_edge"].iloc[0] else ""
+            cells.append(f"{point['accuracy'].iloc[0]:.3f} (lr {point['lr'].iloc[0]:g}{edge})" if len(point) else "")
         lines.append("| " + " | ".join(cells) + " |")
+    if best["at_edge"].any():
+        lines.append("\n\\* the best of the rates tried is the lowest or the highest of them: the grid does not "
+                     "bracket it, and a wider one may find more.")
     return "\n".join(lines) + "\n"
 
 
@@ -217,11 +225,49 @@ def plot_mqar(runs: pd.DataFrame, output_dir: str | Path, name: str = "mqar_reca
                     f"{seeds} seed{'s' if seeds > 1 else ''})")
     paths = save_figure(figure, output_dir, name)
     paths += plot_accuracy_vs_state(best, output_dir, f"{name}_state")
+    paths += plot_accuracy_vs_rate(runs, best, output_dir, f"{name}_rates")
     paths.append(Path(output_dir) / f"{name}_table.md")
     paths[-1].write_text(markdown_mqar_table(best))
     paths.append(Path(output_dir) / f"{name}_runs.md")
     paths[-1].write_text(markdown_mqar_runs(runs))
     return MQARFigure(paths=paths, labels=labels, table=best)
+
+
+def plot_accuracy_vs_rate(runs: pd.DataFrame, best: pd.DataFrame, output_dir: str | Path, name: str) -> list[Path]:
+    """Accuracy vs learning rate (log axis), mean over seeds, one line per curve, one panel per
+    (T, K) (rows) and width (columns), each curve's best rate ringed: a reader sees whether the
+    grid brackets each best (zoology's protocol; "Revisiting associative recall": recurrent models
+    recall in a narrow window of rates). Writes ``<name>.png/.pdf``."""
+    settings = sorted({(row.seq_len, row.num_pairs) for row in best.itertuples()})
+    widths = sorted(best["width"].unique())
+    curves = list(dict.fromkeys(best["curve"]))
+    colors = curve_colors(curves)
+    means = runs.groupby(["curve", "seq_len", "num_pairs", "width", "lr"])["accuracy"].mean().reset_index()
+    figure, axes = plt.subplots(len(settings), len(widths), figsize=(3.6 * len(widths), 3.2 * len(settings)),
+                                squeeze=False, sharex=True, sharey=True, layout="constrained")
+    for row, (t, k) in enumerate(settings):
+        for column, width in enumerate(widths):
+            ax = axes[row][column]
+            for curve in curves:
+                points = means[(means["curve"] == curve) & (means["seq_len"] == t) & (means["num_pairs"] == k)
+                               & (means["width"] == width)].sort_values("lr")
+                if points.empty:
+                    continue
+                top = best[(best["curve"] == curve) & (best["seq_len"] == t) & (best["num_pairs"] == k)
+                           & (best["width"] == width)]
+                label = top["label"].iloc[0]
+                ax.plot(points["lr"], points["accuracy"], marker="o", color=colors[curve], label=label)
+                ax.plot(top["lr"], top["accuracy"], marker="o", markersize=11, fillstyle="none", color=colors[curve])
+            ax.set(xscale="log", title=f"T = {t}, K = {k}, width {width}", ylim=(-0.02, 1.02))
+            ax.grid(True, alpha=0.3)
+            if row == len(settings) - 1:
+                ax.set_xlabel("learning rate")
+            if column == 0:
+                ax.set_ylabel("MQAR accuracy")
+    handles = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7)
+    figure.suptitle("MQAR: accuracy vs learning rate (ringed: each curve's best)")
+    return save_figure(figure, output_dir, name)
 
 
 def state_frontier(points: pd.DataFrame) -> pd.DataFrame:

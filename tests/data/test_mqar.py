@@ -28,7 +28,8 @@ from mcsd.data import MQARDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mqar import IGNORE_INDEX, mqar_accuracy, mqar_examples
 from mcsd.models import registry
-from mcsd.plots.mqar import load_mqar_runs, plot_mqar, run_course, state_frontier
+from mcsd.plots.mqar import (best_learning_rate, load_mqar_runs, markdown_mqar_table, plot_accuracy_vs_rate, plot_mqar,
+                             run_course, state_frontier)
 from mcsd.checkpoint.saved_model import load as load_model
 from mcsd.commands.train import train
 from mcsd.training.callbacks import PlateauStopping
@@ -436,7 +437,8 @@ def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(recal
     assert set(runs["num_pairs"]) == {2} and set(runs["width"]) == {16, 32}  # K = T / 16
     figure = plot_mqar(runs, tmp_path / "figure")
     assert [path.name for path in figure.paths] == ["mqar_recall.png", "mqar_recall.pdf", "mqar_recall_state.png",
-                                                    "mqar_recall_state.pdf", "mqar_recall_table.md", "mqar_recall_runs.md"]
+                                                    "mqar_recall_state.pdf", "mqar_recall_rates.png",
+                                                    "mqar_recall_rates.pdf", "mqar_recall_table.md", "mqar_recall_runs.md"]
     assert set(runs["stopped"]) == {"budget"} and set(runs["examples"]) == {2 * 16}  # 2 steps of 16 examples
     # The state axis is mcsd-bench's state_bytes_per_sequence after the T tokens of an example.
     for run in runs.drop_duplicates(["curve", "width"]).itertuples():
@@ -454,7 +456,10 @@ def test_recall_experiment_sweeps_the_registry_and_plots_accuracy_vs_width(recal
     assert len(merged) == len(figure.table) == 2 * len(figure.labels)
     assert (merged["accuracy"] == merged["accuracy_best"]).all() and (figure.table["lrs_tried"] == 2).all()
     table = figure.paths[-2].read_text()
-    assert table.count("\n") == 2 + len(figure.table) and "| T=32, K=2 |" in table
+    assert table.count("\n") == 2 + len(figure.table) + 2 and "| T=32, K=2 |" in table
+    # Of two rates the best is always one of the grid's ends: each is starred, the note says why.
+    assert figure.table["at_edge"].all() and table.count("*)") == len(figure.table)
+    assert "the grid does not bracket it" in table.splitlines()[-1]
     assert figure.paths[-1].read_text().count("\n") == 2 + len(runs)  # a line per run
 
 
@@ -465,3 +470,20 @@ def test_the_state_frontier_keeps_the_points_no_smaller_state_beats() -> None:
                            "accuracy": [0.2, 0.5, 0.4, 0.5, 0.9, 0.9, 1.0]})
     frontier = state_frontier(points)
     assert list(zip(frontier["state_bytes"], frontier["accuracy"])) == [(100, 0.5), (400, 0.9), (1600, 1.0)]
+
+
+def test_a_best_rate_inside_the_grid_is_not_starred_and_each_point_gets_its_rate_panel(tmp_path: Path) -> None:
+    """best_learning_rate marks a best at the lowest or highest rate tried (not bracketed) and no
+    other; the rates figure has a panel per (T, K) and width."""
+    rows = [{"curve": "mcsd|full", "seq_len": 64, "num_pairs": 4, "width": width, "lr": lr, "accuracy": accuracy,
+             "state_bytes": 1, "seed": 0}
+            for width, accuracies in ((64, (0.1, 0.5, 0.2)), (128, (0.1, 0.2, 0.3)))
+            for lr, accuracy in zip((1e-4, 1e-3, 1e-2), accuracies)]
+    runs = pd.DataFrame(rows)
+    best = best_learning_rate(runs).set_index("width")
+    assert best.loc[64, "lr"] == 1e-3 and not best.loc[64, "at_edge"]
+    assert best.loc[128, "lr"] == 1e-2 and best.loc[128, "at_edge"]
+    table = markdown_mqar_table(best.reset_index())
+    assert "| MCSD full | 64 | 0.500 (lr 0.001) |" in table and "| MCSD full | 128 | 0.300 (lr 0.01*) |" in table
+    paths = plot_accuracy_vs_rate(runs, best.reset_index(), tmp_path, "rates")
+    assert [path.name for path in paths] == ["rates.png", "rates.pdf"] and all(path.stat().st_size for path in paths)
