@@ -1,6 +1,6 @@
 """Callbacks of ours: the saved-model format (tokenizer in every checkpoint, the final model
-folder), the stop of a run that diverged, a cap on training epochs that leaves the learning-rate schedule alone, and the model
-summary with the model's FLOPs. What a checkpoint remembers for resuming: :mod:`mcsd.checkpoint.resume`."""
+folder), the stop of a run that diverged, a cap on training epochs that leaves the learning-rate schedule alone, the model
+summary with the model's FLOPs, and each part's gradient norm and output RMS (training dynamics). What a checkpoint remembers for resuming: :mod:`mcsd.checkpoint.resume`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import RichModelSummary
+from lightning.pytorch.utilities import grad_norm
 
 from mcsd.checkpoint import saved_model
 from mcsd.checkpoint.sharded import full_state_dict, is_sharded
@@ -166,3 +167,67 @@ class EpochCap(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.current_epoch + 1 >= self.epochs:
             trainer.should_stop = True
+
+
+class TrainingDynamics(L.Callback):
+    """Every ``every_n_steps`` training steps (0: off), how each part of the model trains: the L2
+    norm of its gradient before the optimizer step (Lightning's ``grad_norm`` per parameter,
+    combined per part) and the RMS of its output in that step's forward, logged as
+    ``dynamics/grad_norm/<part>`` and ``dynamics/output_rms/<part>``. The parts are the embedding,
+    each layer's mixer and MLP, and the LM head: what a layer that learns nothing (RetNet on
+    MQAR, issue 90) is compared with a layer that learns by."""
+
+    def __init__(self, every_n_steps: int = 0) -> None:
+        if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 0:
+            raise ConfigError(f"callbacks.training_dynamics.every_n_steps={every_n_steps!r} must be an integer >= 0 "
+                              "(0: off)")
+        self.every_n_steps = every_n_steps
+        self.output_rms: dict[str, float] = {}
+        self.hooks: list[torch.utils.hooks.RemovableHandle] = []
+
+    @staticmethod
+    def parts(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+        """The model's parts by name (``embed``, ``layers.<i>.mixer``, ``layers.<i>.mlp``, ``lm_head``)."""
+        parts = {"embed": model.embed}
+        for index, layer in enumerate(model.layers):
+            parts[f"layers.{index}.mixer"] = layer.mixer
+            if layer.mlp is not None:
+                parts[f"layers.{index}.mlp"] = layer.mlp
+        parts["lm_head"] = model.lm_head
+        return parts
+
+    def logging_step(self, trainer: L.Trainer) -> bool:
+        return self.every_n_steps > 0 and trainer.global_step % self.every_n_steps == 0
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.every_n_steps:
+            return
+        for name, part in self.parts(pl_module.model).items():
+            def record(module: torch.nn.Module, inputs: Any, output: Any, name: str = name) -> None:
+                if module.training and self.logging_step(trainer):
+                    value = output[0] if isinstance(output, tuple) else output
+                    self.output_rms[name] = float(value.detach().float().pow(2).mean().sqrt())
+            self.hooks.append(part.register_forward_hook(record))
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks = []
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        if not self.logging_step(trainer):
+            return
+        norms = grad_norm(pl_module.model, norm_type=2)  # {"grad_2.0_norm/<parameter>": ..., "..._total": ...}
+        squares: dict[str, float] = {}
+        for key, value in norms.items():
+            parameter = key.split("/", 1)[1] if "/" in key else None
+            part = next((name for name in self.parts(pl_module.model) if parameter and
+                         (parameter == name or parameter.startswith(name + "."))), None)
+            if part is not None:
+                squares[part] = squares.get(part, 0.0) + float(value) ** 2
+        metrics = {f"dynamics/grad_norm/{part}": total ** 0.5 for part, total in squares.items()}
+        metrics |= {f"dynamics/output_rms/{part}": value for part, value in self.output_rms.items()}
+        for logger in trainer.loggers:  # at this step alone (values logged through the module would repeat at later steps)
+            logger.log_metrics(metrics, step=trainer.global_step)
+        self.output_rms = {}
