@@ -14,6 +14,7 @@ from mcsd.evaluation.table2 import table2_markdown
 from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
 from mcsd.plots.context import load_context_results, markdown_context_table, plot_context
 from mcsd.plots.cost import plot_inference, plot_train
+from mcsd.plots.dynamics import load_dynamics, plot_training_dynamics
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import load_csv_runs, markdown_seed_table, markdown_table, plot_sweep
 from mcsd.plots.scaling_fit import fit_sweep, markdown_fit_table, plot_fit
@@ -60,7 +61,9 @@ def _sweep(kind: str, name: str, reference: str | None = None,
 def _mqar(name: str) -> Callable[[Path], Drawn]:
     def draw_mqar(folder: Path) -> Drawn:
         figure = plot_mqar(load_mqar_runs(folder), folder, name)
-        return Drawn(folder, markdown_mqar_table(figure.table), figure.paths)
+        dynamics = load_dynamics(folder)  # runs with callbacks.training_dynamics on: how they trained
+        paths = figure.paths + (plot_training_dynamics(dynamics, folder, f"{name}_dynamics") if len(dynamics) else [])
+        return Drawn(folder, markdown_mqar_table(figure.table), paths)
     return draw_mqar
 
 

@@ -13,6 +13,7 @@ from helpers.runs import FAST, compose_train, read_metrics, series
 
 from mcsd.commands.train import train
 from mcsd.models.config import ConfigError
+from mcsd.plots.dynamics import load_dynamics, plot_training_dynamics
 from mcsd.training.callbacks import TrainingDynamics
 
 
@@ -52,6 +53,13 @@ def test_a_run_logs_them_every_n_steps_and_none_when_off(tmp_path: Path) -> None
     assert sorted(series(rows, "dynamics/output_rms/layers.1.mlp")) == [0, 3]
     train(compose_train(tmp_path / "off", *FAST, "logger=csv", "test_after_training=false"))
     assert not any(key.startswith("dynamics/") for key in read_metrics(tmp_path / "off")[0])
+    # The figure reads the run that logged them and leaves the other out.
+    dynamics = load_dynamics(tmp_path)
+    assert set(dynamics["run"]) == {"on/csv/version_0"} and set(dynamics["label"]) == {"MCSD full, lr 0.0008"}  # the default lr
+    assert dynamics.dropna(subset=["dynamics/grad_norm/layers.0.mixer"])["step"].tolist() == [0, 3]
+    assert dynamics["dynamics/grad_norm/layers.0.mixer"].max() == pytest.approx(max(norms.values()))
+    paths = plot_training_dynamics(dynamics, tmp_path / "figure", "dynamics")
+    assert [path.name for path in paths] == ["dynamics.png", "dynamics.pdf"] and all(path.stat().st_size for path in paths)
 
 
 def test_a_bad_interval_is_refused_in_one_line() -> None:
