@@ -24,7 +24,8 @@ from mcsd.plots.style import architecture_color  # noqa: E402
 
 @dataclass
 class TaskFigure:
-    """What :func:`plot_tasks` drew: the files and the table (a row per run and test length)."""
+    """What :func:`plot_tasks` drew: the files and the table (a row per run and test length, every
+    learning rate's: :func:`markdown_task_table` takes each point's best)."""
 
     paths: list[Path]
     table: pd.DataFrame
@@ -44,6 +45,7 @@ def load_task_runs(root: str | Path) -> pd.DataFrame:
         arch, variant = run_identity(config)
         seq_len = int(data["seq_len"])
         common = {"run": run, "arch": arch, "variant": variant, "task": task, "seed": config.get("seed"),
+                  "lr": float((config.get("optimizer") or {}).get("lr", float("nan"))),
                   "trained_length": seq_len, "params": config.get("model/params"),
                   "tokens": float(metrics["trainer/tokens"].dropna().max()),
                   "state_bytes": decoding_state_bytes(config["model"], seq_len)}
@@ -59,6 +61,23 @@ def load_task_runs(root: str | Path) -> pd.DataFrame:
     return rows
 
 
+def best_task_rates(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of each (curve, task)'s best learning rate: the one of highest mean accuracy over
+    seeds at the training length (zoology's protocol, as MQAR's), with ``lrs_tried`` and
+    ``at_edge`` (the best is the lowest or highest rate tried: the grid does not bracket it).
+    Rates compete only between runs of the same training tokens (a rate sweep's): a folder of
+    unlike runs (an anchor's budgets) keeps every run."""
+    keys = ["curve", "task", "tokens"]
+    trained = rows[rows["length"] == rows["trained_length"]]
+    means = trained.groupby([*keys, "lr"])["accuracy"].mean().reset_index()
+    best = means.loc[means.groupby(keys)["accuracy"].idxmax()]
+    grid = means.groupby(keys)["lr"].agg(["count", "min", "max"]).reset_index()
+    best = best.merge(grid, on=keys)
+    best["at_edge"] = (best["count"] > 1) & ((best["lr"] == best["min"]) | (best["lr"] == best["max"]))
+    chosen = best[[*keys, "lr", "count", "at_edge"]].rename(columns={"count": "lrs_tried"})
+    return rows.merge(chosen, on=[*keys, "lr"])
+
+
 def _ordered_curves(rows: pd.DataFrame) -> list[str]:
     return sorted(rows["curve"].unique(), key=lambda key: curve_order("ablation", key))
 
@@ -70,7 +89,10 @@ def _label(curve: str) -> str:
 
 def markdown_task_table(rows: pd.DataFrame) -> str:
     """Accuracy per architecture (rows) and task (columns; a column per test length past the
-    training one), the mean over seeds, with each model's decoding state at the training length."""
+    training one), the mean over seeds at each point's best learning rate (named, and starred at
+    the grid's edge, where more than one was tried), with each model's decoding state at the
+    training length."""
+    rows = best_task_rates(rows)
     curves, tasks = _ordered_curves(rows), list(dict.fromkeys(rows.sort_values("task")["task"]))
     columns = [(task, length) for task in tasks for length in sorted(rows.loc[rows["task"] == task, "length"].unique())]
     trained = rows.groupby("task")["trained_length"].first()
@@ -80,8 +102,13 @@ def markdown_task_table(rows: pd.DataFrame) -> str:
         cells = []
         for task, length in columns:
             point = rows[(rows["curve"] == curve) & (rows["task"] == task) & (rows["length"] == length)]
-            cells.append("-" if point.empty else f"{point['accuracy'].mean():.3f}")
+            rate = ("" if point.empty or point["lrs_tried"].iloc[0] < 2 or length != trained[task] else
+                    f" (lr {point['lr'].iloc[0]:g}{'*' if point['at_edge'].iloc[0] else ''})")
+            cells.append("-" if point.empty else f"{point['accuracy'].mean():.3f}{rate}")
         lines.append(f"| {_label(curve)} | " + " | ".join(cells) + " |")
+    if rows["at_edge"].any():
+        lines += ["", "\\* the best of the rates tried is the lowest or the highest of them: the grid does not "
+                  "bracket it, and a wider one may find more."]
     state = rows.drop_duplicates(["curve", "task"]).pivot(index="curve", columns="task", values="state_bytes")
     lines += ["", "Decoding state per sequence after the training length (KiB, fp32):", "",
               "| architecture | " + " | ".join(tasks) + " |", "| --- " * (1 + len(tasks)) + "|"]
@@ -94,7 +121,9 @@ def markdown_task_table(rows: pd.DataFrame) -> str:
 def plot_tasks(rows: pd.DataFrame, output_dir: str | Path, name: str) -> TaskFigure:
     """One panel per task: bars of each architecture's test accuracy (a task tested at its
     training length alone) or its accuracy against the test length (a line each, the training
-    length dotted). Writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
+    length dotted), each at its best learning rate; where several were tried, also accuracy against
+    the rate (``<name>_rates.png/.pdf``). Writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
+    every_rate, rows = rows, best_task_rates(rows)
     tasks, curves = sorted(rows["task"].unique()), _ordered_curves(rows)
     columns = min(3, len(tasks))
     lines = -(-len(tasks) // columns)
@@ -126,6 +155,32 @@ def plot_tasks(rows: pd.DataFrame, output_dir: str | Path, name: str) -> TaskFig
     figure.tight_layout(rect=(0, 0.05, 1, 1))
     output_dir = Path(output_dir)
     paths = save_figure(figure, output_dir, name)
+    if (rows["lrs_tried"] > 1).any():
+        paths += plot_task_rates(every_rate, output_dir, f"{name}_rates")
     table = output_dir / f"{name}_table.md"
-    table.write_text(markdown_task_table(rows))
-    return TaskFigure([*paths, table], rows)
+    table.write_text(markdown_task_table(every_rate))
+    return TaskFigure([*paths, table], every_rate)
+
+
+def plot_task_rates(rows: pd.DataFrame, output_dir: str | Path, name: str) -> list[Path]:
+    """One panel per task: test accuracy at the training length against the learning rate (log
+    axis), mean over seeds, a line per architecture. Writes ``<name>.png/.pdf``."""
+    trained = rows[rows["length"] == rows["trained_length"]]
+    tasks, curves = sorted(trained["task"].unique()), _ordered_curves(trained)
+    columns = min(3, len(tasks))
+    figure, axes = plt.subplots(-(-len(tasks) // columns), columns, figsize=(4.8 * columns, 3.8 * -(-len(tasks) // columns)),
+                                squeeze=False, sharey=True, layout="constrained")
+    for ax, task in zip(axes.flat, tasks):
+        for curve in curves:
+            points = trained[(trained["task"] == task) & (trained["curve"] == curve)].groupby("lr")["accuracy"].mean()
+            if not points.empty:
+                ax.plot(points.index, points.values, marker="o", color=architecture_color(curve.split("|", 1)[0]),
+                        label=_label(curve))
+        ax.set(xscale="log", title=task.replace("_", " "), ylim=(-0.02, 1.02), xlabel="learning rate",
+               ylabel="test accuracy")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    figure.suptitle(f"{name.replace('_', ' ')}: test accuracy against learning rate (mean over seeds)")
+    return save_figure(figure, output_dir, name)

@@ -203,3 +203,44 @@ def test_the_closing_lines_list_the_accuracies_past_the_training_length_by_lengt
     lines = end_of_run_report(trainer, [], [], 1.0, 2.7, 100).splitlines()
     assert [line.split(":")[0] for line in lines[1:]] == [
         "final test/passkey_acc_at_512", "final test/passkey_acc_at_768", "final test/passkey_acc_at_1024"]
+
+
+def test_a_rate_sweep_takes_each_points_best_rate_and_draws_accuracy_against_it(tmp_path: Path) -> None:
+    """Runs of one budget at several rates: the table and bars take the best rate's mean over seeds,
+    name it (starred at the grid's edge), and the rates figure is drawn; runs of other budgets (an
+    anchor's unlike runs) all stay, as before the protocol."""
+    import pandas as pd
+
+    from mcsd.plots.tasks import best_task_rates, markdown_task_table
+
+    def row(curve: str, lr: float, seed: int, accuracy: float, tokens: float = 1e6) -> dict:
+        arch, variant = curve.split("|")
+        return {"run": f"{curve}{lr}{seed}{tokens}", "arch": arch, "variant": variant, "task": "in_context_recall",
+                "seed": seed, "lr": lr, "trained_length": 128, "params": 1, "tokens": tokens, "state_bytes": 1024,
+                "length": 128, "accuracy": accuracy, "curve": curve}
+    rows = pd.DataFrame([row("mcsd|full", lr, seed, accuracy) for lr, accuracies in
+                         ((1e-4, (0.1, 0.2)), (1e-3, (0.6, 0.8)), (1e-2, (0.3, 0.3))) for seed, accuracy in
+                         enumerate(accuracies)]
+                        + [row("transformer|default", lr, 0, accuracy) for lr, accuracy in ((1e-4, 0.2), (1e-2, 0.9))]
+                        + [row("retnet|default", 1e-3, 0, 0.4, tokens) for tokens in (1e6, 2e6)])
+    best = best_task_rates(rows)
+    assert sorted(best.loc[best["curve"] == "mcsd|full", "accuracy"]) == [0.6, 0.8]
+    assert len(best[best["curve"] == "retnet|default"]) == 2  # two budgets: both runs kept
+    table = markdown_task_table(rows)
+    assert "| MCSD full | 0.700 (lr 0.001) |" in table and "| Transformer | 0.900 (lr 0.01*) |" in table
+    assert "| RetNet | 0.400 |" in table and "grid does not bracket it" in table
+    figure = plot_tasks(rows, tmp_path, "mad")
+    assert [path.name for path in figure.paths] == ["mad.png", "mad.pdf", "mad_rates.png", "mad_rates.pdf",
+                                                    "mad_table.md"]
+    assert len(figure.table) == len(rows)  # every run, for the table to choose from
+
+
+def test_the_recall_experiments_sweep_zoologys_four_rates() -> None:
+    """The protocol lives in the configs: MQAR's, MAD's and retrieval's sweeps hold zoology's grid."""
+    from hydra import compose, initialize_config_module
+
+    grid = "1.0e-4,4.64e-4,2.15e-3,1.0e-2"
+    with initialize_config_module("mcsd.conf", version_base=None):
+        for experiment in ("mqar_recall", "mqar_converge", "mad", "retrieval"):
+            config = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+            assert config.hydra.sweeper.params["optimizer.lr"] == grid, experiment
