@@ -357,6 +357,8 @@ def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
         full_key = missing.group(1)
     except Exception:  # noqa: BLE001  anything else is Hydra's to report, as it would have
         return
+    if full_key.startswith("model.") and {"-m", "--multirun"} & set(argv) and _a_model_holds(config_name, overrides):
+        return  # a sweep's arms choose the model (hydra.sweeper.arms, registry_architectures): the job checks its own
     argument = next((override for override in overrides if key_of(override) == full_key), None) or next(
         (override for override in overrides if full_key.startswith(key_of(override) + ".")
          and override.split("=", 1)[1].startswith("{")), None)
@@ -386,6 +388,24 @@ def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
             f"{app} --help lists its settings ({parent} holds {', '.join(names) or 'nothing'})" if parent else
             f"{app} --help lists its settings and groups")
     fail(app, f"{argument}: {name} is not {where}: {hint}")
+
+
+def _a_model_holds(config_name: str, overrides: list[str]) -> bool:
+    """Whether the ``model.`` overrides compose with some registered architecture's model node
+    (what a sweep's arm may choose, after the check composed the default model)."""
+    from hydra import compose, initialize_config_module
+
+    from mcsd.models import registry
+
+    others = [override for override in overrides if key_of(override) != "model"]
+    for name in registry.architectures():
+        try:
+            with initialize_config_module("mcsd.conf", version_base="1.3"):
+                compose(config_name, overrides=[*others, f"model={name}"])
+            return True
+        except Exception:  # noqa: BLE001  this architecture lacks the key: try the next
+            continue
+    return False
 
 
 def check_command_line(app: str, config_name: str, argv: list[str]) -> None:

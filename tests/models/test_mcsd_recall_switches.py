@@ -164,3 +164,17 @@ def test_retnet_without_rope_takes_any_head_width() -> None:
     assert build_model(tiny_config("retnet", rope=False, hidden_size=9)).layers[0].mixer.key_width == 3
     with pytest.raises(ConfigError, match="gives heads of 3 features"):
         build_model(tiny_config("retnet", hidden_size=9))
+
+
+def test_a_sweep_may_set_a_switch_of_the_architecture_its_arms_choose(capsys: pytest.CaptureFixture) -> None:
+    """``mcsd-train -m ... registry_architectures=[retnet] model.rope=false``: the key check composes
+    the default model (MCSD, which has no ``rope``) but lets a sweep through where some
+    architecture's model node holds the key; a key no architecture has is still refused, and
+    outside a sweep the check reads the model chosen."""
+    from mcsd.commands.app import check_keys_exist
+
+    check_keys_exist("mcsd-train", "train", ["-m", "hydra.sweeper.registry_architectures=[retnet]", "model.rope=false"])
+    for argv in (["-m", "model.ropez=false"], ["model.rope=false"]):
+        with pytest.raises(SystemExit):
+            check_keys_exist("mcsd-train", "train", argv)
+        assert "is not a setting of model" in capsys.readouterr().err
