@@ -357,14 +357,17 @@ def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
         full_key = missing.group(1)
     except Exception:  # noqa: BLE001  anything else is Hydra's to report, as it would have
         return
-    if full_key.startswith("model.") and {"-m", "--multirun"} & set(argv) and _a_model_holds(config_name, overrides):
-        return  # a sweep's arms choose the model (hydra.sweeper.arms, registry_architectures): the job checks its own
+    holders = _models_holding(config_name, overrides) if full_key.startswith("model.") else []
     argument = next((override for override in overrides if key_of(override) == full_key), None) or next(
         (override for override in overrides if full_key.startswith(key_of(override) + ".")
          and override.split("=", 1)[1].startswith("{")), None)
     if argument is None:
         return
     key, value = argument.split("=", 1)
+    if holders and {"-m", "--multirun"} & set(argv):  # a setting of the architecture a sweep's arm chooses
+        fail(app, f"{argument}: {key.split('.', 1)[1]} is a setting of {', '.join(holders)}, not of the model the sweep "
+                  f"composes first: give it to those arms alone, 'hydra.sweeper.registry_settings={{{holders[0]}: "
+                  f"[{argument}]}}' (or ++{argument} to every arm)")
     others = [override for override in overrides if override != argument]
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         cfg = compose(config_name, overrides=others)
@@ -390,22 +393,23 @@ def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
     fail(app, f"{argument}: {name} is not {where}: {hint}")
 
 
-def _a_model_holds(config_name: str, overrides: list[str]) -> bool:
-    """Whether the ``model.`` overrides compose with some registered architecture's model node
-    (what a sweep's arm may choose, after the check composed the default model)."""
+def _models_holding(config_name: str, overrides: list[str]) -> list[str]:
+    """The registered architectures whose model node takes the ``model.`` overrides (what a sweep's
+    arm may choose, where the default model lacks a key)."""
     from hydra import compose, initialize_config_module
 
     from mcsd.models import registry
 
     others = [override for override in overrides if key_of(override) != "model"]
+    holders = []
     for name in registry.architectures():
         try:
             with initialize_config_module("mcsd.conf", version_base="1.3"):
                 compose(config_name, overrides=[*others, f"model={name}"])
-            return True
-        except Exception:  # noqa: BLE001  this architecture lacks the key: try the next
+            holders.append(name)
+        except Exception:  # noqa: BLE001  this architecture lacks the key
             continue
-    return False
+    return holders
 
 
 def check_command_line(app: str, config_name: str, argv: list[str]) -> None:

@@ -166,15 +166,18 @@ def test_retnet_without_rope_takes_any_head_width() -> None:
         build_model(tiny_config("retnet", hidden_size=9))
 
 
-def test_a_sweep_may_set_a_switch_of_the_architecture_its_arms_choose(capsys: pytest.CaptureFixture) -> None:
-    """``mcsd-train -m ... registry_architectures=[retnet] model.rope=false``: the key check composes
-    the default model (MCSD, which has no ``rope``) but lets a sweep through where some
-    architecture's model node holds the key; a key no architecture has is still refused, and
-    outside a sweep the check reads the model chosen."""
+def test_a_sweep_told_a_switch_of_another_architecture_is_shown_where_it_goes(capsys: pytest.CaptureFixture) -> None:
+    """``mcsd-train -m ... registry_architectures=[retnet] model.rope=false``: Hydra composes the
+    default model (MCSD, no ``rope``) before any arm and would fail in several lines; the key check
+    says in one which architecture holds it and how to give it to that one's arms alone. A key no
+    architecture has is refused as before."""
     from mcsd.commands.app import check_keys_exist
 
-    check_keys_exist("mcsd-train", "train", ["-m", "hydra.sweeper.registry_architectures=[retnet]", "model.rope=false"])
-    for argv in (["-m", "model.ropez=false"], ["model.rope=false"]):
-        with pytest.raises(SystemExit):
-            check_keys_exist("mcsd-train", "train", argv)
-        assert "is not a setting of model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        check_keys_exist("mcsd-train", "train", ["-m", "experiment=mqar_recall", "hydra.sweeper.registry_architectures=[retnet]",
+                                              "model.rope=false"])
+    assert ("model.rope=false: rope is a setting of retnet, not of the model the sweep composes first: give it to "
+            "those arms alone, 'hydra.sweeper.registry_settings={retnet: [model.rope=false]}'") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        check_keys_exist("mcsd-train", "train", ["-m", "model.ropez=false"])
+    assert "ropez is not a setting of model" in capsys.readouterr().err
