@@ -366,8 +366,8 @@ def check_keys_exist(app: str, config_name: str, argv: list[str]) -> None:
     key, value = argument.split("=", 1)
     if holders and {"-m", "--multirun"} & set(argv):  # a setting of the architecture a sweep's arm chooses
         fail(app, f"{argument}: {key.split('.', 1)[1]} is a setting of {', '.join(holders)}, not of the model the sweep "
-                  f"composes first: give it to those arms alone, 'hydra.sweeper.registry_settings={{{holders[0]}: "
-                  f"[{argument}]}}' (or ++{argument} to every arm)")
+                  f"composes first: give it to those arms alone, \"+hydra.sweeper.registry_settings.{holders[0]}="
+                  f"['{argument}']\" (or ++{argument} to every arm)")
     others = [override for override in overrides if override != argument]
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         cfg = compose(config_name, overrides=others)

@@ -177,7 +177,7 @@ def test_a_sweep_told_a_switch_of_another_architecture_is_shown_where_it_goes(ca
         check_keys_exist("mcsd-train", "train", ["-m", "experiment=mqar_recall", "hydra.sweeper.registry_architectures=[retnet]",
                                               "model.rope=false"])
     assert ("model.rope=false: rope is a setting of retnet, not of the model the sweep composes first: give it to "
-            "those arms alone, 'hydra.sweeper.registry_settings={retnet: [model.rope=false]}'") in capsys.readouterr().err
+            "those arms alone, \"+hydra.sweeper.registry_settings.retnet=['model.rope=false']\"") in capsys.readouterr().err
     with pytest.raises(SystemExit):
         check_keys_exist("mcsd-train", "train", ["-m", "model.ropez=false"])
     assert "ropez is not a setting of model" in capsys.readouterr().err
