@@ -220,9 +220,10 @@ class TrainingDynamics(L.Callback):
             return
         norms = grad_norm(pl_module.model, norm_type=2)  # {"grad_2.0_norm/<parameter>": ..., "..._total": ...}
         squares: dict[str, float] = {}
+        parts = list(self.parts(pl_module.model))
         for key, value in norms.items():
             parameter = key.split("/", 1)[1] if "/" in key else None
-            part = next((name for name in self.parts(pl_module.model) if parameter and
+            part = next((name for name in parts if parameter and
                          (parameter == name or parameter.startswith(name + "."))), None)
             if part is not None:
                 squares[part] = squares.get(part, 0.0) + float(value) ** 2
