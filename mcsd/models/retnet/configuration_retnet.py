@@ -6,6 +6,9 @@ import dataclasses
 
 from mcsd.models.config import ConfigError, LMConfig
 
+IMPLEMENTATIONS = ("mcsd", "torchscale")
+"""Whose retention layer a RetNet builds (``model.implementation``)."""
+
 
 @dataclasses.dataclass
 class RetNetConfig(LMConfig):
@@ -28,6 +31,10 @@ class RetNetConfig(LMConfig):
     short_conv: int = dataclasses.field(default=0, metadata={"setting": True, "legacy": 0})
     """Taps of a short causal convolution (then SiLU) on the mixer's input, before q, k, v and the
     gate (:class:`~mcsd.models.modules.conv.ShortConvolution`; 0: none, the paper's)."""
+    implementation: str = dataclasses.field(default="mcsd", metadata={"setting": True, "legacy": "mcsd"})
+    """Whose layer: ``mcsd`` (this project's) or ``torchscale`` (Microsoft's own ``MultiScaleRetention``,
+    an independent implementation to train beside it: :mod:`mcsd.models.retnet.torchscale_retention`;
+    it takes ``rope`` and ``decay_offset``, not the other parts' switches)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -39,6 +46,16 @@ class RetNetConfig(LMConfig):
         if not isinstance(self.short_conv, int) or isinstance(self.short_conv, bool) or self.short_conv < 0:
             raise ConfigError(f"model.short_conv={self.short_conv!r} must be an integer >= 0 (the taps of the "
                               "convolution before q, k and v; 0 for none, e.g. 4)")
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ConfigError(f"model.implementation={self.implementation!r} is unknown: use one of "
+                              f"{', '.join(IMPLEMENTATIONS)}")
+        if self.implementation == "torchscale":
+            fixed = {"retention_norm": True, "output_gate": True, "short_conv": 0, "kernels": "auto"}
+            for name, value in fixed.items():
+                if getattr(self, name) != value:
+                    raise ConfigError(f"model.{name}={getattr(self, name)!r} is not a switch of torchscale's layer "
+                                      f"(model.implementation=torchscale): leave it at {value!r} or use "
+                                      "model.implementation=mcsd")
         if not self.decay_offset > 0:
             raise ConfigError(f"model.decay_offset={self.decay_offset!r} must be positive (decays 1 - 2^(-offset-h) "
                               "in (0, 1); the paper's: 5)")
