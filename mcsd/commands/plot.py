@@ -5,7 +5,8 @@
     mcsd-plot scaling logs/train/multiruns/<time>            # Fig. 4, from the sweep's CSV logs
     mcsd-plot scaling experiments/fig4_scaling/tinyshakespeare --fit   # + power laws, intervals, compute multiplier
     mcsd-plot ablation logs/train/multiruns/<time>           # Fig. 9
-    mcsd-plot ablation --wandb ENTITY/mcsd --group fig9_ablation   # the same from W&B
+    mcsd-plot ablation --wandb logs/train/multiruns/<time>   # the same from its offline W&B runs
+    mcsd-plot ablation --wandb ENTITY/mcsd --group fig9_ablation/<time>   # the same from W&B online
     mcsd-plot ablation DIR --name decay_init_study --reference Transformer   # + per-seed ratios
     mcsd-plot mqar logs/train/multiruns/<time>               # MQAR accuracy vs width
     mcsd-plot tasks logs/train/multiruns/<time>              # MAD's tasks, retrieval past the training length
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from mcsd.commands.app import fail, run_or_exit, unwritable
@@ -29,7 +31,8 @@ from mcsd.plots.context import load_context_results, markdown_context_table, plo
 from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.experiments import DRAWINGS, draw, draw_experiment
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
-from mcsd.plots.runs import load_csv_runs, load_wandb_runs, markdown_seed_table, markdown_table, plot_sweep
+from mcsd.plots.runs import (check_one_source, load_csv_runs, load_offline_wandb_runs, load_wandb_runs, markdown_seed_table,
+                             markdown_table, plot_sweep)
 from mcsd.plots.scaling_fit import fit_sweep, markdown_fit_table, plot_fit
 from mcsd.plots.tasks import load_task_runs, markdown_task_table, plot_tasks
 
@@ -94,11 +97,18 @@ def _plot(args: argparse.Namespace) -> list:
         curves, deltas = load_context_results(args.source, args.curves.split(",") if args.curves else None)
         print(markdown_context_table(deltas))
         return plot_context(curves, deltas, args.out or args.source, args.name or "context_probe")
-    if args.wandb:
+    if args.wandb and Path(args.wandb).expanduser().is_dir():  # offline runs on this machine
+        rows, default_out = load_offline_wandb_runs(Path(args.wandb).expanduser()), args.wandb
+        check_one_source(args.kind, rows)
+    elif args.wandb:
+        if not re.fullmatch(r"[\w.-]+/[\w.-]+", args.wandb):
+            raise MCSDError(f"--wandb {args.wandb} is neither a folder (of offline W&B runs) nor ENTITY/PROJECT: give one")
         if not args.group:
-            raise MCSDError("--wandb needs --group: the W&B group of the sweep (its experiment_name)")
+            raise MCSDError("--wandb ENTITY/PROJECT needs --group: the W&B group of the sweep "
+                            "(<experiment_name>/<its folder under logs/train/multiruns>)")
         require_wandb_login("--wandb")
         rows, default_out = load_wandb_runs(args.wandb, args.group), "."
+        check_one_source(args.kind, rows)
     elif args.source:
         rows, default_out = load_csv_runs(args.source), args.source
     else:
@@ -120,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("kind", choices=[*COSTS, *SWEEPS, *RUN_TABLES, "experiment"], help="which figures")
     parser.add_argument("source", nargs="?", help="results.csv/json of mcsd-bench, or the folder of a training sweep")
     parser.add_argument("--out", default=None, help="folder for the figures (default: beside the source)")
-    parser.add_argument("--wandb", default=None, metavar="ENTITY/PROJECT", help="read the sweep from W&B instead")
+    parser.add_argument("--wandb", default=None, metavar="FOLDER|ENTITY/PROJECT",
+                        help="read the sweep from W&B instead: a folder of offline runs, or a project (with --group)")
     parser.add_argument("--group", default=None, help="the W&B group of the sweep (with --wandb)")
     parser.add_argument("--name", default=None, help="file stem and title of a sweep's figure (default: fig4_scaling "
                         "or fig9_ablation); experiment: the experiment (default: the result folder's parent)")

@@ -19,7 +19,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import wandb
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
@@ -40,6 +39,8 @@ from mcsd.models.build import make_config
 from mcsd.models.config import LMConfig
 from mcsd.training.callbacks import DivergedError, StopOnDivergence
 from mcsd.training.checks import check_run
+from mcsd.training.dashboard import (BestValidation, RememberIdentity, RunIdentity, exit_code_of, finish_wandb,
+                                     run_identity, wandb_arguments)
 from mcsd.training.fsdp import FSDP2Strategy
 from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, plan_memory
 from mcsd.training.module import LanguageModelModule
@@ -132,17 +133,19 @@ def _record_peak(plan: MemoryPlan, trainer: L.Trainer) -> None:
              trainer.global_rank)
 
 
-def _loggers(cfg: DictConfig) -> list[Logger]:
+def _loggers(cfg: DictConfig, identity: RunIdentity, run_id: str | None) -> list[Logger]:
+    """The configured loggers; a W&B one with the run's identity (group, name, tags) and, resuming, its run id."""
     loggers = []
-    run_id = read_checkpoint(cfg.ckpt_path).get(WANDB_RUN_KEY) if cfg.ckpt_path else None
     for name, node in (cfg.get("logger") or {}).items():
         if node is None:
             continue
         if "_target_" not in node:
             raise MCSDError(f"logger.{name} has no _target_: give it one or remove it (logger=none for no logging)")
-        if "Wandb" in node._target_ and not node.get("offline", False):
-            require_wandb_login(f"logger.{name}")
-        extra = {"id": run_id, "resume": "allow"} if run_id and "Wandb" in node._target_ else {}
+        extra = {}
+        if "Wandb" in node._target_:
+            if not node.get("offline", False):
+                require_wandb_login(f"logger.{name}")
+            extra = {**wandb_arguments(node, identity), **({"id": run_id, "resume": "allow"} if run_id else {})}
         loggers.append(instantiate(node, **extra))
     return loggers
 
@@ -165,11 +168,13 @@ def train(cfg: DictConfig) -> float:
     datamodule = instantiate(cfg.data, **({"tokenizer": tokenizer} if tokenizer is not None else {}))
     datamodule.build()  # fails fast (one line) on bad data, before any logger starts
     check_fits(plan, "this run")  # after the data: a seq_len longer than the corpus is the data's problem, not memory's
-    loggers = _loggers(cfg)
+    resumed = read_checkpoint(cfg.ckpt_path) if cfg.ckpt_path else None
+    identity = run_identity(cfg, model_config, resumed)
+    loggers = _loggers(cfg, identity, resumed.get(WANDB_RUN_KEY) if resumed else None)
     callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
     interrupt = StopOnSignal()
-    callbacks += [RememberRun(HydraConfig.get().overrides.task), interrupt,
-                  StopOnDivergence(OmegaConf.select(cfg, "optimizer.lr", default=None))]
+    callbacks += [RememberRun(HydraConfig.get().overrides.task), RememberIdentity(identity), BestValidation(),
+                  interrupt, StopOnDivergence(OmegaConf.select(cfg, "optimizer.lr", default=None))]
     if not loggers:  # nothing to report learning rates to (Lightning refuses the monitor then)
         callbacks = [callback for callback in callbacks if not isinstance(callback, LearningRateMonitor)]
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -193,6 +198,7 @@ def train(cfg: DictConfig) -> float:
         logger.log_hyperparams({
             **OmegaConf.to_container(cfg, resolve=True),
             "choices": _choices(),
+            **identity.config,
             **module.describe(),
             **datamodule.describe(),
             "trainer/tokens_per_step": tokens_per_step,
@@ -208,6 +214,7 @@ def train(cfg: DictConfig) -> float:
                 "status": DIVERGED, "reason": str(error), "diverged_at_step": error.step, "val_loss": None,
                 "val_ppl": None, "test_loss": None, "test_ppl": None, "tokens": int(module.tokens_seen),
                 "steps": trainer.global_step})
+        finish_wandb(2, {"status": DIVERGED, "diverged_at_step": error.step})
         raise
     if interrupt.checkpoint is not None:
         stop_after_signal(trainer, interrupt, Path(HydraConfig.get().runtime.output_dir), parallel_jobs())
@@ -223,12 +230,12 @@ def train(cfg: DictConfig) -> float:
         test = (float(trainer.callback_metrics.get("test/loss", float("nan"))),
                 float(trainer.callback_metrics.get("test/ppl", float("nan"))))
     report = end_of_run_report(trainer, loggers, callbacks, val_loss, val_ppl, int(module.tokens_seen), train_loss, test,
-                     datamodule.describe())
+                               datamodule.describe(), Path(cfg.paths.log_dir).absolute())
     if trainer.is_global_zero:  # what a sweep's summary reads (mcsd.training.sweep)
         write_result(Path(HydraConfig.get().runtime.output_dir), {
             "status": FINISHED, "val_loss": val_loss, "val_ppl": val_ppl, "test_loss": test[0] if test else None,
             "test_ppl": test[1] if test else None, "tokens": int(module.tokens_seen), "steps": trainer.global_step})
-    wandb.finish()  # before the report, so that the report is what the run prints last
+    finish_wandb(0, {"status": FINISHED, **({"test/ppl": test[1]} if test else {})})  # before the report: it prints last
     if trainer.is_global_zero:
         print(report, flush=True)
     return val_loss
@@ -239,8 +246,9 @@ def main(cfg: DictConfig) -> float:
     """Entry point of ``mcsd-train``: one line and exit status 2 for a setting that cannot work."""
     try:
         return train(resume_config(cfg))
-    finally:
-        wandb.finish()  # multirun jobs must not share a run
+    except BaseException as error:  # the W&B run ends as the process does (multirun jobs must not share a run)
+        finish_wandb(exit_code_of(error))
+        raise
 
 
 if __name__ == "__main__":

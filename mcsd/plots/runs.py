@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mcsd.checkpoint.run_folder import csv_logs, data_files  # noqa: E402
+from mcsd.checkpoint.wandb_run import find_wandb_runs, read_wandb_run  # noqa: E402
 from mcsd.data.tokens import DOCUMENTS  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
@@ -64,6 +65,7 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
     rows["task"] = choices.get("task") or ""
     rows["data"] = (choices.get("data") or "") + (": " + ", ".join(Path(f).name for f in files) if files else "")
     rows["documents"] = (config.get("data") or {}).get("documents") or "joined"  # (logged before the setting: joined)
+    rows["sweep"] = config.get("sweep") or ""  # the sweep folder it ran in (logged since issue 91)
     rows["seed"] = config.get("seed")
     rows["params"] = config.get("model/params")
     rows["params_non_embedding"] = config.get("model/params_non_embedding")
@@ -104,19 +106,61 @@ def load_csv_runs(root: str | Path) -> pd.DataFrame:
     return pd.concat([_run_rows(run, config, metrics) for run, config, metrics in run_logs(root)], ignore_index=True)
 
 
+def _wandb_history(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """A W&B run's history rows as a CSV log's: ``step`` is the trainer's (``trainer/global_step``,
+    which Lightning logs in every row; W&B's own ``_step`` counts rows)."""
+    history = pd.DataFrame(rows)
+    if "trainer/global_step" in history:
+        return history.assign(step=history["trainer/global_step"])
+    return history.rename(columns={"_step": "step"})
+
+
 def load_wandb_runs(path: str, group: str) -> pd.DataFrame:
-    """The runs of a W&B group (``path`` = ENTITY/PROJECT), through the W&B API (online)."""
+    """The finished runs of a W&B group (``path`` = ENTITY/PROJECT), through the W&B API (online)."""
     import wandb
 
-    frames = []
-    for run in wandb.Api().runs(path, filters={"group": group}):
-        history = pd.DataFrame(list(run.scan_history()))
-        if "_step" in history and "step" not in history:
-            history = history.rename(columns={"_step": "step"})
-        frames.append(_run_rows(run.id, dict(run.config), history))
+    frames = [_run_rows(run.id, dict(run.config), _wandb_history(list(run.scan_history())))
+              for run in wandb.Api().runs(path, filters={"group": group, "state": "finished"})]
     if not frames:
-        raise MCSDError(f"W&B project {path} has no runs in group {group!r}: check --wandb and --group")
+        raise MCSDError(f"W&B project {path} has no finished runs in group {group!r}: check --wandb and --group "
+                        "(a sweep's group is <experiment_name>/<its folder under logs/train/multiruns>)")
     return pd.concat(frames, ignore_index=True)
+
+
+def load_offline_wandb_runs(folder: str | Path) -> pd.DataFrame:
+    """The finished runs whose W&B files lie under ``folder`` (a sweep folder, a run folder, a ``wandb/``
+    folder: offline runs, read through W&B's record schema, :mod:`mcsd.checkpoint.wandb_run`); the
+    lives of a resumed run (one file each, the same id) are one run."""
+    paths = find_wandb_runs(folder)
+    if not paths:
+        raise MCSDError(f"--wandb {folder} holds no W&B runs (wandb/offline-run-*/run-*.wandb): give the folder of a "
+                        "sweep or run that logged to W&B (logger=wandb), or ENTITY/PROJECT --group GROUP")
+    lives: dict[str, list] = {}
+    for path in paths:
+        run = read_wandb_run(path)
+        lives.setdefault(run.id, []).append(run)
+    frames = []
+    for run_id, runs in lives.items():
+        if runs[-1].exit_code != 0:
+            continue
+        history = _wandb_history([row for run in runs for row in run.history])
+        history = history.drop_duplicates(subset=[column for column in history if column not in ("_timestamp", "_runtime")])
+        frames.append(_run_rows(run_id, runs[-1].config, history))
+    if not frames:
+        raise MCSDError(f"--wandb {folder}: none of its {len(lives)} W&B runs finished (each ended with a nonzero exit "
+                        "code): plot a sweep whose runs finished")
+    return pd.concat(frames, ignore_index=True)
+
+
+def check_one_source(kind: str, rows: pd.DataFrame) -> None:
+    """Refuse, in one line, a W&B source whose runs of one curve come from more than one sweep, corpus or
+    size (they would be averaged as if they were seeds)."""
+    for curve, runs in rows.groupby(_curve_key(kind, rows)):
+        for column, what in (("sweep", "sweeps"), ("data", "corpora"), ("size", "sizes")):
+            values = sorted(str(value) for value in runs[column].unique())
+            if len(values) > 1:
+                raise MCSDError(f"the runs of curve {curve} come from {len(values)} {what} ({', '.join(values)}), "
+                                "which one curve would average as seeds: give one sweep's folder or W&B group")
 
 
 def _curve_key(kind: str, rows: pd.DataFrame) -> pd.Series:

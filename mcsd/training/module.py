@@ -24,6 +24,7 @@ from mcsd.training.callbacks import batch_tokens
 from mcsd.training.checks import COMPRESSION_UNDER_FSDP
 from mcsd.training.compression import CompressionDecoder
 from mcsd.training.fsdp import FSDP2Strategy, materialize
+from mcsd.training.memory import peak_resident_bytes
 
 
 class LossPerplexity(MeanMetric):
@@ -189,6 +190,18 @@ class LanguageModelModule(L.LightningModule):
         self.log("train/ppl", loss.detach().exp())  # this process's batch, as the loss it is the exp of
         self.log("trainer/tokens", self.tokens_seen.float())
         return loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Before clipping: the gradient's global norm (``train/grad_norm``: what
+        ``trainer.gradient_clip_val`` clips, a sharded run's over every shard) and this process's peak
+        memory (``train/peak_memory_bytes``: allocated on a GPU, resident on a CPU)."""
+        gradients = [parameter.grad for parameter in self.parameters() if parameter.grad is not None]
+        if gradients:
+            norm = torch.nn.utils.get_total_norm(gradients)
+            self.log("train/grad_norm", norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        gpu = self.device.type == "cuda"
+        self.log("train/peak_memory_bytes", float(torch.cuda.max_memory_allocated(self.device) if gpu
+                                                  else peak_resident_bytes()))
 
     def _evaluate(self, batch: dict[str, torch.Tensor], stage: str, metric: LossPerplexity) -> None:
         loss, logits, targets = self._loss(batch)

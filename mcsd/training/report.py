@@ -12,12 +12,16 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
 from mcsd.training.callbacks import SaveFinalModel
+from mcsd.training.dashboard import offline_run_folders, sync_command
 
 
 def end_of_run_report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callback], val_loss: float,
             val_ppl: float, tokens: int, train_loss: torch.Tensor | None = None,
-            test: tuple[float, float] | None = None, data: dict[str, Any] | None = None) -> str:
-    """The closing lines: the result on each held-out split (which documents it is) and where every artefact is."""
+            test: tuple[float, float] | None = None, data: dict[str, Any] | None = None,
+            log_dir: Path | None = None) -> str:
+    """The closing lines: the result on each held-out split (which documents it is) and where every
+    artefact is; an offline W&B run's sync command names its folders under ``log_dir`` from earlier
+    lives of the run (resumed in other run directories) too."""
     data = data or {}
 
     def split(name: str) -> str:
@@ -53,8 +57,10 @@ def end_of_run_report(trainer: L.Trainer, loggers: list[Logger], callbacks: list
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             run = logger.experiment
-            run_dir = Path(run.dir).parent
-            where = f"{run_dir} (offline; upload with `wandb sync {run_dir}`)" if run.settings._offline else run.url
+            run_dir = Path(run.dir).parent.resolve()
+            folders = offline_run_folders(run.id, log_dir.resolve()) if log_dir is not None else []
+            folders = folders if run_dir in folders else [*folders, run_dir]
+            where = f"{run_dir} (offline; upload with `{sync_command(folders)}`)" if run.settings._offline else run.url
             lines.append(f"W&B run {run.id}: {where}")
         if isinstance(logger, CSVLogger):
             lines.append(f"CSV metrics: {Path(logger.log_dir) / 'metrics.csv'}")

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import lightning as L
-import wandb
 
 from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT
+from mcsd.training.dashboard import finish_wandb
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def stop_after_signal(trainer: L.Trainer, interrupt: StopOnSignal, run_dir: Path
     status 128 + the signal. Under SLURM, a run stopped by anything but Ctrl-C puts its job back
     in the queue, and the job goes on from that checkpoint when it starts again. ``parallel_jobs``:
     how many jobs of a sweep run side by side (a worker of several ends with its job)."""
-    wandb.finish()
+    finish_wandb(128 + interrupt.signum, {"status": "interrupted", "interrupted_at_step": trainer.global_step})
     if trainer.is_global_zero:
         signal_name = STOP_SIGNALS[interrupt.signum]
         job = requeue_slurm_job() if signal_name != "Ctrl-C" else None

@@ -21,6 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from mcsd.checkpoint.run_folder import DIVERGED, FAILED, FINISHED, HYDRA_DIR, INTERRUPTED, REFUSED, RunFolder
+from mcsd.training.dashboard import sync_command
 
 # The config groups whose choices tell a sweep of tasks (MAD's, retrieval's) from one of models on one corpus.
 _TASK_SETTINGS = ("task", "data")
@@ -70,6 +71,10 @@ def summary(sweep_dir: Path, task_name: str) -> str:
     for job in jobs:
         own = " ".join(value for value in overrides[job] if value not in shared) or "(the sweep's settings)"
         lines.append(f"  job {job.name}: {own}: {_end(RunFolder(job).result())}")
+    offline = sorted(sweep_dir.glob("*/wandb/offline-run-*"))
+    if offline:
+        lines.append(f"W&B: {len(offline)} offline run folder{'s' if len(offline) != 1 else ''}: upload them with "
+                     f"`{sync_command([sweep_dir / '*' / 'wandb' / 'offline-run-*'])}`")
     if task_name == "train":
         lines.append(_plot_command(sweep_dir, overrides))
     return "\n".join(lines)

@@ -207,7 +207,7 @@ def test_wandb_source_gives_the_same_curves(scaling_sweep: Path, monkeypatch: py
 
     monkeypatch.setattr(wandb, "Api", FakeApi)
     from_wandb = load_wandb_runs("me/mcsd", "fig4_scaling")
-    assert asked == {"path": "me/mcsd", "filters": {"group": "fig4_scaling"}}
+    assert asked == {"path": "me/mcsd", "filters": {"group": "fig4_scaling", "state": "finished"}}
     from_csv = load_csv_runs(scaling_sweep)
     key = ["metric", "arch", "variant", "size", "seed", "tokens"]
     assert from_wandb.sort_values(key)[key + ["value"]].reset_index(drop=True).equals(

@@ -28,6 +28,7 @@ from mcsd.commands.train import train
 from mcsd.training.sweep import summary
 from mcsd.checkpoint.lightning_checkpoint import mount_point
 from mcsd.checkpoint.resume import latest_checkpoint
+from mcsd.checkpoint.wandb_run import find_wandb_runs, read_wandb_run
 
 STEPS = 16
 SLOW = ["size=small", "data.seq_len=128", "data.batch_size=8", f"trainer.max_steps={STEPS}", "logger=csv",
@@ -286,3 +287,25 @@ def test_a_sweep_of_another_command_ends_with_status_0_when_its_jobs_finished(tm
     assert end_sweep(tmp_path, "bench", None) == 0
     assert summary(tmp_path, "bench").splitlines()[1:] == ["  job 0: models=[mcsd]: finished",
                                                             "  job 1: models=[retnet]: finished"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_ends_130_in_wandb_and_its_resumed_run_keeps_its_id_group_and_name(tmp_path: Path) -> None:
+    """Ctrl-C: the W&B run ends with the process's 130 and says at which step; resumed, the run
+    goes on as the same W&B run (id), in the same group, under the same name, and ends 0."""
+    process, stderr, run = start_then_signal(tmp_path, signal.SIGINT, "logger=wandb")
+    assert process.returncode == 130, stderr[-2000:]
+    (path,) = find_wandb_runs(run)
+    stopped = read_wandb_run(path)
+    step = read_checkpoint(latest_checkpoint(run))["global_step"]
+    assert (stopped.exit_code, stopped.summary["status"], stopped.summary["interrupted_at_step"]) == (
+        130, "interrupted", step)
+    before = set((tmp_path / "logs" / "train" / "runs").iterdir())
+    result = run_here("mcsd-train", f"resume={run}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (resumed_dir,) = set((tmp_path / "logs" / "train" / "runs").iterdir()) - before
+    (path,) = find_wandb_runs(resumed_dir)
+    resumed = read_wandb_run(path)
+    assert (resumed.id, resumed.group, resumed.name, resumed.exit_code) == (stopped.id, stopped.group, stopped.name, 0)
+    assert resumed.summary["status"] == "finished"
+    assert f"upload with `wandb sync {stopped.path.parent} {resumed.path.parent}`" in result.stdout  # both lives

@@ -1,0 +1,98 @@
+"""What a training run's W&B record says about it (issue 91), read back from the real offline
+``.wandb`` files through W&B's record schema: its group (the sweep, or the run alone), name, tags,
+the config keys of where it comes from, a summary that says how it ended and the exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import wandb
+
+from helpers.runs import FAST, read_metrics, run_here, series
+from mcsd.checkpoint.wandb_run import WandbFileError, find_wandb_runs, read_wandb_run, records
+from mcsd.runtime import git_commit
+
+
+def only_run(folder: Path):
+    (path,) = find_wandb_runs(folder)
+    return read_wandb_run(path)
+
+
+def test_a_run_alone_says_what_it_is_and_how_it_ended(tmp_path: Path) -> None:
+    result = run_here("mcsd-train", *FAST, "data=embedded", "seed=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    run = only_run(run_dir)
+    assert (run.group, run.name, run.exit_code) == (f"default/{run_dir.name}", "mcsd-full-tiny-seed3", 0)
+    assert run.tags == ["default", "mcsd", "full", "tiny", "embedded"] and run.job_type == "train"
+    assert run.config["experiment"] == "default" and run.config["sweep"] is None
+    assert run.config["job/overrides"] == [*FAST, "data=embedded", "seed=3"]
+    assert run.config["git_commit"] == git_commit() != ""
+    rows = read_metrics(run_dir)
+    validation, tokens = series(rows, "val/ppl"), series(rows, "trainer/tokens")
+    best_step = min(validation, key=validation.get)
+    assert run.summary["val/ppl_best"] == pytest.approx(validation[best_step])
+    assert run.summary["val/tokens_at_best"] == tokens[best_step]
+    assert run.summary["status"] == "finished"
+    assert run.summary["test/ppl"] == pytest.approx(json.loads((run_dir / "result.json").read_text())["test_ppl"])
+    assert f"(offline; upload with `wandb sync {run.path.parent}`)" in result.stdout
+
+
+def test_a_sweeps_jobs_share_its_group_and_have_names_of_their_own(tmp_path: Path) -> None:
+    result = run_here("mcsd-train", "-m", *FAST, "data=embedded", "seed=0,1", "experiment_name=probe_sweep",
+                      "test_after_training=false", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = (tmp_path / "logs" / "train" / "multiruns").iterdir()
+    runs = sorted((read_wandb_run(path) for path in find_wandb_runs(sweep)), key=lambda run: run.name)
+    assert [run.group for run in runs] == [f"probe_sweep/{sweep.name}"] * 2
+    assert [run.name for run in runs] == ["mcsd-full-tiny-seed0-job0", "mcsd-full-tiny-seed1-job1"]
+    assert [run.config["sweep"] for run in runs] == [sweep.name] * 2
+    assert [[override for override in run.config["job/overrides"] if override.startswith("seed=")]
+            for run in runs] == [["seed=0"], ["seed=1"]]  # each job's own, not the sweep's seed=0,1
+    assert all("probe_sweep" in run.tags and run.exit_code == 0 for run in runs)
+    assert f"W&B: 2 offline run folders: upload them with `wandb sync {sweep}/*/wandb/offline-run-*`" in result.stdout
+
+
+def test_a_diverged_run_ends_with_exit_code_2_and_says_where(tmp_path: Path) -> None:
+    result = run_here("mcsd-train", *FAST, "data=embedded", "optimizer.lr=1e6",
+                      "callbacks.model_checkpoint.every_n_train_steps=1", cwd=tmp_path)
+    assert result.returncode == 2
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    run = only_run(run_dir)
+    expected = json.loads((run_dir / "result.json").read_text())["diverged_at_step"]
+    assert (run.exit_code, run.summary["status"], run.summary["diverged_at_step"]) == (2, "diverged", expected)
+
+
+def test_a_record_longer_than_a_block_reads_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config value of 100 KB spans four 32 KiB blocks of the file (FIRST, MIDDLE, LAST chunks)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    long = "".join(chr(ord("a") + index % 26) for index in range(100_000))
+    run = wandb.init(project="blocks", dir=tmp_path, config={"long": long}, name="blocks")
+    run.log({"x": 1.5})
+    run.finish(exit_code=7)
+    read = only_run(tmp_path)
+    assert read.config["long"] == long and read.name == "blocks" and read.exit_code == 7
+    assert [row["x"] for row in read.history] == [1.5]
+
+
+def test_a_file_that_is_not_a_wandb_run_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "run-x.wandb"
+    path.write_bytes(b"not a run")
+    with pytest.raises(WandbFileError, match=r"is not a W&B run file \(no ':W&B' header\)"):
+        records(path)
+
+
+def test_the_gradient_norm_is_logged_before_clipping_and_peak_memory_beside_it(tmp_path: Path) -> None:
+    """With gradients clipped to a norm of 1e-4, the logged norms are the unclipped ones (orders of
+    magnitude above it), at every logged step; the process's peak memory never falls."""
+    result = run_here("mcsd-train", *FAST, "data=embedded", "trainer.gradient_clip_val=1e-4", "logger=csv",
+                      "test_after_training=false", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    rows = read_metrics(run_dir)
+    norms, peaks = series(rows, "train/grad_norm"), series(rows, "train/peak_memory_bytes")
+    assert sorted(norms) == sorted(series(rows, "train/loss")) and len(norms) == 6
+    assert min(norms.values()) > 1e-2
+    assert list(peaks.values()) == sorted(peaks.values()) and min(peaks.values()) > 2**20
