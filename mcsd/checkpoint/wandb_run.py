@@ -6,7 +6,7 @@ magic ``0xBEE1``, version 0), then LevelDB's log format (blocks of 32 KiB; each 
 header: CRC-32C, length, type FULL/FIRST/MIDDLE/LAST), each whole record a serialised ``Record``.
 That framing is W&B's datastore format since 0.10 (written by its Go core since 0.19, which no
 longer ships a Python reader); what this module reads of the records is the run's identity
-(``run``), its config and summary updates, its history rows and its exit code.
+(``run``), its config and summary updates, its history rows, its artifacts and its exit code.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class WandbFileError(MCSDError):
 @dataclasses.dataclass
 class WandbRun:
     """What one W&B run file holds: identity, the config and summary as they stand at its end,
-    every history row in order, and the exit code (``None`` for a run that never finished)."""
+    every history row in order, the exit code (``None`` for a run that never finished) and the
+    artifacts it logged."""
 
     path: Path
     id: str
@@ -44,6 +45,18 @@ class WandbRun:
     summary: dict[str, Any]
     history: list[dict[str, Any]]
     exit_code: int | None
+    artifacts: list[LoggedArtifact] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class LoggedArtifact:
+    """An artifact the run logged: its name, type, aliases, metadata and the paths of its files."""
+
+    name: str
+    type: str
+    aliases: list[str]
+    metadata: dict[str, Any]
+    files: list[str]
 
 
 def records(path: Path) -> list[bytes]:
@@ -107,6 +120,11 @@ def read_wandb_run(path: Path) -> WandbRun:
             run.history.append({_key(item): json.loads(item.value_json) for item in record.history.item})
         elif kind == "exit":
             run.exit_code = record.exit.exit_code
+        elif kind == "artifact":
+            logged = record.artifact
+            run.artifacts.append(LoggedArtifact(logged.name, logged.type, list(logged.aliases),
+                                                json.loads(logged.metadata or "{}"),
+                                                sorted(entry.path for entry in logged.manifest.contents)))
     return run
 
 

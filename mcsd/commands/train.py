@@ -37,11 +37,12 @@ from mcsd.data.tokenizer import load_tokenizer as load_tokenizer_file
 from mcsd.errors import MCSDError
 from mcsd.models.build import make_config
 from mcsd.models.config import LMConfig
-from mcsd.training.callbacks import DivergedError, StopOnDivergence
+from mcsd.training.callbacks import DivergedError, SaveFinalModel, StopOnDivergence
 from mcsd.training.checks import check_run
 from mcsd.training.dashboard import (BestValidation, RememberIdentity, RunIdentity, exit_code_of, finish_wandb,
                                      run_identity, wandb_arguments)
 from mcsd.training.fsdp import FSDP2Strategy
+from mcsd.training.loggers import WandbLogger as TokenCountingWandbLogger
 from mcsd.training.memory import MemoryPlan, check_fits, peak_resident_bytes, plan_memory
 from mcsd.training.module import LanguageModelModule
 from mcsd.training.report import end_of_run_report
@@ -195,6 +196,8 @@ def train(cfg: DictConfig) -> float:
     for logger in loggers:
         if isinstance(logger, WandbLogger):
             logger.experiment.define_metric("*", step_metric="trainer/tokens", step_sync=True)
+            if isinstance(logger, TokenCountingWandbLogger):
+                logger.tokens = lambda: float(module.tokens_seen)
         logger.log_hyperparams({
             **OmegaConf.to_container(cfg, resolve=True),
             "choices": _choices(),
@@ -235,6 +238,11 @@ def train(cfg: DictConfig) -> float:
         write_result(Path(HydraConfig.get().runtime.output_dir), {
             "status": FINISHED, "val_loss": val_loss, "val_ppl": val_ppl, "test_loss": test[0] if test else None,
             "test_ppl": test[1] if test else None, "tokens": int(module.tokens_seen), "steps": trainer.global_step})
+    final_model = next((callback for callback in callbacks if isinstance(callback, SaveFinalModel)), None)
+    for logger in loggers:
+        if isinstance(logger, TokenCountingWandbLogger) and final_model is not None and trainer.is_global_zero:
+            logger.log_model_folder(final_model.dirpath, {**module.describe(), **identity.config, "val/ppl": val_ppl,
+                                                          "tokens": int(module.tokens_seen)})
     finish_wandb(0, {"status": FINISHED, **({"test/ppl": test[1]} if test else {})})  # before the report: it prints last
     if trainer.is_global_zero:
         print(report, flush=True)

@@ -21,14 +21,15 @@ def only_run(folder: Path):
 
 
 def test_a_run_alone_says_what_it_is_and_how_it_ended(tmp_path: Path) -> None:
-    result = run_here("mcsd-train", *FAST, "data=embedded", "seed=3", cwd=tmp_path)
+    window = "callbacks.throughput.window_size=2"  # its rates from the second step on
+    result = run_here("mcsd-train", *FAST, "data=embedded", "seed=3", window, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
     run = only_run(run_dir)
     assert (run.group, run.name, run.exit_code) == (f"default/{run_dir.name}", "mcsd-full-tiny-seed3", 0)
     assert run.tags == ["default", "mcsd", "full", "tiny", "embedded"] and run.job_type == "train"
     assert run.config["experiment"] == "default" and run.config["sweep"] is None
-    assert run.config["job/overrides"] == [*FAST, "data=embedded", "seed=3"]
+    assert run.config["job/overrides"] == [*FAST, "data=embedded", "seed=3", window]
     assert run.config["git_commit"] == git_commit() != ""
     rows = read_metrics(run_dir)
     validation, tokens = series(rows, "val/ppl"), series(rows, "trainer/tokens")
@@ -38,6 +39,23 @@ def test_a_run_alone_says_what_it_is_and_how_it_ended(tmp_path: Path) -> None:
     assert run.summary["status"] == "finished"
     assert run.summary["test/ppl"] == pytest.approx(json.loads((run_dir / "result.json").read_text())["test_ppl"])
     assert f"(offline; upload with `wandb sync {run.path.parent}`)" in result.stdout
+    # Every row at its own token count: the learning rate of step s (logged as it starts) after s
+    # steps' tokens, the loss and the throughput of step s (logged as it ends) after s + 1.
+    per_step = run.config["trainer/tokens_per_step"]
+    rates = [row for row in run.history if "lr-AdamW/pg1" in row]
+    throughput = [row for row in run.history if "train/device/items_per_sec" in row]
+    losses = [row for row in run.history if "train/loss" in row]
+    assert len(rates) == len(losses) == 6 and throughput
+    assert all(row["trainer/tokens"] == row["trainer/global_step"] * per_step for row in rates)
+    assert all(row["trainer/tokens"] == (row["trainer/global_step"] + 1) * per_step for row in throughput + losses)
+    logged = {key for row in run.history for key in row}
+    assert not [key for key in logged if key.startswith("validate/") or key.endswith(("/samples", "/batches"))]
+    assert "lr-AdamW/pg2" not in logged and "train/device/flops_per_sec" in logged
+    (artifact,) = run.artifacts  # the final model folder, file for file
+    assert (artifact.name, artifact.type, "final" in artifact.aliases) == (f"model-{run.id}", "model", True)
+    assert artifact.files == sorted(str(path.relative_to(run_dir / "model")) for path in (run_dir / "model").rglob("*")
+                                    if path.is_file())
+    assert (artifact.metadata["model/arch"], artifact.metadata["git_commit"]) == ("mcsd", git_commit())
 
 
 def test_a_sweeps_jobs_share_its_group_and_have_names_of_their_own(tmp_path: Path) -> None:
@@ -96,3 +114,17 @@ def test_the_gradient_norm_is_logged_before_clipping_and_peak_memory_beside_it(t
     assert sorted(norms) == sorted(series(rows, "train/loss")) and len(norms) == 6
     assert min(norms.values()) > 1e-2
     assert list(peaks.values()) == sorted(peaks.values()) and min(peaks.values()) > 2**20
+
+
+def test_log_model_false_logs_no_artifact_and_a_value_it_cannot_take_is_refused(tmp_path: Path) -> None:
+    result = run_here("mcsd-train", *FAST, "data=embedded", "logger.wandb.log_model=false", "test_after_training=false",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert only_run(tmp_path).artifacts == []
+    (tmp_path / "refused").mkdir()
+    refused = run_here("mcsd-train", *FAST, "data=embedded", "logger.wandb.log_model=all", cwd=tmp_path / "refused")
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("mcsd-train: error:")]
+    assert refused.returncode == 2 and errors == [
+        "mcsd-train: error: logger.wandb.log_model='all' must be true (the final model folder as a W&B artifact of "
+        "type model, offline too) or false (none); every checkpoint as an artifact is not offered"]
+    assert not (tmp_path / "refused" / "logs" / "train").exists()  # no run folder (the corpus's cache stays)
