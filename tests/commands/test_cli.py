@@ -43,12 +43,14 @@ def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
         assert (job / "model" / "config.json").read_text().count(model.replace("mcsd", "MCSD").replace(
             "transformer", "Transformer")) == 1
     assert len(wandb_ids) == 2
-    # The sweep ends with one summary: its folder, each job's own override and result, the plot command.
+    # The sweep ends with one summary: its folder, each job's own override and result, the one command that
+    # uploads its offline W&B runs, the plot command.
     results = [json.loads((job / "result.json").read_text()) for job in jobs]
-    assert result.stdout.strip().splitlines()[-4:] == [
+    assert result.stdout.strip().splitlines()[-5:] == [
         f"sweep: {sweeps[0]} (2 jobs)",
         f"  job 0: model=mcsd: val ppl {results[0]['val_ppl']:.2f}",
         f"  job 1: model=transformer: val ppl {results[1]['val_ppl']:.2f}",
+        f"W&B: 2 offline run folders: upload them with `wandb sync {sweeps[0]}/*/wandb/offline-run-*`",
         f"plot: mcsd-plot ablation {sweeps[0]} (or mcsd-plot scaling {sweeps[0]} for a sweep of sizes)"]
 
 
