@@ -11,6 +11,7 @@ the run directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -453,37 +454,11 @@ def write_results(output_dir: Path, head: dict[str, Any], rows: list[dict[str, A
     return json_path, csv_path
 
 
-def log_to_wandb(cfg: DictConfig, head: dict[str, Any], csv_path: Path, output_dir: Path) -> None:
-    import pandas as pd
-    import wandb
-
-    run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group=f"bench-{cfg.mode}",
-                     job_type="bench", dir=str(output_dir), config=head,
-                     mode="offline" if cfg.wandb.offline else "online")
-    run.log({f"bench/{cfg.mode}": wandb.Table(dataframe=pd.read_csv(csv_path))})
-    wandb.finish()
-
-
-def bench(cfg: DictConfig) -> Path:
-    """Run the grid of ``cfg`` and write its results; return the CSV's path."""
-    _check(cfg)
-    if isinstance(cfg.threads, str):  # threads=auto (not through the command): a number, for the points too
-        apply_threads("mcsd-bench", cfg)
-    isolate = cfg.isolate if cfg.isolate is not None else not cfg.device.startswith("cuda")
-    if cfg.threads:  # the peak and the bandwidth on the points' own thread count
-        torch.set_num_threads(cfg.threads)
-    points = grid(cfg)
-    output_dir = Path(cfg.output_dir)
-    head = {**header(cfg), "complete": False, "points_planned": len(points), "stopped_by": None}
-    if not cfg.get("resume"):
-        replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-bench", cfg.get("overwrite", False),
-                                resume="resume=true to keep its rows and measure only the points they lack")
-    rows = resumed_rows(output_dir, head) if cfg.get("resume") else []
-    to_measure = [(labels, arguments) for labels, arguments in points if not any(is_row_of(row, labels) for row in rows)]
-    if rows:
-        log.info("resume=true: %d of the %d points already measured in %s, %d to measure", len(points) - len(to_measure),
-                 len(points), output_dir, len(to_measure))
-    head["other_cores_before"] = check_machine(cfg)
+def _measure(cfg: DictConfig, head: dict[str, Any], points: list, to_measure: list, rows: list[dict[str, Any]],
+             output_dir: Path, isolate: bool, wandb_run: Any) -> tuple[Path, Path, bool]:
+    """Measure ``to_measure``'s points into ``rows`` (each written as it is measured, and logged to
+    ``wandb_run``, a :class:`~mcsd.training.dashboard.MeasurementRun`, with ``wandb.enabled``); the
+    result files and whether Ctrl-C stopped it."""
     budget = PointBudget(cfg.time_budget_s)
     bar = tqdm(to_measure, desc=f"mcsd-bench {cfg.mode}", unit="point")
     # Ctrl-C: stop after the point under way (again: at once); the points measured are kept.
@@ -513,17 +488,56 @@ def bench(cfg: DictConfig) -> Path:
             peak = mfu_peak(cfg.device.split(":")[0], device_name(cfg.device), cfg.dtype, limit) if cfg.mode == "train" else None
             rows.append(_row(cfg.mode, labels, result, limit, peak))
             write_results(output_dir, head, rows)  # after every point: a crash or a kill loses none measured
+            if cfg.wandb.enabled:
+                point = "/".join(f"{key}={value}" for key, value in labels.items())
+                wandb_run.record(rows[-1], {f"tokens_per_s/{point}": rows[-1].get("tokens_per_s")})
             if stop.requested:
                 head["stopped_by"] = "Ctrl-C"
                 break
     bar.close()
     head["complete"] = measured(rows, points) == len(points)
     json_path, csv_path = write_results(output_dir, head, rows)
-    if stop.requested:
-        interrupted("mcsd-bench", f"kept the {measured(rows, points)} of {len(points)} points measured in {csv_path} and "
-                    f"{json_path.name} (complete=false; mcsd-plot {cfg.mode} draws them; resume=true measures the rest)")
-    if cfg.wandb.enabled:
-        log_to_wandb(cfg, head, csv_path, output_dir)
+    return json_path, csv_path, stop.requested
+
+
+def bench(cfg: DictConfig) -> Path:
+    """Run the grid of ``cfg`` and write its results; return the CSV's path."""
+    _check(cfg)
+    if isinstance(cfg.threads, str):  # threads=auto (not through the command): a number, for the points too
+        apply_threads("mcsd-bench", cfg)
+    isolate = cfg.isolate if cfg.isolate is not None else not cfg.device.startswith("cuda")
+    if cfg.threads:  # the peak and the bandwidth on the points' own thread count
+        torch.set_num_threads(cfg.threads)
+    points = grid(cfg)
+    output_dir = Path(cfg.output_dir)
+    head = {**header(cfg), "complete": False, "points_planned": len(points), "stopped_by": None}
+    if not cfg.get("resume"):
+        replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-bench", cfg.get("overwrite", False),
+                                resume="resume=true to keep its rows and measure only the points they lack")
+    rows = resumed_rows(output_dir, head) if cfg.get("resume") else []
+    to_measure = [(labels, arguments) for labels, arguments in points if not any(is_row_of(row, labels) for row in rows)]
+    if rows:
+        log.info("resume=true: %d of the %d points already measured in %s, %d to measure", len(points) - len(to_measure),
+                 len(points), output_dir, len(to_measure))
+    head["other_cores_before"] = check_machine(cfg)
+    # Imported here, not with the module: each point's fresh process imports this module, and its
+    # measured peak memory would carry Lightning's, W&B's and pandas' imports.
+    import pandas as pd
+
+    from mcsd.training.dashboard import MeasurementRun
+
+    models = [str(model) for model in cfg.get("models") or []]
+    wandb_run = MeasurementRun("bench", cfg.wandb, head, models) if cfg.wandb.enabled else contextlib.nullcontext()
+    with wandb_run:
+        json_path, csv_path, stopped = _measure(cfg, head, points, to_measure, rows, output_dir, isolate, wandb_run)
+        if cfg.wandb.enabled:
+            wandb_run.table(f"bench/{cfg.mode}", pd.read_csv(csv_path))
+            wandb_run.record({}, {"points_measured": measured(rows, points), "points_planned": len(points),
+                                  "complete": head["complete"]})
+        if stopped:
+            interrupted("mcsd-bench", f"kept the {measured(rows, points)} of {len(points)} points measured in {csv_path} "
+                        f"and {json_path.name} (complete=false; mcsd-plot {cfg.mode} draws them; resume=true measures "
+                        "the rest)")
     shared = [row for row in rows if row.get("shared")]
     unsteady = [row for row in rows if row.get("unsteady")]
     if shared:

@@ -20,6 +20,7 @@ from mcsd.files import require_readable
 
 CHECKPOINT_DIR = "checkpoints"  # a run's checkpoints folder
 LAST_CHECKPOINT = "last.ckpt"
+WANDB_RUN_KEY = "wandb_run_id"  # the W&B run a checkpoint's training logged to (mcsd.checkpoint.resume.RememberRun)
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, read_checkpoint
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, WANDB_RUN_KEY, read_checkpoint
 from mcsd.checkpoint.run_folder import RunFolder
 from mcsd.data.datamodule import tokens_per_step
 from mcsd.errors import MCSDError
@@ -32,10 +32,10 @@ from mcsd.models import registry
 from mcsd.models.build import build_model, make_config
 
 log = logging.getLogger(__name__)
-WANDB_RUN_KEY = "wandb_run_id"
 OVERRIDES_KEY = "mcsd_overrides"
 WORLD_SIZE_KEY = "mcsd_world_size"  # the processes the run trained on
 RESUME_KEYS = ("ckpt_path", "resume")  # how a run is resumed: never carried into the resumed run
+__all__ = ["OVERRIDES_KEY", "WANDB_RUN_KEY", "RememberRun", "resume_config"]
 
 
 class RememberRun(L.Callback):

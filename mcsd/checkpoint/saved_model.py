@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 from tokenizers import Tokenizer
 
-from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, read_checkpoint
+from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, LAST_CHECKPOINT, WANDB_RUN_KEY, read_checkpoint
 from mcsd.checkpoint.sharded import check_sharded_checkpoint, copy_into, is_sharded, is_sharded_checkpoint, read_sharded
 from mcsd.errors import MCSDError
 from mcsd.files import give_default_permissions, require_readable
@@ -38,7 +38,7 @@ from mcsd.models.modeling import CausalLM
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
-TRAINING_FILE = "training.json"  # what a run's model folder records of its training: the sequence length
+TRAINING_FILE = "training.json"  # what a run's model folder records of its training: the sequence length, the W&B run
 MODEL_DIR = "model"  # a run's final model folder
 CHECKPOINT_TOKENIZER_KEY = "tokenizer"
 STATE_DICT_PREFIX = "model."  # the LightningModule's (and the Hugging Face model's) attribute that holds the model
@@ -127,9 +127,10 @@ def download_from_hub(repo_id: str, fix: str) -> Path:
 
 
 def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = None,
-         seq_len: int | None = None) -> Path:
+         seq_len: int | None = None, wandb_run: str | None = None) -> Path:
     """Write ``model.safetensors``, ``config.json`` (the resolved model config) and, if
-    given, ``tokenizer.json`` and ``training.json`` (the sequence length it was trained on) to ``directory``."""
+    given, ``tokenizer.json`` and ``training.json`` (the sequence length it was trained on, and the
+    W&B run its training logged to) to ``directory``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_model(model, str(directory / WEIGHTS_FILE))
@@ -137,8 +138,9 @@ def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = N
     (directory / CONFIG_FILE).write_text(json.dumps(model.config.to_portable_dict(), indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save(str(directory / TOKENIZER_FILE))
-    if seq_len is not None:
-        (directory / TRAINING_FILE).write_text(json.dumps({"seq_len": seq_len}, indent=2) + "\n")
+    training = {key: value for key, value in (("seq_len", seq_len), ("wandb_run", wandb_run)) if value is not None}
+    if training:
+        (directory / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n")
     return directory
 
 
@@ -153,6 +155,18 @@ def trained_seq_len(path: str | Path) -> int | None:
         file = saved.path / TRAINING_FILE
         value = json.loads(file.read_text()).get("seq_len") if file.is_file() else None
     return value if isinstance(value, int) else None
+
+
+def trained_wandb_run(path: str | Path) -> str | None:
+    """The W&B run id of the training that made the model at ``path``: a checkpoint's, a model
+    folder's ``training.json``; ``None`` where none was recorded (no W&B, an export, an older folder)."""
+    saved = locate(path)
+    if saved.kind == "checkpoint":
+        value = read_checkpoint(saved.path).get(WANDB_RUN_KEY)
+    else:
+        file = saved.path / TRAINING_FILE
+        value = json.loads(file.read_text()).get("wandb_run") if file.is_file() else None
+    return value if isinstance(value, str) else None
 
 
 def whole_model(config: LMConfig, weights: dict[str, torch.Tensor]) -> CausalLM:

@@ -10,6 +10,7 @@ lm-eval's own ``HFLM``, over the model as a Hugging Face ``transformers`` model 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -33,6 +35,7 @@ from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
 from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import registry
+from mcsd.training.dashboard import MeasurementRun
 from mcsd.deploy.quantize import decoding_dtype, quantize_weights, weight_format
 
 RESULTS_FILE, TABLE_FILE = "results.json", "table2.md"
@@ -159,48 +162,53 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
     manager = check_tasks(tasks, include_path)
-    results: dict[str, Any] = {}
-    shots: dict[str, Any] = {}
-    versions: dict[str, Any] = {}
-    finished = []
-    # lm-eval asks git for the hash of the working folder, whose "fatal: not a git repository"
-    # outside a checkout reaches the user's terminal: it records this package's commit instead.
-    with (StopAfterCurrent() as stop, tqdm(total=len(tasks), desc="mcsd-eval", unit="task") as bar,
-          mock.patch("lm_eval.evaluator.get_git_commit_hash", git_commit)):
-        for task in tasks:  # one at a time, so that Ctrl-C keeps the tasks finished (lm-eval's bars go within)
-            bar.set_postfix_str(task)
-            outcome = simple_evaluate(model=lm, tasks=[task], num_fewshot=num_fewshot, limit=cfg.limit,
-                                      task_manager=manager, log_samples=True, random_seed=cfg.seed,
-                                      numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
-                                      fewshot_random_seed=cfg.seed)
-            for name, samples in outcome.get("samples", {}).items():
-                scores = outcome["results"].get(name, {})
-                if manager.task_index.get(name) and samples and "word_perplexity,none" in scores:
-                    scores["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
-            results.update(outcome["results"])
-            shots.update(outcome.get("n-shot") or {})
-            versions.update(outcome.get("versions") or {})
-            finished.append(task)
-            bar.update(1)
-            if stop.requested:
-                break
-    if not finished:
-        interrupted("mcsd-eval", "stopped before the first task was finished: nothing written")
-    model = lm.model.model  # the project's CausalLM inside the transformers model
-    params = sum(p.numel() for p in model.parameters())
-    label = f"{registry.of_config(model.config).label} {saved.name}" + (
-        f" ({weight_format(model)} weights)" if weight_format(model) != "full" else "")
-    summary = {"model": str(saved.path), "params": params, "tasks": finished, "tasks_planned": tasks,
-               "complete": finished == tasks, "num_fewshot": num_fewshot, "limit": cfg.limit, "results": results,
-               "n-shot": shots, "versions": versions, "config": OmegaConf.to_container(cfg, resolve=True)}
-    (output_dir / RESULTS_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    table = table2_markdown([(label, params, results)])
-    (output_dir / TABLE_FILE).write_text(table)
-    if stop.requested:
-        interrupted("mcsd-eval", f"kept the results of the {len(finished)} of {len(tasks)} tasks finished "
-                    f"({', '.join(finished)}) in {output_dir / RESULTS_FILE} (complete: false) and {TABLE_FILE}")
-    if cfg.wandb.enabled:
-        _log_to_wandb(cfg, results, output_dir)
+    wandb_run = (MeasurementRun("eval", cfg.wandb, OmegaConf.to_container(cfg, resolve=True), [cfg.ckpt])
+                 if cfg.wandb.enabled else contextlib.nullcontext())
+    with wandb_run:
+        results: dict[str, Any] = {}
+        shots: dict[str, Any] = {}
+        versions: dict[str, Any] = {}
+        finished = []
+        # lm-eval asks git for the hash of the working folder, whose "fatal: not a git repository"
+        # outside a checkout reaches the user's terminal: it records this package's commit instead.
+        with (StopAfterCurrent() as stop, tqdm(total=len(tasks), desc="mcsd-eval", unit="task") as bar,
+              mock.patch("lm_eval.evaluator.get_git_commit_hash", git_commit)):
+            for task in tasks:  # one at a time, so that Ctrl-C keeps the tasks finished (lm-eval's bars go within)
+                bar.set_postfix_str(task)
+                outcome = simple_evaluate(model=lm, tasks=[task], num_fewshot=num_fewshot, limit=cfg.limit,
+                                          task_manager=manager, log_samples=True, random_seed=cfg.seed,
+                                          numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                                          fewshot_random_seed=cfg.seed)
+                for name, samples in outcome.get("samples", {}).items():
+                    scores = outcome["results"].get(name, {})
+                    if manager.task_index.get(name) and samples and "word_perplexity,none" in scores:
+                        scores["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
+                results.update(outcome["results"])
+                shots.update(outcome.get("n-shot") or {})
+                versions.update(outcome.get("versions") or {})
+                finished.append(task)
+                if cfg.wandb.enabled:  # each task's numbers as it finishes: an interrupted run keeps them
+                    wandb_run.record({}, {f"eval/{row[0]}/{row[1]}": row[2] for row in _score_rows(outcome["results"])})
+                bar.update(1)
+                if stop.requested:
+                    break
+        if not finished:
+            interrupted("mcsd-eval", "stopped before the first task was finished: nothing written")
+        model = lm.model.model  # the project's CausalLM inside the transformers model
+        params = sum(p.numel() for p in model.parameters())
+        label = f"{registry.of_config(model.config).label} {saved.name}" + (
+            f" ({weight_format(model)} weights)" if weight_format(model) != "full" else "")
+        summary = {"model": str(saved.path), "params": params, "tasks": finished, "tasks_planned": tasks,
+                   "complete": finished == tasks, "num_fewshot": num_fewshot, "limit": cfg.limit, "results": results,
+                   "n-shot": shots, "versions": versions, "config": OmegaConf.to_container(cfg, resolve=True)}
+        (output_dir / RESULTS_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        table = table2_markdown([(label, params, results)])
+        (output_dir / TABLE_FILE).write_text(table)
+        if cfg.wandb.enabled:
+            wandb_run.table("eval/results", pd.DataFrame(_score_rows(results), columns=["task", "metric", "value"]))
+        if stop.requested:
+            interrupted("mcsd-eval", f"kept the results of the {len(finished)} of {len(tasks)} tasks finished "
+                        f"({', '.join(finished)}) in {output_dir / RESULTS_FILE} (complete: false) and {TABLE_FILE}")
     lines = [f"{task}: " + ", ".join(f"{key.split(',')[0]}={value:.4f}" for key, value in metrics.items()
                                      if isinstance(value, float) and "stderr" not in key)
              for task, metrics in results.items()]
@@ -209,16 +217,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
-def _log_to_wandb(cfg: DictConfig, results: dict[str, Any], output_dir: Path) -> None:
-    import wandb
-
-    run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group="eval", job_type="eval",
-                     dir=str(output_dir), mode="offline" if cfg.wandb.offline else "online",
-                     config=OmegaConf.to_container(cfg, resolve=True))
-    rows = [[task, key.split(",")[0], value] for task, metrics in results.items() for key, value in metrics.items()
-            if isinstance(value, (int, float))]
-    run.log({"eval/results": wandb.Table(columns=["task", "metric", "value"], data=rows)})
-    wandb.finish()
+def _score_rows(results: dict[str, Any]) -> list[tuple[str, str, float]]:
+    """``(task, metric, value)`` of every number in lm-eval's ``results`` (the metric's name without its filter)."""
+    return [(task, key.split(",")[0], value) for task, metrics in results.items() for key, value in metrics.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)]
 
 
 @hydra_app("mcsd-eval", "eval")

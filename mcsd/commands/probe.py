@@ -35,6 +35,7 @@ from mcsd.plots.context import CURVE_FILE, DELTA_FILE, markdown_context_table, p
 from mcsd.plots.runs import curve_label
 from mcsd.precision import check_device, model_dtype
 from mcsd.probes.context import ContextProbe, probe_context
+from mcsd.training.dashboard import EXIT_INTERRUPTED, MeasurementRun
 
 
 # The fields of a data node that say which corpus it reads (its documents and how they are cut).
@@ -176,28 +177,34 @@ def context(cfg: DictConfig) -> ContextProbe:
         interrupted("mcsd-probe context", "stopped before the probe had read a batch of documents: nothing written")
     source = {**identity, "ckpt": str(Path(cfg.ckpt).resolve()), "form": cfg.form or model.default_form}
     paths = write_context_probe(result, source, Path(cfg.output_dir))
+    if cfg.wandb.enabled:  # before an interruption's exit too: the documents probed are kept there as here
+        _log_to_wandb(cfg, result, paths[2], stop.requested)
     if stop.requested:
         finished = int(result.deltas["documents"].iloc[0])
         interrupted("mcsd-probe context", f"kept the probe of the {finished} of {len(documents)} documents finished "
                     f"in {Path(cfg.output_dir)} (documents={finished} in {DELTA_FILE})")
     print(markdown_context_table(result.deltas.assign(**source)))
-    if cfg.wandb.enabled:
-        _log_to_wandb(cfg, result, paths[2], Path(cfg.output_dir))
     print("\n".join(str(path) for path in paths))
     return result
 
 
-def _log_to_wandb(cfg: DictConfig, result: ContextProbe, figure: Path, output_dir: Path) -> None:
+def _log_to_wandb(cfg: DictConfig, result: ContextProbe, figure: Path, stopped: bool) -> None:
+    """The probe as a W&B run (:class:`MeasurementRun`): Delta_N per window in its summary
+    (``probe/delta_<N>``, with its interval), its tables and figure; ``stopped`` (by Ctrl-C): it ends 130."""
     import wandb
 
     settings = {key: OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key]
                 for key in ("ckpt", "length", "windows", "num_documents", "num_positions", "form", "seed")}
-    run = wandb.init(project=cfg.wandb.project, entity=cfg.wandb.entity, group="probe_context", job_type="probe",
-                     dir=str(output_dir), mode="offline" if cfg.wandb.offline else "online",
-                     config={**settings, "data": cfg.data.get("name")})
-    run.log({"probe/context_delta": wandb.Table(dataframe=result.deltas),
-             "probe/context_curve": wandb.Table(dataframe=result.curve), "probe/figure": wandb.Image(str(figure))})
-    wandb.finish()
+    with MeasurementRun("probe_context", cfg.wandb, {**settings, "data": cfg.data.get("name")}, [cfg.ckpt]) as run:
+        for row in result.deltas.to_dict("records"):
+            window = int(row["window"])
+            run.record(row, {f"probe/delta_{window}": row["delta"], f"probe/delta_{window}_low": row["delta_low"],
+                             f"probe/delta_{window}_high": row["delta_high"]})
+        run.table("probe/context_delta", result.deltas)
+        run.table("probe/context_curve", result.curve)
+        run.record({}, {"probe/documents": int(result.deltas["documents"].iloc[0])})
+        run.run.log({"probe/figure": wandb.Image(str(figure))})
+        run.exit_code = EXIT_INTERRUPTED if stopped else 0
 
 
 @hydra_app("mcsd-probe context", "probe_context")

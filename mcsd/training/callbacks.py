@@ -9,9 +9,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import RichModelSummary
+from lightning.pytorch.callbacks import RichModelSummary, ThroughputMonitor
 from lightning.pytorch.utilities import grad_norm
+from lightning.pytorch.loggers import WandbLogger
 
+from mcsd.bench.peaks import known_gpu
 from mcsd.checkpoint import saved_model
 from mcsd.checkpoint.sharded import full_state_dict, is_sharded
 from mcsd.errors import MCSDError
@@ -28,6 +30,30 @@ def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
     all of them with ``labels`` (MQAR), all but the last of each row for next-token prediction."""
     ids = batch["input_ids"]
     return ids.numel() if "labels" in batch else ids.shape[0] * (ids.shape[1] - 1)
+
+
+def dense_peak_flops(device: torch.device, device_name: str, precision: str) -> float | None:
+    """The dense datasheet peak (FLOP/s) of a known GPU (:mod:`mcsd.bench.peaks`, the benchmarks' own)
+    at a run's ``trainer.precision``: what MFU divides by; ``None`` on a CPU or a GPU the table lacks."""
+    gpu = known_gpu(device_name) if device.type == "cuda" else None
+    if gpu is None:
+        return None
+    dtype = "bfloat16" if "bf16" in precision else "float16" if "16" in precision else "float32"
+    return gpu.flops[dtype]
+
+
+class Throughput(ThroughputMonitor):
+    """Lightning's ``ThroughputMonitor`` with the MFU (``train/device/mfu``) of :func:`dense_peak_flops`
+    (the benchmarks' dense datasheet peaks, which know GPUs Lightning's table lacks, such as the H200),
+    so that a run's MFU and ``mcsd-bench``'s divide by the same number; none on a CPU."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        device = trainer.strategy.root_device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+        self.available_flops = dense_peak_flops(device, name, str(trainer.precision))
+        for throughput in self._throughputs.values():  # Lightning's own, made by its setup with its table's peak
+            throughput.available_flops = self.available_flops
 
 
 class ModelSummary(RichModelSummary):
@@ -79,7 +105,8 @@ class SaveFinalModel(L.Callback):
             model = saved_model.whole_model(model.config, weights) if trainer.is_global_zero else None
         if trainer.is_global_zero:
             seq_len = getattr(trainer.datamodule, "hparams", {}).get("seq_len")
-            saved_model.save(model, self.dirpath, self._tokenizer(trainer), seq_len)
+            wandb_run = next((logger.version for logger in trainer.loggers if isinstance(logger, WandbLogger)), None)
+            saved_model.save(model, self.dirpath, self._tokenizer(trainer), seq_len, wandb_run)
 
 
 class DivergedError(MCSDError):

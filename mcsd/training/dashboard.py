@@ -1,7 +1,8 @@
-"""What a training run tells W&B about itself, so that a dashboard reads it without the command line:
-its group (the sweep invocation it belongs to, or the run alone), a name and tags that say what it
+"""What a run tells W&B about itself, so that a dashboard reads it without the command line: its
+group (the sweep invocation it belongs to, or the run alone), a name and tags that say what it
 trains, its own overrides and the code's commit in the config, and a summary and exit code that say
-how it ended (docs/training.md, "Reading a sweep in W&B")."""
+how it ended (docs/training.md, "Reading a sweep in W&B"); and a measuring command's run
+(:class:`MeasurementRun`: bench, eval, probe), which names the training runs it measured."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import logging
 
 import lightning as L
 import wandb
@@ -23,6 +26,7 @@ from mcsd.models import registry
 from mcsd.models.config import LMConfig
 from mcsd.runtime import git_commit
 
+log = logging.getLogger(__name__)
 GROUP_KEY = "wandb_group"  # the checkpoint's record of its run's group and name (a resumed run keeps them)
 NAME_KEY = "wandb_name"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as the process; the signal's own 128 + n where another stopped it
@@ -38,6 +42,14 @@ class RunIdentity:
     config: dict[str, Any]
 
 
+def invocation_folder() -> tuple[str, bool]:
+    """The folder that names this invocation's W&B group, and whether it is a ``-m`` sweep's:
+    the sweep folder (every job of one invocation), else the run's own folder."""
+    hydra = HydraConfig.get()
+    sweep = hydra.mode == RunMode.MULTIRUN
+    return Path(hydra.sweep.dir if sweep else hydra.runtime.output_dir).name, sweep
+
+
 def run_identity(cfg: DictConfig, model_config: LMConfig, resumed: Mapping[str, Any] | None = None) -> RunIdentity:
     """The identity of the run ``cfg`` composes. Group: ``<experiment>/<sweep folder>`` for a job of a
     ``-m`` sweep (every job of one invocation; a resumed or requeued sweep keeps its folder), else
@@ -51,8 +63,7 @@ def run_identity(cfg: DictConfig, model_config: LMConfig, resumed: Mapping[str, 
     size = hydra.runtime.choices.get("size") or "custom"
     data = hydra.runtime.choices.get("data") or "custom"
     experiment = str(cfg.experiment_name)
-    sweep = hydra.mode == RunMode.MULTIRUN
-    folder = Path(hydra.sweep.dir if sweep else hydra.runtime.output_dir).name
+    folder, sweep = invocation_folder()
     name = f"{architecture.name}-{variant}-{size}-seed{cfg.seed}" + (f"-job{hydra.job.num}" if sweep else "")
     group = f"{experiment}/{folder}"
     if resumed:
@@ -141,3 +152,77 @@ def offline_run_folders(run_id: str, root: Path) -> list[Path]:
 def sync_command(folders: list[Path]) -> str:
     """The one ``wandb sync`` command that uploads ``folders`` (offline runs, or globs of them)."""
     return "wandb sync " + " ".join(str(folder) if "*" in str(folder) else shlex.quote(str(folder)) for folder in folders)
+
+
+class MeasurementRun:
+    """The W&B run of a measuring command (``mcsd-bench``, ``mcsd-eval``, ``mcsd-probe context``),
+    opened at its first measurement (a command stopped before one leaves no W&B run): group
+    ``<command>/<invocation folder>``, the command as its job type and tag, the git commit and the W&B
+    ids of the training runs whose models it measures (``trained_runs``; online, their
+    ``model-<id>:final`` artifacts are declared as its inputs, so that the dashboard's lineage links
+    them). Each measurement is a row as it comes and its key numbers go into the summary at once, so
+    that an interrupted run keeps what it measured; used as a context manager it ends with the
+    process's exit code."""
+
+    def __init__(self, command: str, settings: Mapping[str, Any], config: Mapping[str, Any],
+                 measured: list[str | Path] | tuple[str | Path, ...] = ()) -> None:
+        self.command, self.settings, self.config, self.measured = command, settings, dict(config), list(measured)
+        self.run: Any = None
+        self.exit_code = 0  # what the run ends with when no error ends it (a measurement stopped by Ctrl-C: 130)
+
+    def _trained_runs(self) -> list[str]:
+        from mcsd.checkpoint.saved_model import trained_wandb_run
+
+        trained = []
+        for path in self.measured:
+            try:
+                run_id = trained_wandb_run(path)
+            except (MCSDError, OSError):  # not a saved model (a size's random weights): nothing to link
+                run_id = None
+            if run_id and run_id not in trained:
+                trained.append(run_id)
+        return trained
+
+    def _start(self) -> Any:
+        if self.run is not None:
+            return self.run
+        folder, _ = invocation_folder()
+        trained = self._trained_runs()
+        offline = bool(self.settings.get("offline"))
+        self.run = wandb.init(project=self.settings.get("project"), entity=self.settings.get("entity"),
+                              group=f"{self.command}/{folder}", name=f"{self.command}-{folder}", job_type=self.command,
+                              tags=[self.command], dir=str(HydraConfig.get().runtime.output_dir),
+                              mode="offline" if offline else "online",
+                              config={**self.config, "git_commit": git_commit(), "trained_runs": trained},
+                              # no system-metrics sampling beside the measurements (a benchmark's busy cores)
+                              settings=wandb.Settings(x_disable_stats=True))
+        if not offline:
+            for run_id in trained:
+                try:
+                    self.run.use_artifact(f"model-{run_id}:final")
+                except Exception as error:  # noqa: BLE001  trained with log_model=false, or in another project
+                    log.warning("W&B: no model artifact of training run %s to link (%s): trained_runs names it", run_id,
+                                error)
+        return self.run
+
+    def record(self, row: Mapping[str, Any], summary: Mapping[str, Any] | None = None) -> None:
+        """One measurement: ``row``'s numbers as a history row, ``summary`` into the summary."""
+        run = self._start()
+        numbers = {key: value for key, value in row.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        if numbers:
+            run.log(numbers)
+        if summary:
+            run.summary.update(dict(summary))
+
+    def table(self, key: str, frame: Any) -> None:
+        """Every measurement so far as one W&B table (a ``pandas.DataFrame``)."""
+        self._start().log({key: wandb.Table(dataframe=frame)})
+
+    def __enter__(self) -> MeasurementRun:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: Any) -> bool:
+        if self.run is not None:
+            finish_wandb(self.exit_code if error is None else exit_code_of(error))
+        return False

@@ -28,6 +28,8 @@ from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_
 from mcsd.bench.measure import kv_positions_read
 from mcsd.bench.grid import model_source, run_point
 from mcsd.errors import MCSDError
+from mcsd.checkpoint.wandb_run import find_wandb_runs, read_wandb_run
+from mcsd.runtime import git_commit
 from mcsd.models import registry
 from mcsd.models.modeling import CausalLM
 from mcsd.models.cuda_graphs import StaticStep
@@ -440,7 +442,14 @@ def test_cli_runs_under_paths_log_dir_and_plot_cli_names_a_missing_file(tmp_path
     assert [path.name for path in tmp_path.iterdir()] == ["elsewhere"]  # everything it wrote is there
     (run,) = (tmp_path / "elsewhere" / "bench" / "runs").iterdir()
     assert len(pd.read_csv(run / "results.csv")) == 2
-    assert list((run / "wandb").glob("offline-run-*"))  # the results table, in an offline W&B run
+    (wandb_file,) = find_wandb_runs(run)  # an offline W&B run: a row and a summary number per point, then the table
+    logged = read_wandb_run(wandb_file)
+    assert (logged.group, logged.job_type, logged.exit_code) == (f"bench/{run.name}", "bench", 0)
+    speeds = pd.read_csv(run / "results.csv")["tokens_per_s"]
+    assert sorted(row["tokens_per_s"] for row in logged.history if "tokens_per_s" in row) == sorted(speeds)
+    assert sorted(value for key, value in logged.summary.items() if key.startswith("tokens_per_s/")) == sorted(speeds)
+    assert (logged.summary["points_measured"], logged.summary["complete"]) == (2, True)
+    assert logged.config["git_commit"] == git_commit() and logged.config["trained_runs"] == []
     missing = run_here("mcsd-plot", "inference", "nothing.csv", cwd=tmp_path)
     assert missing.returncode == 2 and "mcsd-plot: error: nothing.csv does not exist" in missing.stderr
 

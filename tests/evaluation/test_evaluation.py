@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 import mcsd
 from helpers.models import tiny_config, variant_cases
 from helpers.runs import FAST, compose_train, run_cli, run_here
+from mcsd.checkpoint.wandb_run import find_wandb_runs, read_wandb_run
 from mcsd.data import LanguageModelDataModule
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.commands.evaluate import check_tasks, evaluate, language_model
@@ -139,7 +140,12 @@ def test_mcsd_eval_runs_the_local_tasks_offline(checkpoint: Path, tmp_path: Path
     table = (run / "table2.md").read_text()
     assert "| Mamba (quoted from the paper) | 2.8B | 36.3 | 69.7 | 63.5 | 26.2 | 66.1 | 52.4 |" in table
     assert "(ours, measured) | 0.2M | - | - | - | - | - | - |" in table
-    assert list((run / "wandb").glob("offline-run-*"))
+    (wandb_file,) = find_wandb_runs(run)  # each task's numbers in the summary, as it finished
+    logged = read_wandb_run(wandb_file)
+    assert (logged.group, logged.job_type, logged.exit_code) == (f"eval/{run.name}", "eval", 0)
+    assert logged.summary["eval/mcsd_local_mc/acc"] == results["mcsd_local_mc"]["acc,none"]
+    assert logged.summary["eval/mcsd_local_ppl/token_perplexity"] == results["mcsd_local_ppl"]["token_perplexity,none"]
+    assert logged.config["trained_runs"] == []  # its training logged to CSV alone
 
 
 @pytest.mark.slow

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import torch
 import wandb
 
 from helpers.runs import FAST, read_metrics, run_here, series
+from mcsd.plots.context import DELTA_FILE
 from mcsd.checkpoint.wandb_run import WandbFileError, find_wandb_runs, read_wandb_run, records
 from mcsd.runtime import git_commit
+from mcsd.training.callbacks import Throughput, dense_peak_flops
 
 
 def only_run(folder: Path):
@@ -128,3 +132,60 @@ def test_log_model_false_logs_no_artifact_and_a_value_it_cannot_take_is_refused(
         "mcsd-train: error: logger.wandb.log_model='all' must be true (the final model folder as a W&B artifact of "
         "type model, offline too) or false (none); every checkpoint as an artifact is not offered"]
     assert not (tmp_path / "refused" / "logs" / "train").exists()  # no run folder (the corpus's cache stays)
+
+
+@pytest.mark.slow
+def test_a_measurement_names_the_training_run_whose_model_it_measured(tmp_path: Path) -> None:
+    """The model folder records its training's W&B run; ``mcsd-eval`` and ``mcsd-probe context`` on it
+    log runs of their own (group ``<command>/<run folder>``) whose config names that training run."""
+    result = run_here("mcsd-train", *FAST, "data=embedded", "logger.wandb.log_model=false", "test_after_training=false",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    trained = only_run(run_dir / "wandb")
+    assert json.loads((run_dir / "model" / "training.json").read_text())["wandb_run"] == trained.id
+    evaluated = run_here("mcsd-eval", f"ckpt={run_dir}", "tasks=local", "limit=4", "wandb.enabled=true",
+                         cwd=tmp_path, env={"HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    probed = run_here("mcsd-probe", "context", f"ckpt={run_dir}", "data=embedded", "length=64", "windows=[8,32]",
+                      "num_documents=4", "num_positions=4", "batch_size=2", "bootstrap=20", "wandb.enabled=true",
+                      cwd=tmp_path)
+    assert probed.returncode == 0, probed.stderr[-3000:]
+    for command in ("eval", "probe_context"):
+        (folder,) = (tmp_path / "logs" / command / "runs").iterdir()
+        measurement = only_run(folder)
+        assert (measurement.group, measurement.job_type, measurement.exit_code) == (f"{command}/{folder.name}",
+                                                                                   command, 0)
+        assert measurement.config["trained_runs"] == [trained.id]
+    written = pd.read_csv(folder / DELTA_FILE)  # the probe's Delta_N per window, as its CSV has them
+    assert [measurement.summary[f"probe/delta_{window}"] for window in written["window"]] == pytest.approx(
+        list(written["delta"]))
+
+
+@pytest.mark.parametrize(("device", "name", "precision", "expected"), [
+    ("cuda", "NVIDIA H200", "bf16-mixed", 989.4e12),  # a GPU Lightning's own table lacks
+    ("cuda", "NVIDIA H100 PCIe", "bf16-true", 756e12),
+    ("cuda", "NVIDIA H100 80GB HBM3", "32-true", 67e12),
+    ("cuda", "Some Future GPU", "bf16-mixed", None),
+    ("cpu", "", "32-true", None),
+])
+def test_mfu_divides_by_the_benchmarks_dense_peak(device: str, name: str, precision: str, expected: float | None) -> None:
+    assert dense_peak_flops(torch.device(device), name, precision) == expected
+
+
+def test_the_throughput_monitor_hands_that_peak_to_lightnings_meters(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its setup replaces the peak Lightning's setup gave its throughput meters (its table's, or none on
+    a CPU) with :func:`dense_peak_flops`'s (here made to answer 1e12 for the CPU)."""
+    import lightning as L
+
+    from mcsd.training import callbacks
+
+    monkeypatch.setattr(callbacks, "dense_peak_flops", lambda device, name, precision: 1e12)
+    monitor = Throughput(batch_size_fn=lambda batch: 1)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                        callbacks=[monitor], max_steps=1, enable_progress_bar=False, enable_model_summary=False)
+    trainer.state.stage = "train"
+    monitor.setup(trainer, L.LightningModule(), "fit")
+    assert monitor.available_flops == 1e12 and monitor._throughputs
+    assert all(throughput.available_flops == 1e12 for throughput in monitor._throughputs.values())
