@@ -527,7 +527,7 @@ def bench(cfg: DictConfig) -> Path:
     from mcsd.training.dashboard import MeasurementRun
 
     models = [str(model) for model in cfg.get("models") or []]
-    wandb_run = MeasurementRun("bench", cfg.wandb, head, models) if cfg.wandb.enabled else contextlib.nullcontext()
+    wandb_run = MeasurementRun("bench", cfg.wandb, head, output_dir, models) if cfg.wandb.enabled else contextlib.nullcontext()
     with wandb_run:
         json_path, csv_path, stopped = _measure(cfg, head, points, to_measure, rows, output_dir, isolate, wandb_run)
         if cfg.wandb.enabled:

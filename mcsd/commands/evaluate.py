@@ -162,7 +162,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
     manager = check_tasks(tasks, include_path)
-    wandb_run = (MeasurementRun("eval", cfg.wandb, OmegaConf.to_container(cfg, resolve=True), [cfg.ckpt])
+    wandb_run = (MeasurementRun("eval", cfg.wandb, OmegaConf.to_container(cfg, resolve=True), output_dir,
+                                [cfg.ckpt])
                  if cfg.wandb.enabled else contextlib.nullcontext())
     with wandb_run:
         results: dict[str, Any] = {}

@@ -195,7 +195,8 @@ def _log_to_wandb(cfg: DictConfig, result: ContextProbe, figure: Path, stopped: 
 
     settings = {key: OmegaConf.to_container(cfg[key]) if OmegaConf.is_config(cfg[key]) else cfg[key]
                 for key in ("ckpt", "length", "windows", "num_documents", "num_positions", "form", "seed")}
-    with MeasurementRun("probe_context", cfg.wandb, {**settings, "data": cfg.data.get("name")}, [cfg.ckpt]) as run:
+    with MeasurementRun("probe_context", cfg.wandb, {**settings, "data": cfg.data.get("name")},
+                        Path(cfg.output_dir), [cfg.ckpt]) as run:
         for row in result.deltas.to_dict("records"):
             window = int(row["window"])
             run.record(row, {f"probe/delta_{window}": row["delta"], f"probe/delta_{window}_low": row["delta_low"],

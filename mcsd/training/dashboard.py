@@ -164,9 +164,10 @@ class MeasurementRun:
     that an interrupted run keeps what it measured; used as a context manager it ends with the
     process's exit code."""
 
-    def __init__(self, command: str, settings: Mapping[str, Any], config: Mapping[str, Any],
+    def __init__(self, command: str, settings: Mapping[str, Any], config: Mapping[str, Any], output_dir: Path,
                  measured: list[str | Path] | tuple[str | Path, ...] = ()) -> None:
         self.command, self.settings, self.config, self.measured = command, settings, dict(config), list(measured)
+        self.output_dir = Path(output_dir)
         self.run: Any = None
         self.exit_code = 0  # what the run ends with when no error ends it (a measurement stopped by Ctrl-C: 130)
 
@@ -186,12 +187,13 @@ class MeasurementRun:
     def _start(self) -> Any:
         if self.run is not None:
             return self.run
-        folder, _ = invocation_folder()
+        # A -m sweep's jobs share its folder's group; a command called from Python (no Hydra) its output folder's.
+        folder = invocation_folder()[0] if HydraConfig.initialized() else self.output_dir.name
         trained = self._trained_runs()
         offline = bool(self.settings.get("offline"))
         self.run = wandb.init(project=self.settings.get("project"), entity=self.settings.get("entity"),
                               group=f"{self.command}/{folder}", name=f"{self.command}-{folder}", job_type=self.command,
-                              tags=[self.command], dir=str(HydraConfig.get().runtime.output_dir),
+                              tags=[self.command], dir=str(self.output_dir),
                               mode="offline" if offline else "online",
                               config={**self.config, "git_commit": git_commit(), "trained_runs": trained},
                               # no system-metrics sampling beside the measurements (a benchmark's busy cores)

@@ -377,7 +377,8 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while the second point is measured: that point finishes, no other starts; the
     results hold the two points (complete=false, the points planned), which equal the first two
-    points of the uninterrupted grid (all but the timings); mcsd-plot draws them; exit 130."""
+    points of the uninterrupted grid (all but the timings); mcsd-plot draws them; exit 130, and the
+    W&B run (offline) holds the two points and ends 130 too."""
     grid = [*TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd,transformer]", "isolate=false"]
     measured = []
     point = measure.inference_point
@@ -391,7 +392,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     monkeypatch.setattr(measure, "inference_point", point_then_ctrl_c)
     try:
         with pytest.raises(SystemExit) as stopped:
-            run_bench(tmp_path / "stopped", *grid)
+            run_bench(tmp_path / "stopped", *grid, "wandb.enabled=true")
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the app leaves Ctrl-C ignored as it exits
     assert stopped.value.code == 130 and measured == [4, 4]  # 4 points planned, the third never started
@@ -408,6 +409,10 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     pd.testing.assert_frame_equal(kept.drop(columns=timings), whole.head(2).drop(columns=timings))
     figures = plot_inference(tmp_path / "stopped" / "results.csv")
     assert figures and all(path.stat().st_size > 0 for path in figures)
+    (wandb_file,) = find_wandb_runs(tmp_path / "stopped")  # its W&B run keeps the two points and ends as the process
+    logged = read_wandb_run(wandb_file)
+    assert logged.exit_code == 130 and logged.group == "bench/stopped" and logged.summary["points_measured"] == 2
+    assert sorted(row["tokens_per_s"] for row in logged.history if "tokens_per_s" in row) == sorted(kept["tokens_per_s"])
 
 
 @pytest.mark.slow
