@@ -72,6 +72,9 @@ def _check_fit(args: argparse.Namespace) -> None:
 
 def _plot(args: argparse.Namespace) -> list:
     _check_fit(args)
+    if args.wandb and args.kind not in ("scaling", "ablation"):
+        raise MCSDError(f"--wandb draws training sweeps (mcsd-plot scaling, ablation): mcsd-plot {args.kind} reads its "
+                        f"folder (mcsd-plot {args.kind} DIR)")
     if args.kind == "experiment":
         return _experiment(args)
     if args.kind in COSTS:

@@ -58,3 +58,9 @@ def test_a_wandb_source_that_cannot_be_read_is_refused_in_one_line(tmp_path: Pat
         (tmp_path / "folder").mkdir()
     result = run_here("mcsd-plot", "ablation", "--wandb", source, cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_wandb_is_refused_for_a_figure_it_does_not_draw(tmp_path: Path) -> None:
+    result = run_here("mcsd-plot", "mqar", "--wandb", "me/mcsd", "--group", "g", cwd=tmp_path)
+    assert result.returncode == 2 and "--wandb draws training sweeps (mcsd-plot scaling, ablation): mcsd-plot mqar " \
+        "reads its folder (mcsd-plot mqar DIR)" in result.stderr
