@@ -7,12 +7,11 @@ how it ended (docs/training.md, "Reading a sweep in W&B"); and a measuring comma
 from __future__ import annotations
 
 import dataclasses
+import logging
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import logging
 
 import lightning as L
 import wandb

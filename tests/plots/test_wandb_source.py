@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from helpers.runs import TINY_SWEEP, run_here
-from mcsd.plots.runs import load_csv_runs, load_offline_wandb_runs
+from mcsd.errors import MCSDError
+from mcsd.plots.runs import check_one_source, load_csv_runs, load_offline_wandb_runs
 
 WANDB_SWEEP = [*[override for override in TINY_SWEEP if not override.startswith("logger=")], "logger=wandb",
                "size=tiny", "data=embedded"]
@@ -64,3 +66,14 @@ def test_wandb_is_refused_for_a_figure_it_does_not_draw(tmp_path: Path) -> None:
     result = run_here("mcsd-plot", "mqar", "--wandb", "me/mcsd", "--group", "g", cwd=tmp_path)
     assert result.returncode == 2 and "--wandb draws training sweeps (mcsd-plot scaling, ablation): mcsd-plot mqar " \
         "reads its folder (mcsd-plot mqar DIR)" in result.stderr
+
+
+@pytest.mark.parametrize(("column", "values", "what"), [("data", ["embedded", "text_files: a.txt"], "corpora"),
+                                                         ("size", ["small", "tiny"], "sizes")])
+def test_a_curve_of_two_corpora_or_sizes_is_refused(column: str, values: list[str], what: str) -> None:
+    rows = pd.DataFrame({"arch": "mcsd", "variant": "full", "size": "tiny", "data": "embedded", "sweep": "s",
+                         "run": ["a", "b"], "metric": "val/loss", "tokens": 1.0, "value": 1.0})
+    rows[column] = values
+    with pytest.raises(MCSDError, match=rf"the runs of curve mcsd\|full come from 2 {what} \({', '.join(values)}\)"):
+        check_one_source("ablation", rows)
+    check_one_source("ablation", rows.assign(**{column: values[0]}))  # one of each: drawn
