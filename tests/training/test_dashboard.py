@@ -24,16 +24,38 @@ def only_run(folder: Path):
     return read_wandb_run(path)
 
 
-def test_a_run_alone_says_what_it_is_and_how_it_ended(tmp_path: Path) -> None:
-    window = "callbacks.throughput.window_size=2"  # its rates from the second step on
-    result = run_here("mcsd-train", *FAST, "data=embedded", "seed=3", window, cwd=tmp_path)
+ALONE = [*FAST, "data=embedded", "seed=3", "callbacks.throughput.window_size=2",  # its rates from step 2 on
+         "trainer.gradient_clip_val=1e-4"]  # the logged gradient norms are then far above what is clipped to
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A run alone, logged to W&B offline: its run folder and what it printed."""
+    cwd = tmp_path_factory.mktemp("alone")
+    result = run_here("mcsd-train", *ALONE, cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    (run_dir,) = (cwd / "logs" / "train" / "runs").iterdir()
+    return run_dir, result.stdout
+
+
+@pytest.fixture(scope="module")
+def unlogged_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run with ``logger.wandb.log_model=false``: its run folder."""
+    cwd = tmp_path_factory.mktemp("unlogged")
+    result = run_here("mcsd-train", *FAST, "data=embedded", "logger.wandb.log_model=false", "test_after_training=false",
+                      cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (cwd / "logs" / "train" / "runs").iterdir()
+    return run_dir
+
+
+def test_a_run_alone_says_what_it_is_and_how_it_ended(alone: tuple[Path, str]) -> None:
+    run_dir, stdout = alone
     run = only_run(run_dir)
     assert (run.group, run.name, run.exit_code) == (f"default/{run_dir.name}", "mcsd-full-tiny-seed3", 0)
     assert run.tags == ["default", "mcsd", "full", "tiny", "embedded"] and run.job_type == "train"
     assert run.config["experiment"] == "default" and run.config["sweep"] is None
-    assert run.config["job/overrides"] == [*FAST, "data=embedded", "seed=3", window]
+    assert run.config["job/overrides"] == ALONE
     assert run.config["git_commit"] == git_commit() != ""
     rows = read_metrics(run_dir)
     validation, tokens = series(rows, "val/ppl"), series(rows, "trainer/tokens")
@@ -42,7 +64,7 @@ def test_a_run_alone_says_what_it_is_and_how_it_ended(tmp_path: Path) -> None:
     assert run.summary["val/tokens_at_best"] == tokens[best_step]
     assert run.summary["status"] == "finished"
     assert run.summary["test/ppl"] == pytest.approx(json.loads((run_dir / "result.json").read_text())["test_ppl"])
-    assert f"(offline; upload with `wandb sync {run.path.parent}`)" in result.stdout
+    assert f"(offline; upload with `wandb sync {run.path.parent}`)" in stdout
     # Every row at its own token count: the learning rate of step s (logged as it starts) after s
     # steps' tokens, the loss and the throughput of step s (logged as it ends) after s + 1.
     per_step = run.config["trainer/tokens_per_step"]
@@ -106,25 +128,19 @@ def test_a_file_that_is_not_a_wandb_run_is_refused_in_one_line(tmp_path: Path) -
         records(path)
 
 
-def test_the_gradient_norm_is_logged_before_clipping_and_peak_memory_beside_it(tmp_path: Path) -> None:
+def test_the_gradient_norm_is_logged_before_clipping_and_peak_memory_beside_it(alone: tuple[Path, str]) -> None:
     """With gradients clipped to a norm of 1e-4, the logged norms are the unclipped ones (orders of
     magnitude above it), at every logged step; the process's peak memory never falls."""
-    result = run_here("mcsd-train", *FAST, "data=embedded", "trainer.gradient_clip_val=1e-4", "logger=csv",
-                      "test_after_training=false", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
-    rows = read_metrics(run_dir)
+    rows = read_metrics(alone[0])
     norms, peaks = series(rows, "train/grad_norm"), series(rows, "train/peak_memory_bytes")
     assert sorted(norms) == sorted(series(rows, "train/loss")) and len(norms) == 6
     assert min(norms.values()) > 1e-2
     assert list(peaks.values()) == sorted(peaks.values()) and min(peaks.values()) > 2**20
 
 
-def test_log_model_false_logs_no_artifact_and_a_value_it_cannot_take_is_refused(tmp_path: Path) -> None:
-    result = run_here("mcsd-train", *FAST, "data=embedded", "logger.wandb.log_model=false", "test_after_training=false",
-                      cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert only_run(tmp_path).artifacts == []
+def test_log_model_false_logs_no_artifact_and_a_value_it_cannot_take_is_refused(unlogged_model: Path,
+                                                                                 tmp_path: Path) -> None:
+    assert only_run(unlogged_model).artifacts == []
     (tmp_path / "refused").mkdir()
     refused = run_here("mcsd-train", *FAST, "data=embedded", "logger.wandb.log_model=all", cwd=tmp_path / "refused")
     errors = [line for line in refused.stderr.splitlines() if line.startswith("mcsd-train: error:")]
@@ -135,13 +151,10 @@ def test_log_model_false_logs_no_artifact_and_a_value_it_cannot_take_is_refused(
 
 
 @pytest.mark.slow
-def test_a_measurement_names_the_training_run_whose_model_it_measured(tmp_path: Path) -> None:
+def test_a_measurement_names_the_training_run_whose_model_it_measured(unlogged_model: Path, tmp_path: Path) -> None:
     """The model folder records its training's W&B run; ``mcsd-eval`` and ``mcsd-probe context`` on it
     log runs of their own (group ``<command>/<run folder>``) whose config names that training run."""
-    result = run_here("mcsd-train", *FAST, "data=embedded", "logger.wandb.log_model=false", "test_after_training=false",
-                      cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = (tmp_path / "logs" / "train" / "runs").iterdir()
+    run_dir = unlogged_model
     trained = only_run(run_dir / "wandb")
     assert json.loads((run_dir / "model" / "training.json").read_text())["wandb_run"] == trained.id
     evaluated = run_here("mcsd-eval", f"ckpt={run_dir}", "tasks=local", "limit=4", "wandb.enabled=true",
