@@ -16,7 +16,9 @@ from helpers.runs import FAST, read_metrics, run_here, series
 from mcsd.plots.context import DELTA_FILE
 from mcsd.checkpoint.wandb_run import WandbFileError, find_wandb_runs, read_wandb_run, records
 from mcsd.runtime import git_commit
+from mcsd.errors import MCSDError
 from mcsd.training.callbacks import Throughput, dense_peak_flops
+from mcsd.training.dashboard import exit_code_of
 
 
 def only_run(folder: Path):
@@ -202,3 +204,11 @@ def test_the_throughput_monitor_hands_that_peak_to_lightnings_meters(tmp_path: P
     monitor.setup(trainer, L.LightningModule(), "fit")
     assert monitor.available_flops == 1e12 and monitor._throughputs
     assert all(throughput.available_flops == 1e12 for throughput in monitor._throughputs.values())
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (MCSDError("refused"), 2), (FileNotFoundError("gone"), 2), (KeyboardInterrupt(), 130),
+    (SystemExit(143), 143), (SystemExit(None), 0), (RuntimeError("a bug"), 1)])
+def test_a_run_ends_in_wandb_with_the_status_its_process_ends_with(error: BaseException, code: int) -> None:
+    """As :func:`mcsd.commands.app.run_or_exit` ends the process: refused 2, Ctrl-C 130, a crash 1."""
+    assert exit_code_of(error) == code
