@@ -130,7 +130,8 @@ def test_generate_streams_a_continuation(trained_run: tuple[Path, float], tmp_pa
     assert not list(tmp_path.iterdir())  # generating writes nothing
     assert "warning" not in result.stderr
     # Past the 64 tokens of the run's data.seq_len: a warning, from the model folder and from a checkpoint alike.
-    assert json.loads((run_dir / "model" / "training.json").read_text()) == {"seq_len": 64}
+    training = json.loads((run_dir / "model" / "training.json").read_text())
+    assert training == {"seq_len": 64, "wandb_run": training["wandb_run"]} and len(training["wandb_run"]) == 8
     for ckpt in (run_dir, run_dir / "checkpoints" / "last.ckpt"):
         long_prompt = " ".join(["The for statement"] * 25)
         result = run_here("mcsd-generate", f"ckpt={ckpt}", f"prompt={long_prompt}", "max_new_tokens=4",
