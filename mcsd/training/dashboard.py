@@ -183,11 +183,20 @@ class MeasurementRun:
                 trained.append(run_id)
         return trained
 
+    def _group_folder(self) -> str:
+        """A -m sweep's folder for its jobs (whose output folders lie in it), else the output folder's name
+        (a run alone, or a command called from Python, where Hydra's config may be an earlier app's)."""
+        if HydraConfig.initialized():
+            hydra = HydraConfig.get()
+            sweep = Path(hydra.sweep.dir).absolute()
+            if hydra.mode == RunMode.MULTIRUN and sweep in self.output_dir.absolute().parents:
+                return sweep.name
+        return self.output_dir.name
+
     def _start(self) -> Any:
         if self.run is not None:
             return self.run
-        # A -m sweep's jobs share its folder's group; a command called from Python (no Hydra) its output folder's.
-        folder = invocation_folder()[0] if HydraConfig.initialized() else self.output_dir.name
+        folder = self._group_folder()
         trained = self._trained_runs()
         offline = bool(self.settings.get("offline"))
         self.run = wandb.init(project=self.settings.get("project"), entity=self.settings.get("entity"),

@@ -218,7 +218,7 @@ def test_plot_errors_are_one_line(tmp_path: Path) -> None:
     empty = run_here("mcsd-plot", "ablation", str(tmp_path), cwd=tmp_path)
     assert empty.returncode == 2 and "holds no run logs" in empty.stderr
     no_group = run_here("mcsd-plot", "scaling", "--wandb", "me/mcsd", cwd=tmp_path)
-    assert no_group.returncode == 2 and "--wandb needs --group" in no_group.stderr
+    assert no_group.returncode == 2 and "--wandb ENTITY/PROJECT needs --group" in no_group.stderr
 
 
 def test_committed_notebook_has_no_outputs() -> None:
