@@ -33,14 +33,26 @@ def resident_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
-def peak_resident_bytes() -> int:
-    """This process's peak resident memory (``VmHWM`` of its own: ``ru_maxrss`` would carry the
-    launching process's peak across fork and exec)."""
+def _high_water_mark_bytes() -> int:
+    """The kernel's ``VmHWM`` of this process (``ru_maxrss`` would carry the launching process's
+    peak across fork and exec); ``VmRSS`` where the system has no ``/proc``."""
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return resident_bytes()
+
+
+_highest_seen = 0
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory so far: never less than an earlier reading. The kernel's
+    ``VmHWM`` is the larger of a recorded mark and the current resident size, which it sums from
+    per-thread counters synced lazily, so two readings can fall by a few pages."""
+    global _highest_seen
+    _highest_seen = max(_highest_seen, _high_water_mark_bytes())
+    return _highest_seen
 
 
 def saved_activation_bytes(model: CausalLM, batch: int, length: int) -> int:

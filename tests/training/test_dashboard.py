@@ -5,12 +5,14 @@ the config keys of where it comes from, a summary that says how it ended and the
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-import wandb
 
 from helpers.runs import FAST, read_metrics, run_here, series
 from mcsd.plots.context import DELTA_FILE
@@ -18,6 +20,7 @@ from mcsd.checkpoint.wandb_run import WandbFileError, find_wandb_runs, read_wand
 from mcsd.runtime import git_commit
 from mcsd.errors import MCSDError
 from mcsd.training.callbacks import Throughput, dense_peak_flops
+from mcsd.training import memory
 from mcsd.training.dashboard import exit_code_of
 
 
@@ -111,14 +114,24 @@ def test_a_diverged_run_ends_with_exit_code_2_and_says_where(tmp_path: Path) -> 
     assert (run.exit_code, run.summary["status"], run.summary["diverged_at_step"]) == (2, "diverged", expected)
 
 
-def test_a_record_longer_than_a_block_reads_back_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A config value of 100 KB spans four 32 KiB blocks of the file (FIRST, MIDDLE, LAST chunks)."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    long = "".join(chr(ord("a") + index % 26) for index in range(100_000))
-    run = wandb.init(project="blocks", dir=tmp_path, config={"long": long}, name="blocks")
-    run.log({"x": 1.5})
-    run.finish(exit_code=7)
+WRITE_A_LONG_RECORD = """
+import sys, wandb
+long = "".join(chr(ord("a") + index % 26) for index in range(100_000))
+run = wandb.init(project="blocks", dir=sys.argv[1], config={"long": long}, name="blocks")
+run.log({"x": 1.5})
+run.finish(exit_code=7)
+"""
+
+
+def test_a_record_longer_than_a_block_reads_back_whole(tmp_path: Path) -> None:
+    """A config value of 100 KB spans four 32 KiB blocks of the file (FIRST, MIDDLE, LAST chunks).
+    Written by a Python of its own, as every W&B run of the harness is: not by this test worker's,
+    which earlier in-process commands have used."""
+    written = subprocess.run([sys.executable, "-c", WRITE_A_LONG_RECORD, str(tmp_path)], capture_output=True,
+                             text=True, env={**os.environ, "WANDB_MODE": "offline"}, timeout=300)
+    assert written.returncode == 0, written.stderr[-3000:]
     read = only_run(tmp_path)
+    long = "".join(chr(ord("a") + index % 26) for index in range(100_000))
     assert read.config["long"] == long and read.name == "blocks" and read.exit_code == 7
     assert [row["x"] for row in read.history] == [1.5]
 
@@ -139,6 +152,15 @@ def test_the_gradient_norm_is_logged_before_clipping_and_peak_memory_beside_it(a
     assert min(norms.values()) > 1e-2
     in_step_order = [peaks[step] for step in sorted(peaks)]  # the CSV's rows are not in step order
     assert in_step_order == sorted(in_step_order) and min(in_step_order) > 2**20
+
+
+def test_the_peak_resident_memory_never_falls_though_the_kernels_mark_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``VmHWM`` sums lazily synced per-thread counters: a later reading a few pages lower is still
+    reported as the peak seen before it."""
+    readings = iter([5 * 2**20, 7 * 2**20, 7 * 2**20 - 53248, 9 * 2**20])
+    monkeypatch.setattr(memory, "_high_water_mark_bytes", lambda: next(readings))
+    monkeypatch.setattr(memory, "_highest_seen", 0)
+    assert [memory.peak_resident_bytes() for _ in range(4)] == [5 * 2**20, 7 * 2**20, 7 * 2**20, 9 * 2**20]
 
 
 def test_log_model_false_logs_no_artifact_and_a_value_it_cannot_take_is_refused(unlogged_model: Path,
