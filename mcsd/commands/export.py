@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import tempfile
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +37,14 @@ from mcsd.runtime import git_commit
 from mcsd.errors import MCSDError
 from mcsd.files import give_default_permissions
 from mcsd.hf import as_hf_model, as_hf_tokenizer
+from mcsd.hf.configuration import REMOTE_CODE_FILE
 from mcsd.models import CausalLM, registry
 
-REMOTE_CODE_FILE = "modeling_mcsd.py"
 # What an export writes (``save_pretrained`` of a model and a tokenizer, our files): a folder holding
 # anything else is not an earlier export, and overwrite=true leaves it alone.
 EXPORT_FILE = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|added_tokens"
                          r"|vocab|model\.safetensors\.index)\.json|model(-\d+-of-\d+)?\.safetensors|merges\.txt"
-                         r"|chat_template\.jinja|README\.md|" + re.escape("modeling_mcsd.py"))
+                         r"|chat_template\.jinja|README\.md|" + re.escape(REMOTE_CODE_FILE))
 # What an ONNX export writes (mcsd.deploy.onnx), and the file that marks a folder as one.
 ONNX_EXPORT_FILE = re.compile(r"(prefill|step)\.onnx|export\.json|tokenizer\.json|README\.md")
 ONNX_MARKER = "export.json"
@@ -54,18 +53,14 @@ FORMATS = ("hf", "onnx")
 EXPORTS = {"hf": (EXPORT_FILE, REMOTE_CODE_FILE, "transformers"), "onnx": (ONNX_EXPORT_FILE, ONNX_MARKER, "ONNX")}
 WORK_PREFIX = "."  # an export is written in .<out>.XXXX/ beside out (new/, and earlier/ while they swap)
 DEFAULT_ONNX_CAPACITY = 2048  # a model whose run recorded no sequence length
-AUTO_MAP = {"AutoConfig": "modeling_mcsd.MCSDHFConfig", "AutoModel": "modeling_mcsd.MCSDHFModel",
-            "AutoModelForCausalLM": "modeling_mcsd.MCSDHFForCausalLM"}
 
 
 def write_export(model: CausalLM, tokenizer: Tokenizer, folder: Path, card: str) -> Path:
     """Write ``model`` and ``tokenizer`` as a ``from_pretrained`` folder, with the model card ``card``."""
     hf_tokenizer = as_hf_tokenizer(tokenizer)
     hf_model = as_hf_model(model, hf_tokenizer.eos_token_id)
-    hf_model.config.auto_map = dict(AUTO_MAP)
-    hf_model.save_pretrained(folder)
+    hf_model.save_pretrained(folder)  # with modeling_mcsd.py, as every save of the config
     hf_tokenizer.save_pretrained(folder)
-    shutil.copyfile(resources.files("mcsd.hf") / "remote_code.py", folder / REMOTE_CODE_FILE)
     (folder / "README.md").write_text(card)
     return folder
 

@@ -4,14 +4,17 @@ and ``MCSDHFForCausalLM`` (logits, loss and ``generate``), both holding the proj
 
 - A forward without a cache (``use_cache=False``, or in training mode) runs the architecture's
   training form: the logits of ``CausalLM.forward``. With a cache it reads the tokens in the prefill form and, one
-  token at a time, runs the lean step of ``mcsd-generate``.
+  token at a time, runs the lean step of ``mcsd-generate``. ``inputs_embeds`` replaces the
+  embeddings; ``output_hidden_states`` gives each layer's input and the final-normed output.
 - Padding: every model here reads a row from its first position (MCSD's slope normaliser and
   every recurrent state depend on the absolute position), so a forward takes right padding
   only (``attention_mask`` zeros after a row's last token: causal positions before them are
   unaffected) and refuses left padding in one line. ``generate`` on a padded batch decodes each
-  row alone, so each row gets exactly what it gets by itself.
+  row alone, so each row gets exactly what it gets by itself, its new tokens after the row as given.
 - Beam search reorders the decoding state; assisted decoding needs a cache crop, which only an
   attention-only model has (``transformers`` refuses it for the others, ``_is_stateful``).
+- Activation checkpointing (``gradient_checkpointing_enable``, ``Trainer(gradient_checkpointing=True)``)
+  is the project's own, per layer; ``resize_token_embeddings`` resizes the wrapped model's config too.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils import can_return_tuple
 
 from mcsd.errors import MCSDError
 from mcsd.hf.cache import CACHE_KEY, DecodingCache
@@ -28,11 +32,16 @@ from mcsd.hf.configuration import MCSDHFConfig
 from mcsd.models import CausalLM
 from mcsd.models.build import build_model
 from mcsd.models.decoding import PREFILL_FORM
+from mcsd.models.modules.state import DecodingState
 
 
 def check_right_padded(attention_mask: torch.Tensor | None) -> None:
-    """Refuse an ``attention_mask`` with a token after padding (left padding), in one line."""
-    if attention_mask is None or attention_mask.dim() != 2 or bool(attention_mask.all()):
+    """Refuse an ``attention_mask`` with a token after padding (left padding), in one line. Not
+    while ``torch.export`` traces (a branch on the mask's values has no graph): an exported
+    program takes right padding, as the eager model does, and does not check it."""
+    if attention_mask is None or attention_mask.dim() != 2 or torch.compiler.is_exporting():
+        return
+    if bool(attention_mask.all()):
         return
     after_padding = (attention_mask[:, 1:] > attention_mask[:, :-1]).any(dim=1)
     if bool(after_padding.any()):
@@ -59,6 +68,10 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     _no_split_modules = ["Layer"]
     _tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"}  # when tie_word_embeddings
+    supports_gradient_checkpointing = True  # the layers' own activation checkpointing
+    # One class for every architecture: stateful as a class (transformers' tests skip assisted decoding),
+    # and an instance whose every layer's state rewinds (attention alone) says it is not.
+    _is_stateful = True
 
     def __init__(self, config: MCSDHFConfig, model: CausalLM | None = None) -> None:
         super().__init__(config)
@@ -67,8 +80,39 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
                             "(MCSDHFConfig(mcsd_model=...)) or load an exported folder")
         self.model = model if model is not None else build_model(config.mcsd_model)
         self.rewinds = all(layer.state_rewinds for layer in self.model.layers)
-        self._is_stateful = not self.rewinds  # transformers refuses assisted decoding for stateful models
+        if self.rewinds:
+            self._is_stateful = False  # a KV cache crops back: assisted decoding works
         self.post_init()
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class: str = "AutoModel") -> None:
+        """Nothing: ``transformers`` would copy this module's file beside a saved model, where the
+        config's ``save_pretrained`` writes ``modeling_mcsd.py`` (:mod:`mcsd.hf.configuration`)."""
+
+    def _set_gradient_checkpointing(self, enable: bool = True, gradient_checkpointing_func: Any = None,
+                                    every_n_layers: int = 1) -> None:
+        """``transformers``' activation checkpointing as the layers' own (``model.activation_checkpointing``):
+        every ``every_n_layers``-th layer keeps only its input and recomputes the rest in the backward,
+        through ``gradient_checkpointing_func`` where given."""
+        for index, layer in enumerate(self.model.layers):
+            layer.activation_checkpointing = enable and index % every_n_layers == 0
+            if gradient_checkpointing_func is not None:
+                layer.checkpoint_function = gradient_checkpointing_func
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return any(layer.activation_checkpointing for layer in self.model.layers)
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> torch.nn.Embedding:
+        """``PreTrainedModel.resize_token_embeddings``, with the wrapped model's config (``mcsd_model``,
+        what a saved folder rebuilds the model from) given the new vocabulary size."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        size = embeddings.weight.shape[0]
+        self.model.config.vocab_size = size
+        self.config.mcsd_model = {**self.config.mcsd_model, "vocab_size": size}
+        self.config.vocab_size = size
+        return embeddings
 
     def _init_weights(self, module: torch.nn.Module) -> None:
         """Nothing: the wrapped model initialises itself when built (the project's scheme, with its
@@ -103,31 +147,48 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
         cache: DecodingCache | None,
         use_cache: bool | None,
         inputs_embeds: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, DecodingCache | None]:
-        """The final-normed hidden states ``[B, N, D]`` of ``input_ids`` (after the cache's tokens)
-        and the cache after them (``None`` without ``use_cache``)."""
-        if inputs_embeds is not None or input_ids is None:
-            raise MCSDError("inputs_embeds is not supported: pass input_ids")
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+    ) -> tuple[torch.Tensor, DecodingCache | None, tuple[torch.Tensor, ...] | None]:
+        """The final-normed hidden states ``[B, N, D]`` of ``input_ids`` or ``inputs_embeds`` (after
+        the cache's tokens), the cache after them (``None`` without ``use_cache``) and, with
+        ``output_hidden_states``, every layer's input and the final-normed output (``transformers``'
+        convention: the embeddings first, ``num_hidden_layers + 1`` in all)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise MCSDError("forward() takes input_ids or inputs_embeds: pass one of them")
+        if output_attentions:
+            raise MCSDError("output_attentions=True: mcsd models form no attention weights (their attention runs in "
+                            "fused scaled-dot-product kernels, their recurrent mixers have none); leave it False")
         if cache is not None and not isinstance(cache, DecodingCache):
             raise MCSDError(f"{CACHE_KEY} is a {type(cache).__name__}: mcsd models keep their own "
                             "DecodingCache (pass the one a previous call returned, or none)")
         check_right_padded(attention_mask)
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        output_hidden_states = (self.config.output_hidden_states if output_hidden_states is None
+                                else output_hidden_states)
+        layers: list[torch.Tensor] | None = [] if output_hidden_states else None
+        tokens = input_ids if input_ids is not None else inputs_embeds[..., 0]
         if cache is None and (not use_cache or self.training):  # training: its form, no state kept
-            return self.model.hidden_states(input_ids), None
+            fresh = DecodingState(position=0, layers=[None] * len(self.model.layers))
+            hidden, _ = self.model.run(input_ids, fresh, self.model.default_form, inputs_embeds=inputs_embeds,
+                                       layer_inputs=layers)
+            return hidden, None, None if layers is None else (*layers, hidden)
         if cache is None:
-            cache = DecodingCache(self.model.init_state(input_ids.shape[0], input_ids.shape[1]), input_ids.shape[0],
+            cache = DecodingCache(self.model.init_state(tokens.shape[0], tokens.shape[1]), tokens.shape[0],
                                   self.rewinds)
-        if input_ids.shape[1] == 1 and cache.state.position > 0:
-            hidden, cache.state = self.model.step_hidden(input_ids[:, 0], cache.state)
-            return hidden[:, None], cache
-        hidden, cache.state = self.model.run(input_ids, cache.state, PREFILL_FORM)
-        return hidden, cache
+        if input_ids is not None and input_ids.shape[1] == 1 and cache.state.position > 0:
+            hidden, cache.state = self.model.step_hidden(input_ids[:, 0], cache.state, layers)
+            hidden, layers = hidden[:, None], None if layers is None else [layer[:, None] for layer in layers]
+        else:
+            hidden, cache.state = self.model.run(input_ids, cache.state, PREFILL_FORM, inputs_embeds=inputs_embeds,
+                                                 layer_inputs=layers)
+        return hidden, cache, None if layers is None else (*layers, hidden)
 
 
 class MCSDHFModel(MCSDHFPreTrainedModel):
     """The model up to its final-normed hidden states (``AutoModel``)."""
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -136,11 +197,13 @@ class MCSDHFModel(MCSDHFPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         cache: DecodingCache | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
-        hidden, cache = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values), use_cache,
-                                           inputs_embeds)
-        return BaseModelOutputWithPast(last_hidden_state=hidden, **{CACHE_KEY: cache})
+        hidden, cache, every = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values),
+                                                  use_cache, inputs_embeds, output_hidden_states, output_attentions)
+        return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=every, **{CACHE_KEY: cache})
 
 
 class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
@@ -153,6 +216,7 @@ class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value: torch.nn.Module) -> None:
         self.model.lm_head = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -163,21 +227,24 @@ class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         cache: DecodingCache | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
-        hidden, cache = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values), use_cache,
-                                           inputs_embeds)
+        hidden, cache, every = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values),
+                                                  use_cache, inputs_embeds, output_hidden_states, output_attentions)
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.model.lm_head(hidden[:, kept])
         loss = None
         if labels is not None:
             loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KEY: cache})
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=every, **{CACHE_KEY: cache})
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """``GenerationMixin.generate``; a padded batch (an ``attention_mask`` with zeros) is decoded
         row by row, each row unpadded, and laid out as ``generate`` lays out a batch: the row as
-        given up to its last token, the new tokens, then ``pad_token_id`` to the longest row."""
+        given (its padding on either side), its new tokens from ``input_ids.shape[1]`` on, then
+        ``pad_token_id`` to the longest row."""
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         attention_mask = kwargs.get("attention_mask")
         if input_ids is None or attention_mask is None or bool(attention_mask.all()):
@@ -194,7 +261,7 @@ class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
             tokens = mask.nonzero()[:, 0]
             lead, last = int(tokens[0]), int(tokens[-1])
             generated = super().generate(row[None, lead:last + 1], attention_mask=mask[None, lead:last + 1], **kwargs)
-            outputs += [torch.cat([row[:lead], sequence]) for sequence in generated]
+            outputs += [torch.cat([row, sequence[last + 1 - lead:]]) for sequence in generated]
         pad = self.generation_config.pad_token_id if kwargs.get("pad_token_id") is None else kwargs["pad_token_id"]
         if pad is None:
             pad = self.config.eos_token_id

@@ -85,17 +85,22 @@ class DecodingMixin:
             return (hidden[:, None, :] * weight).sum(-1)
         return self.lm_head(hidden)
 
-    def step_hidden(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:
-        """:meth:`step` up to the final-normed hidden state ``[B, D]`` that the LM head reads."""
-        hidden, layers = self._step_layers(token_ids, state.layers, state.position)
+    def step_hidden(self, token_ids: torch.Tensor, state: DecodingState,
+                    layer_inputs: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, DecodingState]:
+        """:meth:`step` up to the final-normed hidden state ``[B, D]`` that the LM head reads;
+        ``layer_inputs`` gets each layer's input ``[B, D]`` (:meth:`CausalLM.run`)."""
+        hidden, layers = self._step_layers(token_ids, state.layers, state.position, layer_inputs)
         return hidden, DecodingState(position=state.position + 1, layers=layers)
 
     def _step_layers(
-        self, token_ids: torch.Tensor, layers: list[LayerState | None], position: int | torch.Tensor
+        self, token_ids: torch.Tensor, layers: list[LayerState | None], position: int | torch.Tensor,
+        layer_inputs: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[LayerState]]:
         x = self.streams.split(self.embed(token_ids.reshape(-1, 1)))[:, 0]
         advanced = []
         for layer, layer_state in zip(self.layers, layers):
+            if layer_inputs is not None:
+                layer_inputs.append(self.streams.merge(x[:, None])[:, 0])
             x, layer_state = layer.step(x, layer_state, position)
             advanced.append(layer_state)
         return self.streams.merge(self.final_norm(x)[:, None])[:, 0], advanced

@@ -58,6 +58,8 @@ class Layer(nn.Module):
         self.mlp = mlp
         self.mlp_has_state = isinstance(self.mlp, TokenMixer)
         self.activation_checkpointing = config.activation_checkpointing
+        # what recomputes it (transformers' activation_checkpointing_enable passes its own: offload, kwargs)
+        self.checkpoint_function: Callable = functools.partial(checkpoint, use_reentrant=False)
 
     @property
     def state_rewinds(self) -> bool:
@@ -94,7 +96,7 @@ class Layer(nn.Module):
         """With ``activation_checkpointing``, a pass that builds a graph from a fresh state (training)
         keeps only the layer's input and computes its activations again in the backward."""
         if self.activation_checkpointing and layer_state is None and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, layer_state, position, form, position_ids, use_reentrant=False)
+            return self.checkpoint_function(self._forward, x, layer_state, position, form, position_ids)
         return self._forward(x, layer_state, position, form, position_ids)
 
     def _forward(
@@ -292,33 +294,45 @@ class CausalLM(DecodingMixin, nn.Module):
         return all(layer.separates_documents for layer in self.layers)
 
     def run(
-        self, input_ids: torch.Tensor, state: DecodingState, form: str, position_ids: torch.Tensor | None = None
+        self, input_ids: torch.Tensor | None, state: DecodingState, form: str, position_ids: torch.Tensor | None = None,
+        *, inputs_embeds: torch.Tensor | None = None, layer_inputs: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, DecodingState]:
         """Continue ``state`` with ``input_ids`` ``[B, N]`` in ``form``: the final-normed hidden states
         ``[B, N, D]`` of every position and the state after them. ``position_ids`` ``[B, N]`` (each
         token's position in its own document, 0 where one starts; Hugging Face's convention for a
-        packed batch) keeps documents apart: the state after them is the last document's."""
+        packed batch) keeps documents apart: the state after them is the last document's.
+        ``inputs_embeds`` ``[B, N, D]``: vectors in place of ``input_ids``' embeddings (prompt tuning);
+        ``layer_inputs``: a list that gets each layer's input ``[B, N, D]`` (the embeddings first;
+        several streams merged as the LM head merges them)."""
         if form not in self.architecture.forms:
             raise ConfigError(f"form={form!r} is not a form of {self.architecture.name}: use one of "
                               f"{', '.join(self.architecture.forms)}")
-        if input_ids.dim() != 2:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("run() takes input_ids or inputs_embeds, one of them")
+        if input_ids is not None and input_ids.dim() != 2:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, length]")
+        embedded = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        if inputs_embeds is not None and (inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size):
+            raise ValueError(f"inputs_embeds has shape {tuple(inputs_embeds.shape)}: expected [batch, length, "
+                             f"{self.config.hidden_size}]")
         if position_ids is not None:
             if not self.separates_documents:
                 raise ConfigError(f"{self.architecture.name} cannot keep the documents of a packed batch apart yet: "
                                   "use data.documents=joined")
-            if position_ids.shape != input_ids.shape:
-                raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}: expected input_ids' "
-                                 f"{tuple(input_ids.shape)}")
-        x = self.streams.split(self.embed(input_ids))
+            if position_ids.shape != embedded.shape[:2]:
+                raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}: expected the tokens' "
+                                 f"{tuple(embedded.shape[:2])}")
+        x = self.streams.split(embedded)
         if position_ids is not None and self.streams.count > 1:  # every stream's rows alike (stream-major)
             position_ids = position_ids.repeat(self.streams.count, 1)
         layers = []
         for layer, layer_state in zip(self.layers, state.layers):
+            if layer_inputs is not None:
+                layer_inputs.append(self.streams.merge(x))
             x, layer_state = layer(x, layer_state, state.position, form, position_ids)
             layers.append(layer_state)
         hidden = self.streams.merge(self.final_norm(x))
-        return hidden, DecodingState(position=state.position + input_ids.shape[1], layers=layers)
+        return hidden, DecodingState(position=state.position + embedded.shape[1], layers=layers)
 
     def forward(
         self, input_ids: torch.Tensor, form: str | None = None, positions: torch.Tensor | None = None,

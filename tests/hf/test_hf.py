@@ -25,10 +25,11 @@ from mcsd.bench.grid import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
 from mcsd.commands.evaluate import evaluate
-from mcsd.commands.export import REMOTE_CODE_FILE, export, write_export
+from mcsd.commands.export import export, write_export
 from mcsd.commands.generate import generate as mcsd_generate
 from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
 from mcsd.hf.cache import CACHE_KEY
+from mcsd.hf.configuration import REMOTE_CODE_FILE
 from mcsd.checkpoint.saved_model import load_weights
 
 pytestmark = pytest.mark.slow  # end-to-end runs, every test here
@@ -125,8 +126,8 @@ def test_exported_model_loads_in_16_bits_and_generates(case: str, dtype: torch.d
 
 @pytest.mark.parametrize("case", CASES)
 def test_padded_batches_give_each_row_what_it_gives_alone(case: str, exported: dict[str, tuple[Path, Path]]) -> None:
-    """Right padding in a forward; right and left padding in generate (row by row); left padding
-    in a forward is refused in one line."""
+    """Right padding in a forward; right and left padding in generate (row by row, each row as
+    given, then its new tokens); left padding in a forward is refused in one line."""
     saved, folder = exported[case]
     tokenizer = mcsd.load_tokenizer(saved)
     hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -149,9 +150,10 @@ def test_padded_batches_give_each_row_what_it_gives_alone(case: str, exported: d
                     hf_model(**batch)
                 assert "\n" not in str(error.value)
         generated = hf_model.generate(**batch, max_new_tokens=6, do_sample=False, eos_token_id=None)
+        width = batch.input_ids.shape[1]  # transformers' contract: the new tokens at [:, width:], either side
+        assert generated.shape == (2, width + 6) and torch.equal(generated[:, :width], batch.input_ids)
         for row, sequence in enumerate(alone):
-            padding = int((batch.attention_mask[row] == 0).sum()) if side == "left" else 0
-            assert torch.equal(generated[row, padding : padding + len(sequence)], sequence)
+            assert torch.equal(generated[row, width:], sequence[-6:])
 
 
 def test_assisted_decoding_crops_attention_caches_and_is_refused_for_recurrent_states(
@@ -196,6 +198,149 @@ def test_auto_classes_config_and_hidden_states(exported: dict[str, tuple[Path, P
     output.loss.backward()
     assert getattr(output, CACHE_KEY) is None and trained.model.embed.weight.grad is not None
     assert torch.equal(output.loss.detach(), model.loss(ids, torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1))[0])
+
+
+HIDDEN_STATE_CASES = ["mcsd/full", "transformer/default", "rwkv4/default+perspectives=2"]
+
+
+@pytest.mark.parametrize("case", HIDDEN_STATE_CASES)
+def test_hidden_states_embeddings_tuples_and_what_is_refused(case: str,
+                                                             exported: dict[str, tuple[Path, Path]]) -> None:
+    """``output_hidden_states`` (the embeddings, each later layer's input, the final-normed output:
+    alike with and without a cache, and in ``generate``), ``inputs_embeds`` in a forward and in
+    ``generate``, ``return_dict=False``, and ``output_attentions`` refused in one line."""
+    saved, folder = exported[case]
+    model = mcsd.load(saved)
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    assert hf_model.config.num_attention_heads == model.config.num_channels
+    ids = torch.randint(1, VOCAB, (2, 9))
+    with torch.no_grad():
+        plain = hf_model(ids, use_cache=False, output_hidden_states=True)
+        assert len(plain.hidden_states) == model.config.num_layers + 1
+        assert torch.allclose(plain.hidden_states[0], model.embed(ids), rtol=0, atol=1e-7)  # perspectives: merged
+        assert torch.equal(plain.hidden_states[-1], model.hidden_states(ids))
+        cached = hf_model(ids, output_hidden_states=True)
+        for ours, theirs in zip(cached.hidden_states, plain.hidden_states, strict=True):
+            assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+        assert hf_model(ids).hidden_states is None
+        embedded = hf_model(inputs_embeds=model.embed(ids), use_cache=False).logits
+        assert torch.equal(embedded, plain.logits)
+        as_tuple = hf_model(ids, labels=ids, use_cache=False, return_dict=False)
+        assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[1], plain.logits)
+        generated = hf_model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None,
+                                      output_hidden_states=True, return_dict_in_generate=True)
+        assert [len(step) for step in generated.hidden_states] == [model.config.num_layers + 1] * 4
+        assert generated.hidden_states[1][-1].shape == (2, 1, model.config.hidden_size)
+        from_embeddings = hf_model.generate(inputs_embeds=model.embed(ids), max_new_tokens=4, do_sample=False,
+                                            eos_token_id=None)
+        assert torch.equal(from_embeddings, generated.sequences[:, 9:])  # transformers returns the new tokens
+        with pytest.raises(MCSDError, match="output_attentions=True: mcsd models form no attention weights") as error:
+            hf_model(ids, output_attentions=True)
+        assert "\n" not in str(error.value)
+    assert MCSDHFForCausalLM._is_stateful and hf_model._is_stateful == (case != "transformer/default")
+
+
+@pytest.mark.parametrize("case", ["mcsd/full", "transformer/default"])
+def test_torch_export_takes_an_attention_mask(case: str, exported: dict[str, tuple[Path, Path]]) -> None:
+    """``torch.export`` of a forward given a right-padded ``attention_mask``: the exported program's
+    logits equal the eager model's (the left-padding check stays out of the traced graph)."""
+    _, folder = exported[case]
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(1, VOCAB, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask, "use_cache": False}
+    program = torch.export.export(hf_model, args=(), kwargs=inputs)
+    with torch.no_grad():
+        assert torch.equal(program.module()(**inputs).logits, hf_model(**inputs).logits)
+
+
+def test_gradient_checkpointing_is_the_layers_own(exported: dict[str, tuple[Path, Path]]) -> None:
+    """``gradient_checkpointing_enable`` turns on each layer's activation checkpointing (every
+    ``every_n_layers``-th), with the same gradients; ``..._disable`` turns it off."""
+    _, folder = exported["mcsd/full"]
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).train()
+    ids = torch.randint(1, VOCAB, (2, 12))
+    gradients = []
+    for enable in (False, True):
+        if enable:
+            hf_model.gradient_checkpointing_enable()
+            assert hf_model.is_gradient_checkpointing
+            assert [layer.activation_checkpointing for layer in hf_model.model.layers] == [True, True]
+        hf_model.zero_grad()
+        hf_model(ids, labels=ids).loss.backward()
+        gradients.append([parameter.grad.clone() for parameter in hf_model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*gradients, strict=True))
+    hf_model.activation_checkpointing_enable(every_n_layers=2)
+    assert [layer.activation_checkpointing for layer in hf_model.model.layers] == [True, False]
+    hf_model.gradient_checkpointing_disable()
+    assert not hf_model.is_gradient_checkpointing
+
+
+FINE_TUNE = """
+import sys, torch
+from pathlib import Path
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+folder, out = Path(sys.argv[1]), Path(sys.argv[2])
+assert "mcsd" not in sys.modules
+torch.manual_seed(0)
+ids = torch.randint(1, {vocab}, (4, 16))
+model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+model.eval().save_pretrained(out / "resaved")  # a plain re-save
+with torch.no_grad():
+    torch.save(model(ids, use_cache=False).logits, out / "resaved.pt")
+model.resize_token_embeddings({vocab} + 3)  # as adding special tokens does
+data = [{{"input_ids": row, "labels": row}} for row in torch.randint(1, {vocab} + 3, (8, 16))]
+arguments = TrainingArguments(out / "trainer", max_steps=3, per_device_train_batch_size=2, gradient_checkpointing=True,
+                              report_to=[], save_strategy="no", use_cpu=True, learning_rate=1e-2)
+trainer = Trainer(model=model.train(), args=arguments, train_dataset=data)
+assert trainer.train().training_loss > 0 and model.is_gradient_checkpointing
+trainer.save_model(out / "fine_tuned")
+with torch.no_grad():
+    torch.save(model.eval()(ids, use_cache=False).logits, out / "fine_tuned.pt")
+lora = get_peft_model(AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True),
+                      LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0))
+trainer = Trainer(model=lora.train(), args=arguments, train_dataset=[{{**row, "input_ids": row["input_ids"] % {vocab},
+                  "labels": row["labels"] % {vocab}}} for row in data])
+trainer.train()
+merged = lora.merge_and_unload().eval()
+merged.save_pretrained(out / "lora_merged")
+with torch.no_grad():
+    torch.save(merged(ids, use_cache=False).logits, out / "lora_merged.pt")
+torch.save(ids, out / "ids.pt")
+"""
+
+LOAD_AGAIN = """
+import sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+out = Path(sys.argv[1])
+assert "mcsd" not in sys.modules
+ids = torch.load(out / "ids.pt")
+for name in ("resaved", "fine_tuned", "lora_merged"):
+    model = AutoModelForCausalLM.from_pretrained(out / name, trust_remote_code=True).eval()
+    with torch.no_grad():
+        assert torch.equal(model(ids, use_cache=False).logits, torch.load(out / f"{name}.pt")), name
+    print(name, model.config.vocab_size, sorted(path.name for path in (out / name).iterdir()))
+"""
+
+
+@pytest.mark.parametrize("case", ["mcsd/full", "transformer/default"])
+def test_resaved_resized_and_fine_tuned_models_load_in_a_fresh_process(case: str, tmp_path: Path,
+                                                                         exported: dict[str, tuple[Path, Path]]) -> None:
+    """In processes that never import mcsd: a re-saved export; one resized, fine-tuned by
+    ``Trainer`` with gradient checkpointing and saved by ``save_model``; one fine-tuned with a PEFT
+    LoRA and merged. Each loads with ``trust_remote_code`` and gives the logits it gave when saved."""
+    _, folder = exported[case]
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TOKENIZERS_PARALLELISM": "false"}
+    for script, argv in ((FINE_TUNE.format(vocab=VOCAB), [str(folder), str(tmp_path)]), (LOAD_AGAIN, [str(tmp_path)])):
+        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=600,
+                                env=env)
+        assert result.returncode == 0, result.stderr[-3000:]
+    saved = ["config.json", "generation_config.json", "model.safetensors", REMOTE_CODE_FILE]
+    assert f"resaved {VOCAB} {saved}" in result.stdout and f"lora_merged {VOCAB} {saved}" in result.stdout
+    assert f"fine_tuned {VOCAB + 3} {sorted([*saved, 'training_args.bin'])}" in result.stdout
 
 
 def test_forward_takes_the_cache_by_either_name(exported: dict[str, tuple[Path, Path]]) -> None:
