@@ -78,7 +78,9 @@ class DecodingCache(Cache):
         if not self.rewinds:
             raise MCSDError("a recurrent decoding state cannot be cropped (assisted decoding, or anything that "
                             "takes tokens back): its tokens are folded into fixed-size states; decode without it")
-        self.state = DecodingState(position=keep, layers=self.state.layers)
+        removed = self.state.position - keep
+        positions = None if self.state.positions is None else self.state.positions - removed
+        self.state = DecodingState(position=keep, layers=self.state.layers, positions=positions)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self.select_rows(beam_idx)
@@ -101,7 +103,10 @@ class DecodingCache(Cache):
                 index = (offsets + index[None, :]).flatten()
             return tensor.index_select(0, index)
 
-        self.state = DecodingState(position=self.state.position, layers=map_tensors(self.state.layers, select))
+        positions = self.state.positions
+        self.state = DecodingState(position=self.state.position, layers=map_tensors(self.state.layers, select),
+                                   positions=None if positions is None else positions.index_select(
+                                       0, rows.to(positions.device)))
         self.rows = len(rows)
 
     def _tensors(self) -> list[torch.Tensor]:

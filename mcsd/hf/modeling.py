@@ -6,11 +6,11 @@ and ``MCSDHFForCausalLM`` (logits, loss and ``generate``), both holding the proj
   training form: the logits of ``CausalLM.forward``. With a cache it reads the tokens in the prefill form and, one
   token at a time, runs the lean step of ``mcsd-generate``. ``inputs_embeds`` replaces the
   embeddings; ``output_hidden_states`` gives each layer's input and the final-normed output.
-- Padding: every model here reads a row from its first position (MCSD's slope normaliser and
-  every recurrent state depend on the absolute position), so a forward takes right padding
-  only (``attention_mask`` zeros after a row's last token: causal positions before them are
-  unaffected) and refuses left padding in one line. ``generate`` on a padded batch decodes each
-  row alone, so each row gets exactly what it gets by itself, its new tokens after the row as given.
+- Padding, either side, in one batched pass, each row exactly as alone: every model reads a row
+  from its first token (MCSD's slope normaliser and every recurrent state depend on the
+  position), so a padded batch runs as packed documents (:class:`PaddedBatch`: each row turned
+  so that its tokens end at the last column, its padding one document before them), and with a
+  cache each row decodes on at its own position (``DecodingState.positions``).
 - Beam search reorders the decoding state; assisted decoding needs a cache crop, which only an
   attention-only model has (``transformers`` refuses it for the others, ``_is_stateful``).
 - Activation checkpointing (``gradient_checkpointing_enable``, ``Trainer(gradient_checkpointing=True)``)
@@ -19,6 +19,7 @@ and ``MCSDHFForCausalLM`` (logits, loss and ``generate``), both holding the proj
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -35,21 +36,52 @@ from mcsd.models.decoding import PREFILL_FORM
 from mcsd.models.modules.state import DecodingState
 
 
-def check_right_padded(attention_mask: torch.Tensor | None) -> None:
-    """Refuse an ``attention_mask`` with a token after padding (left padding), in one line. Not
-    while ``torch.export`` traces (a branch on the mask's values has no graph): an exported
-    program takes right padding, as the eager model does, and does not check it."""
-    if attention_mask is None or attention_mask.dim() != 2 or torch.compiler.is_exporting():
-        return
-    if bool(attention_mask.all()):
-        return
-    after_padding = (attention_mask[:, 1:] > attention_mask[:, :-1]).any(dim=1)
-    if bool(after_padding.any()):
-        row = int(after_padding.nonzero()[0, 0])
-        raise MCSDError(
-            f"attention_mask row {row} has a token after padding (left padding): mcsd models read each row from its "
-            "first position (MCSD's slope normaliser and every recurrent state depend on it), so pad on the right "
-            "(tokenizer.padding_side='right'); generate() decodes a padded batch row by row")
+@dataclasses.dataclass
+class PaddedBatch:
+    """Where a padded batch's tokens are (``attention_mask`` ``[B, N]``, each row's tokens one
+    run): each row's token count, its padding before them, and its padding after them (how far
+    to turn the row so that it ends at the last column, all its padding first)."""
+
+    lengths: torch.Tensor  # [B]
+    before: torch.Tensor  # [B]
+    after: torch.Tensor  # [B]
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor | None) -> PaddedBatch | None:
+        """The layout of ``attention_mask``; ``None`` when nothing is padded, and while
+        ``torch.export`` traces (a branch on the mask's values has no graph: an exported program
+        reads every row from its first column, which right padding leaves exact)."""
+        if attention_mask is None or attention_mask.dim() != 2 or torch.compiler.is_exporting():
+            return None
+        mask = attention_mask.bool()
+        if bool(mask.all()):
+            return None
+        runs = (mask & ~torch.nn.functional.pad(mask, (1, 0))[:, :-1]).sum(1)
+        if bool((runs != 1).any()):
+            row = int((runs != 1).nonzero()[0, 0])
+            what = "no tokens" if int(runs[row]) == 0 else "padding between its tokens"
+            raise MCSDError(f"attention_mask row {row} has {what}: pad each row before or after its tokens, "
+                            "which stay in one run")
+        return cls(mask.sum(1), mask.int().argmax(1), mask.flip(1).int().argmax(1))
+
+    @property
+    def left_padded(self) -> bool:
+        """Whether a row has padding before its tokens (a causal forward alone is then not exact)."""
+        return bool((self.before > 0).any())
+
+    def turned(self, tensor: torch.Tensor, back: bool = False) -> torch.Tensor:
+        """``tensor`` ``[B, N, ...]`` with each row turned by its padding after its tokens (moved
+        before them), or turned back (``back``)."""
+        width = tensor.shape[1]
+        shift = -self.after if back else self.after
+        index = (torch.arange(width, device=tensor.device)[None, :] - shift[:, None]) % width
+        return tensor.gather(1, index.view(*index.shape, *([1] * (tensor.dim() - 2))).expand_as(tensor))
+
+    def position_ids(self, width: int) -> torch.Tensor:
+        """Of the turned batch: its padding one document from 0, the row's tokens the next."""
+        columns = torch.arange(width, device=self.lengths.device)[None, :]
+        padding = (width - self.lengths)[:, None]
+        return torch.where(columns < padding, columns, columns - padding)
 
 
 def either_cache(cache: DecodingCache | None, past_key_values: DecodingCache | None) -> DecodingCache | None:
@@ -149,7 +181,7 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
         inputs_embeds: torch.Tensor | None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
-    ) -> tuple[torch.Tensor, DecodingCache | None, tuple[torch.Tensor, ...] | None]:
+    ) -> tuple[torch.Tensor, DecodingCache | None, tuple[torch.Tensor, ...] | None, PaddedBatch | None]:
         """The final-normed hidden states ``[B, N, D]`` of ``input_ids`` or ``inputs_embeds`` (after
         the cache's tokens), the cache after them (``None`` without ``use_cache``) and, with
         ``output_hidden_states``, every layer's input and the final-normed output (``transformers``'
@@ -162,27 +194,63 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
         if cache is not None and not isinstance(cache, DecodingCache):
             raise MCSDError(f"{CACHE_KEY} is a {type(cache).__name__}: mcsd models keep their own "
                             "DecodingCache (pass the one a previous call returned, or none)")
-        check_right_padded(attention_mask)
         use_cache = self.config.use_cache if use_cache is None else use_cache
         output_hidden_states = (self.config.output_hidden_states if output_hidden_states is None
                                 else output_hidden_states)
         layers: list[torch.Tensor] | None = [] if output_hidden_states else None
         tokens = input_ids if input_ids is not None else inputs_embeds[..., 0]
+        # The mask of a fresh batch says where its padding is; later calls' (generate's, the new tokens
+        # after the rows as given) change nothing: each row's state already knows where it is.
+        padded = PaddedBatch.of(attention_mask) if cache is None or cache.state.position == 0 else None
         if cache is None and (not use_cache or self.training):  # training: its form, no state kept
-            fresh = DecodingState(position=0, layers=[None] * len(self.model.layers))
-            hidden, _ = self.model.run(input_ids, fresh, self.model.default_form, inputs_embeds=inputs_embeds,
+            if padded is not None and padded.left_padded:  # right padding alone leaves a causal forward exact
+                return self._padded_prefill(input_ids, inputs_embeds, padded, None, layers)
+            empty = DecodingState(position=0, layers=[None] * len(self.model.layers))
+            hidden, _ = self.model.run(input_ids, empty, self.model.default_form, inputs_embeds=inputs_embeds,
                                        layer_inputs=layers)
-            return hidden, None, None if layers is None else (*layers, hidden)
+            return hidden, None, None if layers is None else (*layers, hidden), None
         if cache is None:
             cache = DecodingCache(self.model.init_state(tokens.shape[0], tokens.shape[1]), tokens.shape[0],
                                   self.rewinds)
+        if padded is not None:
+            return self._padded_prefill(input_ids, inputs_embeds, padded, cache, layers)
         if input_ids is not None and input_ids.shape[1] == 1 and cache.state.position > 0:
             hidden, cache.state = self.model.step_hidden(input_ids[:, 0], cache.state, layers)
             hidden, layers = hidden[:, None], None if layers is None else [layer[:, None] for layer in layers]
         else:
+            if cache.state.positions is not None:
+                raise MCSDError(f"forward() of {tokens.shape[1]} tokens on a padded batch's cache: its rows are at "
+                                "different positions and go on one token at a time")
             hidden, cache.state = self.model.run(input_ids, cache.state, PREFILL_FORM, inputs_embeds=inputs_embeds,
                                                  layer_inputs=layers)
-        return hidden, cache, None if layers is None else (*layers, hidden)
+        return hidden, cache, None if layers is None else (*layers, hidden), None
+
+    def _padded_prefill(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, padded: PaddedBatch,
+        cache: DecodingCache | None, layers: list[torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, DecodingCache | None, tuple[torch.Tensor, ...] | None, PaddedBatch | None]:
+        """A padded batch in one pass, each row exactly as alone: every row turned so that its
+        tokens end at the last column, its padding one document before them (``position_ids``),
+        the outputs turned back; with ``cache``, each row decodes on from its own position."""
+        if not self.model.separates_documents:
+            raise MCSDError(f"{self.config.architecture} (this implementation) cannot keep a padded row's padding "
+                            "apart from its tokens: give it one row at a time, or rows padded on the right "
+                            "without a cache (use_cache=False)")
+        given = input_ids if input_ids is not None else inputs_embeds
+        width = given.shape[1]
+        ids = None if input_ids is None else padded.turned(input_ids)
+        embeds = None if inputs_embeds is None else padded.turned(inputs_embeds)
+        form = self.model.default_form if cache is None else PREFILL_FORM
+        state = DecodingState(position=0, layers=[None] * len(self.model.layers)) if cache is None else cache.state
+        turned_layers: list[torch.Tensor] | None = None if layers is None else []
+        hidden, state = self.model.run(ids, state, form, padded.position_ids(width), inputs_embeds=embeds,
+                                       layer_inputs=turned_layers)
+        if cache is not None:
+            cache.state = self.model.last_documents(state, padded.lengths, per_row=True)
+        hidden = padded.turned(hidden, back=True)
+        every = None if turned_layers is None else (*(padded.turned(layer, back=True) for layer in turned_layers),
+                                                    hidden)
+        return hidden, cache, every, padded
 
 
 class MCSDHFModel(MCSDHFPreTrainedModel):
@@ -201,14 +269,16 @@ class MCSDHFModel(MCSDHFPreTrainedModel):
         output_attentions: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
-        hidden, cache, every = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values),
-                                                  use_cache, inputs_embeds, output_hidden_states, output_attentions)
+        hidden, cache, every, _ = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values),
+                                                     use_cache, inputs_embeds, output_hidden_states, output_attentions)
         return BaseModelOutputWithPast(last_hidden_state=hidden, hidden_states=every, **{CACHE_KEY: cache})
 
 
 class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
     """The language model (``AutoModelForCausalLM``): logits, the shifted next-token loss of
-    ``labels`` (``-100`` not scored; the loss of ``CausalLM.loss``) and ``generate``."""
+    ``labels`` (``-100`` not scored; the loss of ``CausalLM.loss``) and ``generate``. On a padded
+    batch, ``logits_to_keep=k`` keeps each row's last ``k`` tokens' logits (what ``generate``
+    reads the next token from, on either side's padding)."""
 
     def get_output_embeddings(self) -> torch.nn.Module:
         return self.model.lm_head
@@ -231,9 +301,12 @@ class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast:
-        hidden, cache, every = self.hidden_states(input_ids, attention_mask, either_cache(cache, past_key_values),
-                                                  use_cache, inputs_embeds, output_hidden_states, output_attentions)
+        hidden, cache, every, padded = self.hidden_states(input_ids, attention_mask,
+                                                          either_cache(cache, past_key_values), use_cache,
+                                                          inputs_embeds, output_hidden_states, output_attentions)
         kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        if padded is not None and isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            hidden = padded.turned(hidden)  # the last positions of a padded batch: each row's last tokens
         logits = self.model.lm_head(hidden[:, kept])
         loss = None
         if labels is not None:
@@ -241,33 +314,12 @@ class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=every, **{CACHE_KEY: cache})
 
     def generate(self, inputs: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        """``GenerationMixin.generate``; a padded batch (an ``attention_mask`` with zeros) is decoded
-        row by row, each row unpadded, and laid out as ``generate`` lays out a batch: the row as
-        given (its padding on either side), its new tokens from ``input_ids.shape[1]`` on, then
-        ``pad_token_id`` to the longest row."""
+        """``GenerationMixin.generate``; a padded batch (either side) is decoded in one batch, each
+        row exactly as alone (:meth:`hidden_states`), laid out as ``transformers`` lays it out:
+        the rows as given, then their new tokens."""
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
-        attention_mask = kwargs.get("attention_mask")
-        if input_ids is None or attention_mask is None or bool(attention_mask.all()):
-            self._check_unmasked_batch(input_ids, attention_mask, kwargs)
-            return super().generate(inputs, **kwargs)
-        refused = [name for name in ("stopping_criteria", "streamer", "return_dict_in_generate", "assistant_model")
-                   if kwargs.get(name)]
-        if refused:
-            raise MCSDError(f"generate() with {refused[0]} on a padded batch: mcsd models decode a padded batch row "
-                            "by row; call generate() on each row alone")
-        kwargs = {key: value for key, value in kwargs.items() if key not in ("input_ids", "attention_mask")}
-        outputs = []
-        for row, mask in zip(input_ids, attention_mask):
-            tokens = mask.nonzero()[:, 0]
-            lead, last = int(tokens[0]), int(tokens[-1])
-            generated = super().generate(row[None, lead:last + 1], attention_mask=mask[None, lead:last + 1], **kwargs)
-            outputs += [torch.cat([row, sequence[last + 1 - lead:]]) for sequence in generated]
-        pad = self.generation_config.pad_token_id if kwargs.get("pad_token_id") is None else kwargs["pad_token_id"]
-        if pad is None:
-            pad = self.config.eos_token_id
-        width = max(len(sequence) for sequence in outputs)
-        return torch.stack([torch.nn.functional.pad(sequence, (0, width - len(sequence)), value=pad)
-                            for sequence in outputs])
+        self._check_unmasked_batch(input_ids, kwargs.get("attention_mask"), kwargs)
+        return super().generate(inputs, **kwargs)
 
     def _check_unmasked_batch(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
                               kwargs: dict[str, Any]) -> None:

@@ -52,21 +52,29 @@ class DecodingMixin:
         advanced in place: ``copy.deepcopy`` a state that is to be continued twice.
 
         ``position_ids`` ``[B, N]``: a packed prompt of documents apart (:meth:`CausalLM.run`);
-        decoding goes on in each row's last document, which every row must end at the same
-        position of (one position for the batch's steps).
+        decoding goes on in each row's last document. Rows that end at different positions of
+        theirs (a left-padded batch: the padding one document, the prompt the next) decode each
+        at its own position (``DecodingState.positions``), one token at a time.
         """
         if state is None:
             state = self.init_state(input_ids.shape[0], input_ids.shape[1] + max_new_tokens)
         hidden, state = self.run(input_ids, state, form, position_ids)
         if position_ids is not None:
-            ends = position_ids[:, -1] + 1
-            if not bool((ends == ends[0]).all()):
-                raise ValueError(f"position_ids: the rows end at positions {ends.tolist()} of their last documents; "
-                                 "decoding steps every row at one position: prefill rows that end alike")
-            length = int(ends[0])
-            state = DecodingState(position=length, layers=[layer.last_document(layer_state, length)
-                                                           for layer, layer_state in zip(self.layers, state.layers)])
+            state = self.last_documents(state, position_ids[:, -1] + 1)
         return self.lm_head(hidden[:, -1]), state
+
+    def last_documents(self, state: DecodingState, ends: torch.Tensor, per_row: bool = False) -> DecodingState:
+        """The state after a packed run, for decoding each row's last document on, that document
+        ending at position ``ends[b]`` of its own: one position when every row's is alike (unless
+        ``per_row``), else each row at its own (``positions``), every entry of a KV cache kept."""
+        if not per_row and bool((ends == ends[0]).all()):
+            length = int(ends[0])
+            return DecodingState(position=length, layers=[layer.last_document(layer_state, length)
+                                                          for layer, layer_state in zip(self.layers, state.layers)])
+        rows = ends.repeat(self.streams.count)  # every stream's rows alike (stream-major)
+        return DecodingState(position=state.position, positions=ends,
+                             layers=[layer.last_document(layer_state, rows)
+                                     for layer, layer_state in zip(self.layers, state.layers)])
 
     def step(self, token_ids: torch.Tensor, state: DecodingState) -> tuple[torch.Tensor, DecodingState]:
         """Decode one token per batch row: ``token_ids`` ``[B]`` -> logits ``[B, vocab]``, through
@@ -89,8 +97,12 @@ class DecodingMixin:
                     layer_inputs: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, DecodingState]:
         """:meth:`step` up to the final-normed hidden state ``[B, D]`` that the LM head reads;
         ``layer_inputs`` gets each layer's input ``[B, D]`` (:meth:`CausalLM.run`)."""
-        hidden, layers = self._step_layers(token_ids, state.layers, state.position, layer_inputs)
-        return hidden, DecodingState(position=state.position + 1, layers=layers)
+        if state.positions is None:
+            hidden, layers = self._step_layers(token_ids, state.layers, state.position, layer_inputs)
+            return hidden, DecodingState(position=state.position + 1, layers=layers)
+        rows = state.positions.repeat(self.streams.count)  # every stream's rows alike (stream-major)
+        hidden, layers = self._step_layers(token_ids, state.layers, rows, layer_inputs)
+        return hidden, DecodingState(position=state.position + 1, layers=layers, positions=state.positions + 1)
 
     def _step_layers(
         self, token_ids: torch.Tensor, layers: list[LayerState | None], position: int | torch.Tensor,

@@ -70,9 +70,9 @@ class Layer(nn.Module):
         mlp = self.mlp.init_state(batch_size, capacity, device, dtype) if self.mlp_has_state else None
         return LayerState(self.mixer.init_state(batch_size, capacity, device, dtype), mlp)
 
-    def last_document(self, layer_state: LayerState, length: int) -> LayerState:
+    def last_document(self, layer_state: LayerState, length: int | torch.Tensor) -> LayerState:
         """The layer's state after a packed run, for decoding its last document (of ``length``
-        tokens) on (:meth:`TokenMixer.last_document`)."""
+        tokens, or ``[B]``: each row's) on (:meth:`TokenMixer.last_document`)."""
         mlp = self.mlp.last_document(layer_state.mlp, length) if self.mlp_has_state else layer_state.mlp
         return LayerState(self.mixer.last_document(layer_state.mixer, length), mlp)
 
@@ -309,6 +309,9 @@ class CausalLM(DecodingMixin, nn.Module):
                               f"{', '.join(self.architecture.forms)}")
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("run() takes input_ids or inputs_embeds, one of them")
+        if state.positions is not None:
+            raise ValueError("a padded batch's state (its rows at different positions) goes on one token at a time: "
+                             "step() it")
         if input_ids is not None and input_ids.dim() != 2:
             raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}: expected [batch, length]")
         embedded = self.embed(input_ids) if inputs_embeds is None else inputs_embeds

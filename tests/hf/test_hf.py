@@ -27,7 +27,7 @@ from mcsd.errors import MCSDError
 from mcsd.commands.evaluate import evaluate
 from mcsd.commands.export import export, write_export
 from mcsd.commands.generate import generate as mcsd_generate
-from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel
+from mcsd.hf import DecodingCache, MCSDHFConfig, MCSDHFForCausalLM, MCSDHFModel, as_hf_model
 from mcsd.hf.cache import CACHE_KEY
 from mcsd.hf.configuration import REMOTE_CODE_FILE
 from mcsd.checkpoint.saved_model import load_weights
@@ -126,34 +126,54 @@ def test_exported_model_loads_in_16_bits_and_generates(case: str, dtype: torch.d
 
 @pytest.mark.parametrize("case", CASES)
 def test_padded_batches_give_each_row_what_it_gives_alone(case: str, exported: dict[str, tuple[Path, Path]]) -> None:
-    """Right padding in a forward; right and left padding in generate (row by row, each row as
-    given, then its new tokens); left padding in a forward is refused in one line."""
+    """Rows padded on the left and on the right, in one batched pass: a forward with and without
+    a cache (each row's logits those it gets alone), greedy decoding, sampling (top-1, its code
+    path) and beam search (each row's new tokens those it gets alone, at ``[:, width:]`` after the
+    rows as given)."""
     saved, folder = exported[case]
     tokenizer = mcsd.load_tokenizer(saved)
     hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
     hf_tokenizer = AutoTokenizer.from_pretrained(folder)
-    texts = ["the king of a far land ships gold", "silver to"]
-    alone = [hf_model.generate(prompt_ids(tokenizer, text), max_new_tokens=6, do_sample=False,
-                               eos_token_id=None)[0] for text in texts]
+    texts = ["the king of a far land ships gold", "silver to", "every harbour along"]
+    decoding = {"greedy": {"do_sample": False}, "sampled": {"do_sample": True, "top_k": 1},
+                "beams": {"do_sample": False, "num_beams": 2}}
+    alone = {name: [hf_model.generate(prompt_ids(tokenizer, text), max_new_tokens=6, eos_token_id=None,
+                                      **settings)[0, -6:] for text in texts] for name, settings in decoding.items()}
     for side in ("right", "left"):
         hf_tokenizer.padding_side = side
         batch = hf_tokenizer(texts, return_tensors="pt", padding=True)
+        width = batch.input_ids.shape[1]
         with torch.no_grad():
-            if side == "right":
-                logits = hf_model(**batch).logits
+            for use_cache in (False, True):
+                logits = hf_model(**batch, use_cache=use_cache).logits
                 for row, text in enumerate(texts):
-                    length = len(tokenizer.encode(text).ids)
+                    columns = batch.attention_mask[row].bool()
                     single = hf_model(prompt_ids(tokenizer, text)).logits[0]
-                    assert torch.allclose(logits[row, :length], single, rtol=1e-5, atol=1e-6)
-            else:
-                with pytest.raises(MCSDError, match="row 1 has a token after padding .left padding.") as error:
-                    hf_model(**batch)
-                assert "\n" not in str(error.value)
-        generated = hf_model.generate(**batch, max_new_tokens=6, do_sample=False, eos_token_id=None)
-        width = batch.input_ids.shape[1]  # transformers' contract: the new tokens at [:, width:], either side
-        assert generated.shape == (2, width + 6) and torch.equal(generated[:, :width], batch.input_ids)
-        for row, sequence in enumerate(alone):
-            assert torch.equal(generated[row, width:], sequence[-6:])
+                    assert torch.allclose(logits[row, columns], single, rtol=1e-5, atol=1e-6), (side, use_cache, row)
+        for name, settings in decoding.items():
+            generated = hf_model.generate(**batch, max_new_tokens=6, eos_token_id=None, **settings)
+            assert generated.shape == (3, width + 6) and torch.equal(generated[:, :width], batch.input_ids)
+            for row, sequence in enumerate(alone[name]):
+                assert torch.equal(generated[row, width:], sequence), (side, name, row)
+
+
+def test_a_row_with_padding_between_its_tokens_is_refused_in_one_line(exported: dict[str, tuple[Path, Path]]) -> None:
+    _, folder = exported["mcsd/full"]
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(1, VOCAB, (2, 6))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 1, 1]])
+    with pytest.raises(MCSDError, match="attention_mask row 1 has padding between its tokens: pad each row before "
+                                        "or after its tokens") as error:
+        hf_model(ids, attention_mask=mask)
+    assert "\n" not in str(error.value)
+    pytest.importorskip("torchscale")  # RetNet through torchscale's layer, which knows one sequence
+    torchscale = as_hf_model(mcsd.build_model(tiny_config("retnet", vocab_size=VOCAB, implementation="torchscale")),
+                             0).eval()
+    mask[1] = torch.tensor([0, 0, 1, 1, 1, 1])
+    with pytest.raises(MCSDError, match="retnet .this implementation. cannot keep a padded row's padding apart"):
+        torchscale(ids, attention_mask=mask)
+    assert torch.equal(torchscale(ids, attention_mask=mask.flip(1), use_cache=False).logits,
+                       torchscale(ids, use_cache=False).logits)  # right padding without a cache: causal, exact
 
 
 def test_assisted_decoding_crops_attention_caches_and_is_refused_for_recurrent_states(

@@ -307,6 +307,42 @@ def document_position_ids(lengths: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", CASES)
+def test_a_left_padded_batch_decodes_each_row_at_its_own_position(case: str) -> None:
+    """Rows of 7, 3 and 5 tokens left-padded to 7, the padding one document and the row the next
+    (``position_ids``): the prefill's state decodes every row at its own position
+    (``DecodingState.positions``), each step's logits those of the row alone (fp64); a state of
+    rows at different positions refuses a multi-token continuation in one line."""
+    model = tiny_model(case, chunk_size=16).double()
+    if not model.separates_documents:
+        return  # refused at the prefill (the packed-batch test above)
+    tolerance = 1e-6 if registry.get(case.split("/")[0]).fp32_constants else 1e-12
+    lengths, width = [7, 3, 5], 7
+    rows = [torch.randint(1, 101, (length,)) for length in lengths]
+    input_ids = torch.stack([torch.cat([torch.zeros(width - len(row), dtype=torch.long), row]) for row in rows])
+    position_ids = torch.stack([torch.cat([torch.arange(width - len(row)), torch.arange(len(row))]) for row in rows])
+    following = torch.randint(1, 101, (3, 4))
+    with torch.no_grad():
+        logits, state = model.prefill(input_ids, position_ids=position_ids)
+        assert state.positions.tolist() == lengths and state.position == width
+        batched = [logits]
+        for column in following.T:
+            logits, state = model.step(column, state)
+            batched.append(logits)
+        assert state.positions.tolist() == [length + 4 for length in lengths]
+        for index, row in enumerate(rows):
+            logits, alone = model.prefill(row[None])
+            steps = [logits]
+            for column in following[index]:
+                logits, alone = model.step(column[None], alone)
+                steps.append(logits)
+            for ours, theirs in zip(batched, steps, strict=True):
+                assert relative_rms_error(ours[index:index + 1], theirs) < tolerance, index
+        with pytest.raises(ValueError, match="a padded batch's state .its rows at different positions. goes on one "
+                                             "token at a time"):
+            model.prefill(following, state)
+
+
+@pytest.mark.parametrize("case", CASES)
 def test_a_packed_batch_gives_each_document_what_it_gets_alone(case: str) -> None:
     """Documents of lengths 1, 2, 63, 64, 65 and 301 packed in one row (``position_ids``): in every
     form each document's logits are those it gets alone (in the parallel form; fp64: to round-off,

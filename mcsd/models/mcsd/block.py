@@ -263,8 +263,10 @@ def gated_history_step(
     ``state`` ``[B, C, Dc]`` fp32 advanced in place to the sum up to this token."""
     decay = torch.exp(log_decay)[..., None]
     earlier = (decay * state).to(value.dtype)
-    output = torch.where(position == 0, value, earlier) if isinstance(position, torch.Tensor) else (
-        value if position == 0 else earlier)
+    if isinstance(position, torch.Tensor):  # 0-d, or [B]: each row at its own position
+        output = torch.where((position == 0).view(-1, *([1] * (value.dim() - 1))), value, earlier)
+    else:
+        output = value if position == 0 else earlier
     state.mul_(decay).add_(value.to(state.dtype))
     return output
 

@@ -41,6 +41,9 @@ class KVCache:
     keys: torch.Tensor
     values: torch.Tensor
     key_bias: torch.Tensor | None = None
+    # A padded batch's rows (``[B]``): where each row's own tokens start; the positions before
+    # (its padding, the earlier documents of a packed prompt) are never attended to.
+    starts: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
@@ -69,7 +72,8 @@ class KVCache:
                 mine[:, :, start:] = 0
 
     def _fields(self) -> list[torch.Tensor | None]:
-        return [getattr(self, field.name) for field in dataclasses.fields(self)]
+        """The tensors with an entry per position (``starts`` has one per row)."""
+        return [self.keys, self.values, self.key_bias]
 
     def reserve(self, end: int, filled: int) -> None:
         """Make room for positions up to ``end``: grow geometrically, keeping the ``filled``
@@ -77,13 +81,13 @@ class KVCache:
         if end <= self.capacity:
             return
         capacity = max(end, 2 * self.capacity)
-        for field in dataclasses.fields(self):
-            old = getattr(self, field.name)
+        for field in ("keys", "values", "key_bias"):
+            old = getattr(self, field)
             if old is None:
                 continue
             new = old.new_empty(*old.shape[:2], capacity, *old.shape[3:])
             new[:, :, :filled] = old[:, :, :filled]
-            setattr(self, field.name, new)
+            setattr(self, field, new)
 
 
 @dataclasses.dataclass
@@ -187,9 +191,12 @@ class CausalSelfAttention(TokenMixer):
         cache = KVCache(key, value, bias)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, -1)), cache
 
-    def last_document(self, cache: KVCache, length: int) -> KVCache:
+    def last_document(self, cache: KVCache, length: int | torch.Tensor) -> KVCache:
         """The cache of a packed run's last ``length`` positions (its last document's) at positions
-        ``0..length-1``: what decoding that document on reads."""
+        ``0..length-1``: what decoding that document on reads. Lengths ``[B]`` (a padded batch,
+        each row's own): every position kept, each row's attended from its own start on."""
+        if isinstance(length, torch.Tensor):
+            return dataclasses.replace(cache, starts=cache.keys.shape[2] - length)
         return KVCache(*(None if part is None else part[:, :, -length:].clone() for part in cache._fields()))
 
     def step(
@@ -211,6 +218,9 @@ class CausalSelfAttention(TokenMixer):
                               None if bias is None else bias.to(cache.key_bias.dtype))
             attended = self._attend_beside(query, entries, cache, position)
             return self.out_proj(attended.reshape(batch, hidden)), entries
+        if isinstance(position, torch.Tensor) and position.dim() == 1:
+            attended = self._attend_rows(query, key, value, bias, cache, position)
+            return self.out_proj(attended.reshape(batch, hidden)), cache
         if isinstance(position, torch.Tensor):
             attended = self._attend_static(query, key, value, bias, cache, position)
             return self.out_proj(attended.reshape(batch, hidden)), cache
@@ -228,6 +238,27 @@ class CausalSelfAttention(TokenMixer):
         attended = F.scaled_dot_product_attention(query[:, :, None], cache.keys[:, :, :end].to(query.dtype),
                                                   cache.values[:, :, :end].to(query.dtype), attn_mask=mask)
         return self.out_proj(attended.reshape(batch, hidden)), cache
+
+    @staticmethod
+    def _attend_rows(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None, cache: KVCache,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """One query per row ``[B, H, Dh]`` of a padded batch, row b at its own ``positions[b]``
+        (its rotary angle): the token written at the cache's next index (``starts + positions``,
+        the same for every row), attending to the row's own keys from ``cache.starts`` on."""
+        index = int(cache.starts[0] + positions[0])
+        end = index + 1
+        cache.reserve(end, filled=index)
+        cache.keys[:, :, index:end] = key[:, :, None].to(cache.keys.dtype)
+        cache.values[:, :, index:end] = value[:, :, None].to(cache.values.dtype)
+        own = torch.arange(end, device=query.device)[None, :] >= cache.starts[:, None]  # [B, end]
+        mask = own[:, None, None, :]
+        if bias is not None:
+            cache.key_bias[:, :, index:end] = bias.to(cache.key_bias.dtype)
+            mask = cache.key_bias[:, :, None, :end].to(query.dtype).masked_fill(~mask, float("-inf"))
+        return F.scaled_dot_product_attention(query[:, :, None], cache.keys[:, :, :end].to(query.dtype),
+                                              cache.values[:, :, :end].to(query.dtype), attn_mask=mask)
 
     @staticmethod
     def _attend_static(

@@ -45,10 +45,11 @@ class TokenMixer(nn.Module):
         ``capacity`` is a hint of how many tokens will follow (a KV cache preallocates)."""
         return None
 
-    def last_document(self, state: Any, length: int) -> Any:
+    def last_document(self, state: Any, length: int | torch.Tensor) -> Any:
         """The state after a packed run (``position_ids``) as decoding the run's last document on
         needs it, that document being its last ``length`` tokens: a recurrent state is already
-        the last document's; a state with an entry per position (a KV cache) keeps its last ``length``."""
+        the last document's; a state with an entry per position (a KV cache) keeps its last ``length``
+        (``[B]``, each row's own: every position, each row read from its own start)."""
         return state
 
     def reset_parameters(self) -> None:

@@ -24,9 +24,14 @@ def rotary(x: torch.Tensor, position: int | torch.Tensor, base: float) -> torch.
 
 def rotary_step(x: torch.Tensor, position: int | torch.Tensor, base: float) -> torch.Tensor:
     """:func:`rotary` of one position, ``x`` ``[..., Dh]``: the same numbers, no positions tensor
-    (``position`` an int, or a 0-d tensor on the device in the step at fixed addresses)."""
+    (``position`` an int, or a 0-d tensor on the device in the step at fixed addresses); or of
+    each row's own, ``position`` ``[B]`` (a padded batch) for ``x`` ``[B, ..., Dh]``."""
     dtype = torch.promote_types(x.dtype, torch.float32)
-    angles = inverse_frequency(x.shape[-1], base, x.device, dtype) * position
+    frequency = inverse_frequency(x.shape[-1], base, x.device, dtype)
+    if isinstance(position, torch.Tensor) and position.dim() == 1:
+        angles = (position.to(dtype)[:, None] * frequency).view(-1, *([1] * (x.dim() - 2)), frequency.shape[0])
+    else:
+        angles = frequency * position
     return _rotate(x, angles.cos(), angles.sin())
 
 

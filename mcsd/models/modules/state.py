@@ -27,7 +27,9 @@ class LayerState(NamedTuple):
 
 @dataclasses.dataclass
 class DecodingState:
-    """What decoding carries between calls: the number of tokens seen and each layer's state.
+    """What decoding carries between calls: the number of tokens seen and each layer's state;
+    for a padded batch whose rows are at different positions of their own texts, ``positions``
+    ``[B]`` (each row's next position; ``position`` counts the entries every row holds).
 
     MCSD layers hold fixed-size fp32 section states; attention layers hold a KV cache. Both
     are advanced in place (so a state must not be reused after it has been advanced:
@@ -38,6 +40,7 @@ class DecodingState:
 
     position: int
     layers: list[LayerState | None]
+    positions: torch.Tensor | None = None
 
 
 @runtime_checkable

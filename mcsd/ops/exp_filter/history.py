@@ -228,19 +228,21 @@ def history_step(
 ) -> torch.Tensor:
     """One token ``value`` ``[B, C, D]`` at absolute ``position``: its mixed history, with
     ``state`` ``[B, C, D]`` fp32 advanced in place. A ``position`` tensor (the step replayed at
-    fixed addresses) picks row 0 without a branch."""
+    fixed addresses: 0-d; a padded batch, each row at its own position: ``[B]``) picks row 0
+    without a branch."""
     if isinstance(position, torch.Tensor):
-        output = torch.where(position == 0, value, state.to(value.dtype))  # a new tensor
+        first = position == 0 if position.dim() == 0 else (position == 0)[:, None, None]
+        output = torch.where(first, value, state.to(value.dtype))  # a new tensor
     else:
         output = value if position == 0 else state.to(value.dtype)
         if output is state:  # the state is about to change in place
             output = state.clone()
     if group.average_state:
-        absorb_average_(state, value, position_constants("average_update", group, value.device, position)[:, None])
+        absorb_average_(state, value, position_constants("average_update", group, value.device, position)[..., None])
         return output
     if group.average_output and (isinstance(position, torch.Tensor) or position > 0):
         # The weight sum is 1 at position 0 (history_weight_sum), where a tensor position divides too.
-        divisor = position_constants("weight_sum", group, value.device, position)[:, None]
+        divisor = position_constants("weight_sum", group, value.device, position)[..., None]
         output = (output / divisor).to(value.dtype)
     absorb_sum_(state, value, decay_factors(group, value.device)[:, None])
     return output
@@ -268,9 +270,12 @@ def position_constants(quantity: str, group: History, device: torch.device, posi
     Eager calls read a column of a cached table (``[C, L]``, ``L`` a power of two of at least
     1024, so decoding builds a handful in all); a compiled step computes it in its graph, with
     ``position`` symbolic (one graph for every position), as does a step given ``position`` as a
-    0-d tensor on the device (the step at fixed addresses).
+    0-d tensor on the device (the step at fixed addresses). Positions ``[B]`` (a padded batch,
+    each row at its own position) give ``[B, C]``.
     """
     if isinstance(position, torch.Tensor):
+        if position.dim() == 1:
+            return _position_values(quantity, group, position).transpose(0, 1)
         return _position_values(quantity, group, position.reshape(1))[:, 0]
     if torch.compiler.is_compiling():
         return _position_values(quantity, group, torch.full((1,), position, device=device))[:, 0]
