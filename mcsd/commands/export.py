@@ -213,8 +213,9 @@ print(tokenizer.decode(model.generate(ids, max_new_tokens=50, do_sample=False)[0
 lm_eval --model hf --model_args pretrained=PATH_OR_REPO,trust_remote_code=True --tasks arc_easy
 ```
 
-Batches are padded on the right (the model reads each row from its first position);
-`generate` decodes a padded batch row by row.
+A batch padded on either side runs in one pass, each row exactly as it runs alone (forward and
+`generate`: greedy, sampling, beam search). `save_pretrained` and `Trainer.save_model` write a
+folder that loads the same way.
 """
 
 

@@ -132,7 +132,8 @@ class MCSDHFPreTrainedModel(PreTrainedModel):
                 layer.checkpoint_function = gradient_checkpointing_func
 
     @property
-    def is_gradient_checkpointing(self) -> bool:
+    def is_activation_checkpointing(self) -> bool:
+        """Whether a layer checkpoints (``is_gradient_checkpointing``, its deprecated alias, reads this)."""
         return any(layer.activation_checkpointing for layer in self.model.layers)
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,

@@ -285,7 +285,7 @@ def test_gradient_checkpointing_is_the_layers_own(exported: dict[str, tuple[Path
     for enable in (False, True):
         if enable:
             hf_model.gradient_checkpointing_enable()
-            assert hf_model.is_gradient_checkpointing
+            assert hf_model.is_activation_checkpointing
             assert [layer.activation_checkpointing for layer in hf_model.model.layers] == [True, True]
         hf_model.zero_grad()
         hf_model(ids, labels=ids).loss.backward()
@@ -294,7 +294,7 @@ def test_gradient_checkpointing_is_the_layers_own(exported: dict[str, tuple[Path
     hf_model.activation_checkpointing_enable(every_n_layers=2)
     assert [layer.activation_checkpointing for layer in hf_model.model.layers] == [True, False]
     hf_model.gradient_checkpointing_disable()
-    assert not hf_model.is_gradient_checkpointing
+    assert not hf_model.is_activation_checkpointing
 
 
 FINE_TUNE = """
@@ -315,7 +315,7 @@ data = [{{"input_ids": row, "labels": row}} for row in torch.randint(1, {vocab} 
 arguments = TrainingArguments(out / "trainer", max_steps=3, per_device_train_batch_size=2, gradient_checkpointing=True,
                               report_to=[], save_strategy="no", use_cpu=True, learning_rate=1e-2)
 trainer = Trainer(model=model.train(), args=arguments, train_dataset=data)
-assert trainer.train().training_loss > 0 and model.is_gradient_checkpointing
+assert trainer.train().training_loss > 0 and model.is_activation_checkpointing
 trainer.save_model(out / "fine_tuned")
 with torch.no_grad():
     torch.save(model.eval()(ids, use_cache=False).logits, out / "fine_tuned.pt")
