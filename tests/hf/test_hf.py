@@ -302,65 +302,76 @@ import sys, torch
 from pathlib import Path
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
-folder, out = Path(sys.argv[1]), Path(sys.argv[2])
 assert "mcsd" not in sys.modules
-torch.manual_seed(0)
-ids = torch.randint(1, {vocab}, (4, 16))
-model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
-model.eval().save_pretrained(out / "resaved")  # a plain re-save
-with torch.no_grad():
-    torch.save(model(ids, use_cache=False).logits, out / "resaved.pt")
-model.resize_token_embeddings({vocab} + 3)  # as adding special tokens does
-data = [{{"input_ids": row, "labels": row}} for row in torch.randint(1, {vocab} + 3, (8, 16))]
-arguments = TrainingArguments(out / "trainer", max_steps=3, per_device_train_batch_size=2, gradient_checkpointing=True,
-                              report_to=[], save_strategy="no", use_cpu=True, learning_rate=1e-2)
-trainer = Trainer(model=model.train(), args=arguments, train_dataset=data)
-assert trainer.train().training_loss > 0 and model.is_activation_checkpointing
-trainer.save_model(out / "fine_tuned")
-with torch.no_grad():
-    torch.save(model.eval()(ids, use_cache=False).logits, out / "fine_tuned.pt")
-lora = get_peft_model(AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True),
-                      LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0))
-trainer = Trainer(model=lora.train(), args=arguments, train_dataset=[{{**row, "input_ids": row["input_ids"] % {vocab},
-                  "labels": row["labels"] % {vocab}}} for row in data])
-trainer.train()
-merged = lora.merge_and_unload().eval()
-merged.save_pretrained(out / "lora_merged")
-with torch.no_grad():
-    torch.save(merged(ids, use_cache=False).logits, out / "lora_merged.pt")
-torch.save(ids, out / "ids.pt")
+
+
+def fine_tune(folder, out):
+    torch.manual_seed(0)
+    ids = torch.randint(1, {vocab}, (4, 16))
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    model.eval().save_pretrained(out / "resaved")  # a plain re-save
+    with torch.no_grad():
+        torch.save(model(ids, use_cache=False).logits, out / "resaved.pt")
+    model.resize_token_embeddings({vocab} + 3)  # as adding special tokens does
+    data = [{{"input_ids": row, "labels": row}} for row in torch.randint(1, {vocab} + 3, (8, 16))]
+    arguments = TrainingArguments(out / "trainer", max_steps=3, per_device_train_batch_size=2, gradient_checkpointing=True,
+                                  report_to=[], save_strategy="no", use_cpu=True, learning_rate=1e-2)
+    trainer = Trainer(model=model.train(), args=arguments, train_dataset=data)
+    assert trainer.train().training_loss > 0 and model.is_activation_checkpointing
+    trainer.save_model(out / "fine_tuned")
+    with torch.no_grad():
+        torch.save(model.eval()(ids, use_cache=False).logits, out / "fine_tuned.pt")
+    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True),
+                          LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0))
+    trainer = Trainer(model=lora.train(), args=arguments, train_dataset=[{{**row, "input_ids": row["input_ids"] % {vocab},
+                      "labels": row["labels"] % {vocab}}} for row in data])
+    trainer.train()
+    merged = lora.merge_and_unload().eval()
+    merged.save_pretrained(out / "lora_merged")
+    with torch.no_grad():
+        torch.save(merged(ids, use_cache=False).logits, out / "lora_merged.pt")
+    torch.save(ids, out / "ids.pt")
+
+
+for folder, out in zip(sys.argv[1::2], sys.argv[2::2]):
+    fine_tune(Path(folder), Path(out))
 """
 
 LOAD_AGAIN = """
 import sys, torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM
-out = Path(sys.argv[1])
 assert "mcsd" not in sys.modules
-ids = torch.load(out / "ids.pt")
-for name in ("resaved", "fine_tuned", "lora_merged"):
-    model = AutoModelForCausalLM.from_pretrained(out / name, trust_remote_code=True).eval()
-    with torch.no_grad():
-        assert torch.equal(model(ids, use_cache=False).logits, torch.load(out / f"{name}.pt")), name
-    print(name, model.config.vocab_size, sorted(path.name for path in (out / name).iterdir()))
+for out in map(Path, sys.argv[1:]):
+    ids = torch.load(out / "ids.pt")
+    for name in ("resaved", "fine_tuned", "lora_merged"):
+        model = AutoModelForCausalLM.from_pretrained(out / name, trust_remote_code=True).eval()
+        with torch.no_grad():
+            assert torch.equal(model(ids, use_cache=False).logits, torch.load(out / f"{name}.pt")), name
+        print(out.name, name, model.config.vocab_size, sorted(path.name for path in (out / name).iterdir()))
 """
 
 
-@pytest.mark.parametrize("case", ["mcsd/full", "transformer/default"])
-def test_resaved_resized_and_fine_tuned_models_load_in_a_fresh_process(case: str, tmp_path: Path,
+def test_resaved_resized_and_fine_tuned_models_load_in_a_fresh_process(tmp_path: Path,
                                                                          exported: dict[str, tuple[Path, Path]]) -> None:
-    """In processes that never import mcsd: a re-saved export; one resized, fine-tuned by
-    ``Trainer`` with gradient checkpointing and saved by ``save_model``; one fine-tuned with a PEFT
-    LoRA and merged. Each loads with ``trust_remote_code`` and gives the logits it gave when saved."""
-    _, folder = exported[case]
+    """In processes that never import mcsd, for MCSD and the Transformer: a re-saved export; one
+    resized, fine-tuned by ``Trainer`` with gradient checkpointing and saved by ``save_model``; one
+    fine-tuned with a PEFT LoRA and merged. Each loads with ``trust_remote_code`` and gives the
+    logits it gave when saved."""
+    cases = {"mcsd": "mcsd/full", "transformer": "transformer/default"}
+    outs = {name: tmp_path / name for name in cases}
+    for out in outs.values():
+        out.mkdir()
+    pairs = [str(part) for name, case in cases.items() for part in (exported[case][1], outs[name])]
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TOKENIZERS_PARALLELISM": "false"}
-    for script, argv in ((FINE_TUNE.format(vocab=VOCAB), [str(folder), str(tmp_path)]), (LOAD_AGAIN, [str(tmp_path)])):
-        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=600,
+    for script, argv in ((FINE_TUNE.format(vocab=VOCAB), pairs), (LOAD_AGAIN, [str(out) for out in outs.values()])):
+        result = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=900,
                                 env=env)
         assert result.returncode == 0, result.stderr[-3000:]
     saved = ["config.json", "generation_config.json", "model.safetensors", REMOTE_CODE_FILE]
-    assert f"resaved {VOCAB} {saved}" in result.stdout and f"lora_merged {VOCAB} {saved}" in result.stdout
-    assert f"fine_tuned {VOCAB + 3} {sorted([*saved, 'training_args.bin'])}" in result.stdout
+    for name in cases:
+        assert f"{name} resaved {VOCAB} {saved}" in result.stdout and f"{name} lora_merged {VOCAB} {saved}" in result.stdout
+        assert f"{name} fine_tuned {VOCAB + 3} {sorted([*saved, 'training_args.bin'])}" in result.stdout
 
 
 def test_forward_takes_the_cache_by_either_name(exported: dict[str, tuple[Path, Path]]) -> None:
