@@ -3,6 +3,7 @@ batch (each row exactly as alone, issue 92) against row by row, greedy, at size=
 side by side in one process, alternating, medians over repeats; and its figure.
 
     python experiments/hf_transformers/padded_batch.py --out experiments/hf_transformers/padded_batch.csv
+    python experiments/hf_transformers/padded_batch.py --out experiments/hf_transformers/padded_batch.csv --draw
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ def draw(rows: list[dict], out: Path) -> None:
                       va="bottom", fontsize=8)
     axis.set_xticks(list(positions), labels, fontsize=8)
     axis.set_ylabel("new tokens / s (median)")
+    axis.set_ylim(top=1.25 * max(row["batched_tokens_per_s"] for row in rows))
     first = rows[0]
-    axis.set_title(f"transformers generate, {first['prompts']} prompts of {first['prompt_lengths']} tokens, "
-                   f"{first['tokens']} new each,\nsize=small, greedy, {first['threads']} thread, eager", fontsize=9)
-    axis.legend(fontsize=8, loc="upper left")
+    axis.set_title(f"transformers generate, {first['prompts']:g} prompts of {first['prompt_lengths']} tokens, "
+                   f"{first['tokens']:g} new each,\nsize={first['size']}, greedy, {first['threads']:g} thread, eager", fontsize=9)
+    axis.legend(fontsize=8, loc="upper left", ncol=2)
     figure.tight_layout()
     figure.savefig(out, dpi=150)
 
@@ -78,7 +80,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--size", default="small")
+    parser.add_argument("--draw", action="store_true", help="only draw the figure of an existing --out")
     args = parser.parse_args()
+    if args.draw:
+        with args.out.open() as file:
+            rows = [{key: value if key in ("arch", "variant", "size", "side", "prompt_lengths") else float(value)
+                     for key, value in row.items()} for row in csv.DictReader(file)]
+        draw(rows, args.out.with_suffix(".png"))
+        return
     torch.set_num_threads(args.threads)
     lengths = [int(length) for length in args.lengths.split(",")]
     rows = []

@@ -15,4 +15,4 @@ export OMP_NUM_THREADS=1
 python "$here/bench.py" --out "$out/results.csv" --tokens 512 --repeats 5 --threads 1
 python "$here/plot.py" "$out/results.csv"
 python "$here/compare_eval.py" --out "$out/compare_eval.csv"
-python "$here/padded_batch.py" --out "$out/padded_batch.csv" --tokens 128 --repeats 5 --threads 1
+python "$here/padded_batch.py" --out "$out/padded_batch.csv" --tokens 128 --repeats 5 --threads 1  # and its figure
