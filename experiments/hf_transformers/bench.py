@@ -32,6 +32,15 @@ def decode_hf(hf_model, prompt: torch.Tensor, tokens: int) -> list[int]:
     return output[0, prompt.shape[1]:].tolist()
 
 
+def write_rows(rows: list[dict], out: Path) -> None:
+    """``rows`` as a CSV file at ``out`` (its folder made if needed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -64,11 +73,7 @@ def main() -> None:
                      "mcsd_tokens_per_s": round(mcsd_rate, 1), "hf_tokens_per_s": round(hf_rate, 1),
                      "hf_over_mcsd_time": round(mcsd_rate / hf_rate, 3)})
         print(rows[-1], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, args.out)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ from mcsd.bench.grid import model_source
 from mcsd.hf import as_hf_model
 from mcsd.models import registry
 
+from bench import write_rows  # noqa: E402  (this folder's bench.py: run as a script, its folder is on sys.path)
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -124,11 +126,7 @@ def main() -> None:
                              "speedup": round(rate["batched"] / rate["row_by_row"], 3),
                              "row_by_row_max_over_min": spread["row_by_row"], "batched_max_over_min": spread["batched"]})
                 print(rows[-1], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, args.out)
     draw(rows, args.out.with_suffix(".png"))
 
 
