@@ -157,6 +157,36 @@ def test_padded_batches_give_each_row_what_it_gives_alone(case: str, exported: d
                 assert torch.equal(generated[row, width:], sequence), (side, name, row)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", ["mcsd/full", "transformer/default", "wonderful_matrices/default+attention_every=2"])
+def test_a_padded_batch_in_16_bits_gives_each_row_what_it_gives_alone(case: str, dtype: torch.dtype,
+                                                                       exported: dict[str, tuple[Path, Path]]) -> None:
+    """A model cast to 16 bits, a left-padded batch with a cache: the prefill's and each decoding
+    step's logits of every row those of the row alone, to 16-bit rounding (fp32 states)."""
+    _, folder = exported[case]
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval().to(dtype)
+    rows = [torch.randint(1, VOCAB, (length,)) for length in (9, 4, 6)]
+    ids, mask = torch.zeros(3, 9, dtype=torch.long), torch.zeros(3, 9, dtype=torch.long)
+    for row, tokens in enumerate(rows):
+        ids[row, 9 - len(tokens):], mask[row, 9 - len(tokens):] = tokens, 1
+    following = torch.randint(1, VOCAB, (3, 3))
+    with torch.no_grad():
+        output = hf_model(ids, attention_mask=mask)
+        batched, cache = [output.logits[:, -1]], getattr(output, CACHE_KEY)
+        for column in following.T:
+            output = hf_model(column[:, None], **{CACHE_KEY: cache})
+            batched.append(output.logits[:, -1])
+        for row, tokens in enumerate(rows):
+            output = hf_model(tokens[None])
+            alone, cache = [output.logits[:, -1]], getattr(output, CACHE_KEY)
+            for token in following[row]:
+                output = hf_model(token.view(1, 1), **{CACHE_KEY: cache})
+                alone.append(output.logits[:, -1])
+            for ours, theirs in zip(batched, alone, strict=True):
+                assert ours.dtype == dtype
+                assert relative_rms_error(ours[row:row + 1].float(), theirs.float()) < SIXTEEN_BIT_TOLERANCE[dtype], row
+
+
 def test_a_row_with_padding_between_its_tokens_is_refused_in_one_line(exported: dict[str, tuple[Path, Path]]) -> None:
     _, folder = exported["mcsd/full"]
     hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
