@@ -204,11 +204,6 @@ def kernels_of(cfg: DictConfig, arch: str) -> list[str]:
     return list(cfg.kernels) if registry.get(arch).ops else list(cfg.kernels)[:1]
 
 
-def variant_of_grid(cfg: DictConfig) -> str | None:
-    """``model_variant`` (or its old spelling ``mcsd_ablation``, kept until mcsd 0.2.0)."""
-    return cfg.get("model_variant") or cfg.get("mcsd_ablation")
-
-
 def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The points in their run order, (row labels, measurement arguments): the shortest lengths
     first, and at each length and batch size every model, kernel backend and form one after
@@ -216,7 +211,7 @@ def grid(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     figures draw."""
     common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
     models = models_of(cfg)
-    sources = {entry: model_source(entry, cfg.model_size, variant_of_grid(cfg)) for entry in models}
+    sources = {entry: model_source(entry, cfg.model_size, cfg.get("model_variant")) for entry in models}
     with_kernels = [(name, kernels) for name in models for kernels in kernels_of(cfg, sources[name][0])]
     points = []
     if cfg.mode == "inference":
@@ -325,7 +320,7 @@ def grid_problems(cfg: DictConfig) -> list[str]:
                 check_onnx_installed()
             except MCSDError as error:
                 problems.append(str(error).replace("format=onnx", "runtimes=[onnx]"))
-    variant = variant_of_grid(cfg)
+    variant = cfg.get("model_variant")
     known = [name for arch in registry.architectures() for name in registry.get(arch).variants]
     if variant is not None and variant not in known:
         problems.append(f"model_variant={variant} is a variant of no registered architecture: use one of "
@@ -360,9 +355,6 @@ def grid_problems(cfg: DictConfig) -> list[str]:
 
 
 def _check(cfg: DictConfig) -> None:
-    if cfg.get("mcsd_ablation") is not None:
-        log.warning("mcsd_ablation=%s is renamed model_variant: write model_variant=%s (the old name goes in mcsd 0.2.0)",
-                    cfg.mcsd_ablation, cfg.mcsd_ablation)
     if cfg.mode not in MODES:
         raise MCSDError(f"mode={cfg.mode!r} is unknown: use inference or train")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():

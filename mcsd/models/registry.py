@@ -12,7 +12,6 @@ command layer (:mod:`mcsd.commands.config_nodes`), told of each change (:func:`o
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -48,8 +47,6 @@ class Architecture:
       slope and decay weights), which bounds how closely its forms agree in an fp64 model;
       otherwise every computation follows the input's dtype and its forms agree to fp64
       round-off (the conformance tests check it).
-    - ``color``: no longer read (the figures' colours are :mod:`mcsd.plots.style`'s); kept, with a
-      deprecation warning, until mcsd 0.2.0.
     - ``ops``: the ops of :mod:`mcsd.ops` its mixers run over positions, which ``model.kernels``
       hands to flash-linear-attention's kernels (:data:`mcsd.ops.kernels.FLA_KERNELS`); none for
       attention alone (SDPA's fused kernel runs it whatever ``kernels`` says).
@@ -59,7 +56,6 @@ class Architecture:
     config_class: type[LMConfig]
     model_class: type[CausalLM]
     label: str
-    color: str | None = None
     forms: tuple[str, ...] = FORMS
     train_form: str = "chunk"
     variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=lambda: {"default": {}})
@@ -70,10 +66,6 @@ class Architecture:
     variant_group: str | None = None
 
     def __post_init__(self) -> None:
-        if self.color is not None:
-            warnings.warn(f"architecture {self.name}: color= is no longer read (figures take an architecture's "
-                          "colour from mcsd.plots.style): drop it (the argument goes in mcsd 0.2.0)",
-                          DeprecationWarning, stacklevel=3)
         if self.role not in ROLES:
             raise ConfigError(f"architecture {self.name}: role={self.role!r} is unknown: use one of {', '.join(ROLES)}")
         unknown_ops = sorted(set(self.ops) - {op for op, _ in FLA_KERNELS})

@@ -795,20 +795,6 @@ def test_a_grid_past_its_time_budget_keeps_what_it_measured(tmp_path: Path) -> N
         {**head, "stopped_by": frame["stopped_by"].iloc[0]}, "Decoding", frame)
 
 
-def test_the_old_spelling_mcsd_ablation_still_picks_the_variant(caplog: pytest.LogCaptureFixture) -> None:
-    """``mcsd_ablation=`` (kept until mcsd 0.2.0) is ``model_variant=`` with a deprecation line."""
-    from mcsd.bench.grid import _check, grid
-
-    with initialize_config_module("mcsd.conf", version_base="1.3"):
-        cfg = compose("bench", overrides=["wandb.enabled=false", "mcsd_ablation=slope_only", "models=[mcsd]",
-                                          "model_size=tiny", "inference.batch_sizes=[1]", "inference.gen_lengths=[4]"])
-        with caplog.at_level("WARNING"):
-            _check(cfg)
-        variants = {labels["variant"] for labels, _ in grid(cfg)}
-    assert "mcsd_ablation=slope_only is renamed model_variant" in caplog.text
-    assert variants == {"slope_only"}
-
-
 def test_a_resumed_grid_measures_only_the_points_it_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``resume=true``: the rows already in output_dir are kept as they are and only the grid's other
     points are measured, appended; the grid is complete when every point has a row; every row says

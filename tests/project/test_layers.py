@@ -22,18 +22,13 @@ from mcsd.models import ARCHITECTURE_FOLDERS, registry
 
 PACKAGE = Path(mcsd.__file__).parent
 
-OLD_COMMAND_MODULES = ("mcsd.cli", "mcsd.train", "mcsd.generate", "mcsd.export", "mcsd.prepare", "mcsd.data.download",
-                       "mcsd.bench.run", "mcsd.evaluation.run", "mcsd.probes.run", "mcsd.plots.cli")
-"""Each command's module before the commands had a package of their own: each imports its new
-module (``tests/project/test_old_names.py``)."""
-
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer is its longest prefix's
     ("base", ("mcsd.errors", "mcsd.files", "mcsd.precision", "mcsd.runtime")),
     ("ops", ("mcsd.ops",)),
     ("data", ("mcsd.data",)),
     ("model config", ("mcsd.models.config",)),
     ("shared model pieces", ("mcsd.models.modules",)),
-    ("decoding at fixed addresses", ("mcsd.models.cuda_graphs", "mcsd.models.static_decoding")),
+    ("decoding at fixed addresses", ("mcsd.models.cuda_graphs",)),
     ("decoding", ("mcsd.models.decoding",)),
     ("skeleton", ("mcsd.models.modeling",)),
     ("registry", ("mcsd.models.registry",)),
@@ -51,7 +46,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("libraries", ("mcsd.training", "mcsd.bench", "mcsd.evaluation", "mcsd.probes", "mcsd.plots")),
     ("command plumbing", ("mcsd.commands.app",)),
     ("commands", ("mcsd.commands",)),
-    ("old names", OLD_COMMAND_MODULES),
     ("front", ("mcsd", "mcsd.hf.remote_code")),
 ]
 
@@ -236,7 +230,7 @@ def test_every_form_and_the_step_run_through_the_architectures_ops(name: str) ->
 
 def test_every_command_is_a_module_of_the_command_package() -> None:
     """Every console script runs a module of ``mcsd.commands``, and no module outside that
-    package is a Hydra app or defines a ``main`` (the old names only point at the new modules)."""
+    package is a Hydra app or defines a ``main``."""
     import tomllib
 
     scripts = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["scripts"]
