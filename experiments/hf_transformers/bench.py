@@ -18,7 +18,7 @@ from hydra import initialize_config_module
 from tqdm import tqdm
 
 import mcsd
-from mcsd.bench.grid import model_source
+from mcsd.bench.plan import model_source
 from mcsd.hf import as_hf_model
 from mcsd.models import registry
 

@@ -19,7 +19,7 @@ import torch
 from hydra import initialize_config_module
 
 import mcsd
-from mcsd.bench.grid import model_source
+from mcsd.bench.plan import model_source
 from mcsd.hf import as_hf_model
 from mcsd.models import registry
 

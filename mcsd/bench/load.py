@@ -7,15 +7,21 @@ that every process of the machine spent over an interval, less its own and its c
 (``os.times``) and those of every live descendant (``/proc/<pid>/stat``: the compiler's worker
 processes, a point's own process): what is left is other work, in cores (one fully busy core is
 1). Unlike the load average it is exact for the interval and does not lag by a minute.
+:func:`check_machine` is the gate a grid passes before its first point.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import statistics
 import time
+from typing import Any
 
+from mcsd.errors import MCSDError
+
+log = logging.getLogger("mcsd.bench")
 SPREAD_LIMIT = 0.2
 """Repeats of a point whose times spread by more than this fraction of their median
 ((max - min) / median) are ``unsteady``: something else moved the times."""
@@ -96,3 +102,36 @@ def spread(times: list[float]) -> float:
     """``(max - min) / median`` of a point's repeated times (0 for one)."""
     median = statistics.median(times)
     return (max(times) - min(times)) / median if median > 0 else 0.0
+
+
+BUSY_MACHINE = ("refuse", "wait", "measure")
+BUSY_WAIT_S = 600  # busy_machine=wait waits this long at most, sampling every BUSY_POLL_S
+BUSY_POLL_S = 5
+
+
+def check_machine(cfg: Any) -> float | None:
+    """Before the grid: the cores other work keeps busy (:func:`mcsd.bench.load.sample_other_cores`);
+    above ``busy_cores``, refuse in one line (``busy_machine=refuse``), wait for the work to stop
+    (``wait``, at most :data:`BUSY_WAIT_S`), or go on with a warning (``measure``)."""
+    others = sample_other_cores()
+    if others is None or others <= cfg.busy_cores:
+        return others
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    busy = (f"other work keeps {others:.1f} of this machine's {cores} cores busy (more than busy_cores="
+            f"{cfg.busy_cores}), which would slow every point by an amount nobody knows")
+    if cfg.busy_machine == "measure":
+        log.warning("%s: measuring anyway (busy_machine=measure); each row says what it shared (other_cores)", busy)
+        return others
+    if cfg.busy_machine == "wait":
+        waited = 0.0
+        while others is not None and others > cfg.busy_cores and waited < BUSY_WAIT_S:
+            print(f"mcsd-bench: waiting for the machine: {others:.1f} cores busy with other work "
+                  f"({waited:.0f} of at most {BUSY_WAIT_S} s)", flush=True)
+            time.sleep(BUSY_POLL_S)
+            waited += BUSY_POLL_S + 1
+            others = sample_other_cores()
+        if others is None or others <= cfg.busy_cores:
+            return others
+        busy += f" after waiting {BUSY_WAIT_S} s"
+    raise MCSDError(f"{busy}: let it finish (busy_machine=wait waits for it), or busy_machine=measure to measure "
+                    "anyway (each row records other_cores)")

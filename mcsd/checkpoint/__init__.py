@@ -1,6 +1,14 @@
-"""Everything the project writes to disk about a model and reads back, in one place.
+"""Everything the project writes to disk about a model and its measurements, and reads back, in one place.
 
-From the bottom up, each module calling only the ones before it:
+The result files of the commands that measure, each format in one module that holds its file
+names, its schema, its writer and its reader (nothing else opens those files):
+
+- :mod:`~mcsd.checkpoint.bench_results`: ``mcsd-bench``'s ``results.json`` and ``results.csv``;
+- :mod:`~mcsd.checkpoint.eval_results`: ``mcsd-eval``'s ``results.json`` and ``table2.md``;
+- :mod:`~mcsd.checkpoint.probe_results`: ``mcsd-probe context``'s ``context_curve.csv`` and
+  ``context_delta.csv``.
+
+A model's files, from the bottom up, each module calling only the ones before it:
 
 - :mod:`~mcsd.checkpoint.sharded`: sharded (DCP) checkpoint folders and sharded weights (FSDP2);
 - :mod:`~mcsd.checkpoint.lightning_checkpoint`: a run's Lightning checkpoints, where a run keeps

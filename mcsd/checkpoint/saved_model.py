@@ -20,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -33,7 +35,9 @@ from mcsd.errors import MCSDError
 from mcsd.files import give_default_permissions, require_readable
 from mcsd.models.build import build_model, make_config
 from mcsd.models.config import LMConfig
+from mcsd.models import registry
 from mcsd.models.modeling import CausalLM
+from mcsd.models.registry import Architecture
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -49,11 +53,15 @@ HUB_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 @dataclasses.dataclass(frozen=True)
 class SavedModel:
-    """Where a model lies: a model ``folder``, an ``exported`` Hugging Face folder or a Lightning
-    ``checkpoint`` file."""
+    """A saved model located once: a model ``folder``, an ``exported`` Hugging Face folder or a
+    Lightning ``checkpoint`` (a file or a sharded folder). Each of its parts (config, weights,
+    tokenizer, trained length, W&B run, architecture and variant) is read from it at most once,
+    a checkpoint's file opened once for all of them: give the same ``SavedModel`` to
+    :func:`load`, :func:`load_tokenizer`, :func:`trained_seq_len` and the rest."""
 
     kind: str
     path: Path
+    _read: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -63,11 +71,58 @@ class SavedModel:
             return f"{run.name}/{self.path.stem}"
         return self.path.parent.name if self.path.name == MODEL_DIR else self.path.name
 
+    @property
+    def run_directory(self) -> Path | None:
+        """The ``mcsd-train`` run directory this model belongs to, if it lies in one."""
+        if self.kind == "checkpoint" and self.path.parent.name == CHECKPOINT_DIR:
+            return self.path.parent.parent
+        if self.kind == "folder" and self.path.name == MODEL_DIR:
+            return self.path.parent
+        return None
 
-def locate(path: str | Path) -> SavedModel:
+    def _once(self, key: str, read: Callable[[], Any]) -> Any:
+        if key not in self._read:
+            self._read[key] = read()
+        return self._read[key]
+
+    def checkpoint(self) -> dict[str, Any]:
+        """A checkpoint's contents (memory-mapped: tensors are read when used), opened once."""
+        return self._once("checkpoint", lambda: read_checkpoint(self.path))
+
+    def config(self) -> LMConfig:
+        """The resolved model config, without loading the weights."""
+        return self._once("config", lambda: _read_config(self))
+
+    @property
+    def architecture(self) -> Architecture:
+        """The registered architecture the model is."""
+        return registry.of_config(self.config())
+
+    @property
+    def variant(self) -> str:
+        """The name of its architecture's variant it is (:meth:`Architecture.variant_of`)."""
+        return self.architecture.variant_of(dataclasses.asdict(self.config()))
+
+    def training(self) -> dict[str, Any]:
+        """What the model records of its training: a checkpoint's data settings and W&B run, a
+        model folder's ``training.json`` (empty where nothing was recorded: an export, an older folder)."""
+        def read() -> dict[str, Any]:
+            if self.kind == "checkpoint":
+                checkpoint = self.checkpoint()
+                data = checkpoint.get("datamodule_hyper_parameters") or {}
+                return {"seq_len": data.get("seq_len"), "wandb_run": checkpoint.get(WANDB_RUN_KEY)}
+            file = self.path / TRAINING_FILE
+            return json.loads(file.read_text()) if file.is_file() else {}
+        return self._once("training", read)
+
+
+def locate(path: str | Path | SavedModel) -> SavedModel:
     """The saved model at ``path``: a model folder, a run directory (its ``model/`` folder,
     else its ``checkpoints/last.ckpt``), a ``.ckpt`` file, a folder ``mcsd-export`` wrote, or
-    a Hub repository id of one (downloaded once into the Hugging Face cache)."""
+    a Hub repository id of one (downloaded once into the Hugging Face cache); a ``SavedModel``
+    is already located (itself)."""
+    if isinstance(path, SavedModel):
+        return path
     fix = ("point to a model folder (mcsd.save), an mcsd-train run directory or one of its .ckpt files, "
            "an mcsd-export folder or its Hub repository")
     local = Path(path).expanduser()
@@ -90,15 +145,6 @@ def locate(path: str | Path) -> SavedModel:
         return SavedModel("checkpoint", path / CHECKPOINT_DIR / LAST_CHECKPOINT)
     raise FileNotFoundError(f"{path} holds no {CONFIG_FILE} + {WEIGHTS_FILE} nor {CHECKPOINT_DIR}/{LAST_CHECKPOINT}: "
                             f"{fix}")
-
-
-def run_directory(saved: SavedModel) -> Path | None:
-    """The ``mcsd-train`` run directory a saved model belongs to, if it lies in one."""
-    if saved.kind == "checkpoint" and saved.path.parent.name == CHECKPOINT_DIR:
-        return saved.path.parent.parent
-    if saved.kind == "folder" and saved.path.name == MODEL_DIR:
-        return saved.path.parent
-    return None
 
 
 def _is_exported(folder: Path) -> bool:
@@ -144,28 +190,17 @@ def save(model: CausalLM, directory: str | Path, tokenizer: Tokenizer | None = N
     return directory
 
 
-def trained_seq_len(path: str | Path) -> int | None:
-    """The sequence length the model at ``path`` was trained on: a checkpoint's data settings, a
-    model folder's ``training.json``; ``None`` where it was not recorded (an export, an older folder)."""
-    saved = locate(path)
-    if saved.kind == "checkpoint":
-        data = read_checkpoint(saved.path).get("datamodule_hyper_parameters") or {}
-        value = data.get("seq_len")
-    else:
-        file = saved.path / TRAINING_FILE
-        value = json.loads(file.read_text()).get("seq_len") if file.is_file() else None
-    return value if isinstance(value, int) else None
+def trained_seq_len(path: str | Path | SavedModel) -> int | None:
+    """The sequence length the model at ``path`` was trained on (:meth:`SavedModel.training`);
+    ``None`` where it was not recorded (an export, an older folder)."""
+    value = locate(path).training().get("seq_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def trained_wandb_run(path: str | Path) -> str | None:
-    """The W&B run id of the training that made the model at ``path``: a checkpoint's, a model
-    folder's ``training.json``; ``None`` where none was recorded (no W&B, an export, an older folder)."""
-    saved = locate(path)
-    if saved.kind == "checkpoint":
-        value = read_checkpoint(saved.path).get(WANDB_RUN_KEY)
-    else:
-        file = saved.path / TRAINING_FILE
-        value = json.loads(file.read_text()).get("wandb_run") if file.is_file() else None
+def trained_wandb_run(path: str | Path | SavedModel) -> str | None:
+    """The W&B run id of the training that made the model at ``path`` (:meth:`SavedModel.training`);
+    ``None`` where none was recorded (no W&B, an export, an older folder)."""
+    value = locate(path).training().get("wandb_run")
     return value if isinstance(value, str) else None
 
 
@@ -182,8 +217,7 @@ def whole_model(config: LMConfig, weights: dict[str, torch.Tensor]) -> CausalLM:
     return model
 
 
-def read_config(saved: SavedModel) -> LMConfig:
-    """The resolved config of a saved model, without loading its weights."""
+def _read_config(saved: SavedModel) -> LMConfig:
     if saved.kind == "folder":
         return make_config(json.loads((saved.path / CONFIG_FILE).read_text()))
     if saved.kind == "exported":
@@ -192,17 +226,18 @@ def read_config(saved: SavedModel) -> LMConfig:
             raise MCSDError(f"{saved.path / CONFIG_FILE} has no {EXPORTED_CONFIG_KEY}: export the model again "
                             "with mcsd-export")
         return make_config(config)
-    return make_config(read_checkpoint(saved.path)["hyper_parameters"]["model"])
+    return make_config(saved.checkpoint()["hyper_parameters"]["model"])
 
 
-def load(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> CausalLM:
+def load(path: str | Path | SavedModel, device: str | torch.device = "cpu",
+         dtype: torch.dtype = torch.float32) -> CausalLM:
     """Load the model at ``path`` (see :func:`locate`) onto ``device`` in ``dtype``, in eval mode:
     the weights are read straight into an empty model (built on the meta device, never initialised)."""
     saved = locate(path)
     # A checkpoint's tensors are mapped from its file: copied, so that the model outlives the file.
     copy = saved.kind == "checkpoint"
     weights = {name: value.to(device=device, dtype=dtype, copy=copy) for name, value in read_weights(saved).items()}
-    return whole_model(read_config(saved), weights).eval()
+    return whole_model(saved.config(), weights).eval()
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -224,19 +259,19 @@ def read_weights(saved: SavedModel) -> dict[str, torch.Tensor]:
     if saved.kind == "exported":  # the Hugging Face model's weights, under model., less tied copies
         weights = {key.removeprefix(STATE_DICT_PREFIX): value
                    for key, value in read_safetensors(saved.path / WEIGHTS_FILE).items()}
-        if read_config(saved).tie_embeddings:
+        if saved.config().tie_embeddings:
             weights.setdefault("lm_head.weight", weights["embed.weight"])
         return weights
     if saved.path.is_dir():
         check_sharded_checkpoint(saved.path)
         state_dict = read_sharded(saved.path, {"state_dict"})["state_dict"]
     else:
-        state_dict = read_checkpoint(saved.path)["state_dict"]
+        state_dict = saved.checkpoint()["state_dict"]
     return {key.removeprefix(STATE_DICT_PREFIX): value for key, value in state_dict.items()
             if key.startswith(STATE_DICT_PREFIX)}
 
 
-def load_weights(model: CausalLM, path: str | Path) -> None:
+def load_weights(model: CausalLM, path: str | Path | SavedModel) -> None:
     """Start ``model`` from the weights saved at ``path`` (fine-tuning, ``init_from``): every saved
     weight must fit it; only what the model adds in merging streams (RWKV-4's W_agg) may be
     missing, and keeps its initialisation (a saved mix with one perspective fills every one).
@@ -266,11 +301,11 @@ def load_weights(model: CausalLM, path: str | Path) -> None:
                 copy_into(own[name], value)
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def load_tokenizer(path: str | Path | SavedModel) -> Tokenizer:
     """The tokenizer saved with the model at ``path`` (``tokenizer.json`` or the checkpoint's)."""
     saved = locate(path)
     if saved.kind == "checkpoint":
-        text = read_checkpoint(saved.path).get(CHECKPOINT_TOKENIZER_KEY)
+        text = saved.checkpoint().get(CHECKPOINT_TOKENIZER_KEY)
         if text is None:
             raise FileNotFoundError(f"{saved.path} carries no tokenizer: it was saved without one")
         return Tokenizer.from_str(text)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
@@ -24,6 +23,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from mcsd.checkpoint import eval_results
+from mcsd.checkpoint.eval_results import RESULT_FILES, RESULTS_FILE, TABLE_FILE
 from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate
 from mcsd.commands.app import hydra_app, refuse_onnx_export
 from mcsd.runtime import StopAfterCurrent, git_commit, interrupted, require_wandb_login
@@ -37,9 +38,6 @@ from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import registry
 from mcsd.training.dashboard import MeasurementRun
 from mcsd.deploy.quantize import decoding_dtype, quantize_weights, weight_format
-
-RESULTS_FILE, TABLE_FILE = "results.json", "table2.md"
-RESULT_FILES = (RESULTS_FILE, TABLE_FILE)  # what a run writes into its output_dir
 
 
 def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | None, int | None]:
@@ -119,9 +117,9 @@ def language_model(saved: SavedModel, cfg: DictConfig) -> Any:
 
     logging.getLogger("lm_eval.models.huggingface").addFilter(_DropModelInstanceNote())
     weights = cfg.get("weights", "full")
-    model = quantize_weights(load(saved.path, device=cfg.device, dtype=decoding_dtype(cfg.dtype, weights, cfg.device)),
+    model = quantize_weights(load(saved, device=cfg.device, dtype=decoding_dtype(cfg.dtype, weights, cfg.device)),
                              weights)
-    tokenizer = load_tokenizer(saved.path)
+    tokenizer = load_tokenizer(saved)
     return HFLM(pretrained=as_hf_model(model, eos_id(tokenizer)), tokenizer=as_hf_tokenizer(tokenizer),
                 batch_size=cfg.batch_size, max_length=cfg.max_length)
 
@@ -202,9 +200,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         summary = {"model": str(saved.path), "params": params, "tasks": finished, "tasks_planned": tasks,
                    "complete": finished == tasks, "num_fewshot": num_fewshot, "limit": cfg.limit, "results": results,
                    "n-shot": shots, "versions": versions, "config": OmegaConf.to_container(cfg, resolve=True)}
-        (output_dir / RESULTS_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        table = table2_markdown([(label, params, results)])
-        (output_dir / TABLE_FILE).write_text(table)
+        eval_results.write(output_dir, summary, table2_markdown([(label, params, results)]))
         if cfg.wandb.enabled:
             wandb_run.table("eval/results", pd.DataFrame(_score_rows(results), columns=["task", "metric", "value"]))
         if stop.requested:

@@ -26,10 +26,10 @@ import torch
 from omegaconf import DictConfig
 from tokenizers import Tokenizer
 
-from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, read_checkpoint
+from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.checkpoint.resume import OVERRIDES_KEY, WANDB_RUN_KEY
 from mcsd.checkpoint.run_folder import RunFolder
-from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate, run_directory, trained_seq_len
+from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate, trained_seq_len
 from mcsd.commands.app import hydra_app, refuse_onnx_export
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.deploy.onnx import check_onnx_installed, check_onnx_weights, write_onnx_export
@@ -75,7 +75,7 @@ def check_out(setting: str, out: Path, saved: SavedModel, overwrite: bool, forma
     it is an earlier export of either format (only what one writes, with its marker file) and
     ``overwrite`` is true. ``out`` is resolved; ``setting`` is what the user typed."""
     source = saved.path.resolve()
-    run = run_directory(saved)
+    run = saved.run_directory
     for held in (source, *([run.resolve()] if run is not None else [])):
         if _within(held, out):
             raise MCSDError(f"out={setting} holds the model being exported ({held}): choose a folder outside it")
@@ -135,10 +135,11 @@ def _last_value(rows: list[dict[str, str]], key: str) -> float | None:
 def describe_training(saved: SavedModel) -> dict[str, Any]:
     """What the model card says of the training run: tokens, data, final validation perplexity,
     the command's overrides and the W&B run (each ``None`` where the run left no record)."""
-    run_path = run_directory(saved)
+    run_path = saved.run_directory
     run = RunFolder(run_path) if run_path is not None else None
-    checkpoint_path = saved.path if saved.kind == "checkpoint" else (run.latest_checkpoint() if run else None)
-    checkpoint = read_checkpoint(checkpoint_path) if checkpoint_path and checkpoint_path.exists() else {}
+    latest = run.latest_checkpoint() if run is not None and saved.kind != "checkpoint" else None
+    checkpoint = (saved.checkpoint() if saved.kind == "checkpoint"  # the export's own, read once for all
+                  else read_checkpoint(latest) if latest is not None and latest.exists() else {})
     facts: dict[str, Any] = {"overrides": checkpoint.get(OVERRIDES_KEY), "wandb_run": checkpoint.get(WANDB_RUN_KEY),
                              "tokens": None, "val_ppl": None, "data": None}
     tokens_seen = checkpoint.get("state_dict", {}).get("tokens_seen")
@@ -289,7 +290,7 @@ def export(cfg: DictConfig) -> Path:
         recover_interrupted_export(out)
     check_out(str(cfg.out), out, saved, cfg.overwrite, export_format)
     capacity = onnx_capacity(cfg, saved) if export_format == "onnx" else None
-    model, tokenizer = load(saved.path), load_tokenizer(saved.path)
+    model, tokenizer = load(saved), load_tokenizer(saved)  # the saved model read once for both
     # A folder of our own beside out (a fresh name: nothing there but what this export puts in it) holds
     # the new export while it is written and the earlier one while the new one moves into place.
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -331,7 +332,7 @@ def onnx_capacity(cfg: DictConfig, saved: SavedModel) -> int:
     """The positions an ONNX export's KV caches hold: ``capacity``, or the trained sequence length."""
     capacity = cfg.get("capacity")
     if capacity is None:
-        capacity = trained_seq_len(saved.path) or DEFAULT_ONNX_CAPACITY
+        capacity = trained_seq_len(saved) or DEFAULT_ONNX_CAPACITY
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
         raise MCSDError(f"capacity={capacity} must be a whole number of positions, at least 2 (a prompt and a new token)")
     return capacity

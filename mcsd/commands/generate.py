@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from mcsd.checkpoint.saved_model import load, load_tokenizer, trained_seq_len
+from mcsd.checkpoint.saved_model import load, load_tokenizer, locate, trained_seq_len
 from mcsd.commands.app import hydra_app, refuse_onnx_export
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.deploy.quantize import decoding_dtype, quantize_weights
@@ -58,12 +58,13 @@ def generate(cfg: DictConfig) -> str:
                        "runtime=onnx)")
     weights = cfg.get("weights", "full")
     dtype = decoding_dtype(cfg.dtype, weights, cfg.device)  # refused before the model is read
-    model = quantize_weights(load(cfg.ckpt, device=cfg.device, dtype=dtype), weights)
-    tokenizer = load_tokenizer(cfg.ckpt)
+    saved = locate(cfg.ckpt)  # read once for the model, its tokenizer and its trained length
+    model = quantize_weights(load(saved, device=cfg.device, dtype=dtype), weights)
+    tokenizer = load_tokenizer(saved)
     prompt_ids = tokenizer.encode(cfg.prompt).ids
     if not prompt_ids:
         raise ConfigError("prompt is empty: give some text to continue, e.g. prompt=\"The \"")
-    trained = trained_seq_len(cfg.ckpt)
+    trained = trained_seq_len(saved)
     if trained is not None and len(prompt_ids) + cfg.max_new_tokens > trained:
         print(f"mcsd-generate: warning: the prompt ({len(prompt_ids):,} tokens) and max_new_tokens={cfg.max_new_tokens} "
               f"reach past the {trained:,} tokens a sequence had in training (data.seq_len): text beyond them may "

@@ -21,8 +21,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tokenizers import Tokenizer
 
+from mcsd.checkpoint import probe_results
 from mcsd.checkpoint.run_folder import RunFolder
-from mcsd.checkpoint.saved_model import load, load_tokenizer, locate, run_directory
+from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate
 from mcsd.commands.app import fail, hydra_app, refuse_onnx_export
 from mcsd.runtime import StopAfterCurrent, interrupted, require_wandb_login
 from mcsd.data.corpus import DataError
@@ -31,7 +32,7 @@ from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.errors import MCSDError
 from mcsd.files import replace_earlier_results
 from mcsd.models import CausalLM
-from mcsd.plots.context import CURVE_FILE, DELTA_FILE, markdown_context_table, plot_context
+from mcsd.plots.context import markdown_context_table, plot_context
 from mcsd.plots.runs import curve_label
 from mcsd.precision import check_device, model_dtype
 from mcsd.probes.context import ContextProbe, probe_context
@@ -61,10 +62,10 @@ def _pieces(documents: Iterator[list[int]], length: int, count: int) -> list[lis
     return pieces[:count]
 
 
-def trained_data(ckpt: str) -> dict[str, Any] | None:
-    """The resolved ``data`` node the run of ``ckpt`` trained on (its logged config), or None for a
+def trained_data(saved: SavedModel) -> dict[str, Any] | None:
+    """The resolved ``data`` node the run of ``saved`` trained on (its logged config), or None for a
     model saved outside a run or a run that logged no config."""
-    run = run_directory(locate(ckpt))
+    run = saved.run_directory
     logged = RunFolder(run).logged_config() if run is not None else None
     data = (logged or {}).get("data")
     return data if isinstance(data, dict) else None
@@ -138,11 +139,8 @@ def model_identity(model: CausalLM) -> dict[str, str]:
 def write_context_probe(result: ContextProbe, source: dict[str, str], output_dir: Path) -> list[Path]:
     """``context_curve.csv``, ``context_delta.csv`` (each row tagged with ``source``: the model's
     identity, checkpoint and form) and the figure, in ``output_dir``."""
-    output_dir.mkdir(parents=True, exist_ok=True)
     curve, deltas = result.curve.assign(**source), result.deltas.assign(**source)
-    curve.to_csv(output_dir / CURVE_FILE, index=False)
-    deltas.to_csv(output_dir / DELTA_FILE, index=False)
-    return [output_dir / CURVE_FILE, output_dir / DELTA_FILE, *plot_context(curve, deltas, output_dir)]
+    return [*probe_results.write(output_dir, curve, deltas), *plot_context(curve, deltas, output_dir)]
 
 
 def context(cfg: DictConfig) -> ContextProbe:
@@ -153,18 +151,19 @@ def context(cfg: DictConfig) -> ContextProbe:
         require_wandb_login("wandb")
     check_device(cfg.device)
     refuse_onnx_export("mcsd-probe context", cfg.ckpt, "give the model folder or run it was exported from")
-    replace_earlier_results(Path(cfg.output_dir), [CURVE_FILE, DELTA_FILE], "mcsd-probe context",
+    replace_earlier_results(Path(cfg.output_dir), list(probe_results.RESULT_FILES), "mcsd-probe context",
                             cfg.get("overwrite", False))
     windows = sorted(int(window) for window in cfg.windows)
     if not windows or windows[0] < 1:
         raise MCSDError(f"windows={list(cfg.windows)} must be positive token counts, e.g. windows=[64,256,1024]")
-    model = load(cfg.ckpt, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
+    saved = locate(cfg.ckpt)  # read once for the model, its tokenizer and its run
+    model = load(saved, device=cfg.device, dtype=model_dtype(cfg.dtype, cfg.device))
     forms = model.architecture.forms
     if cfg.form is not None and cfg.form not in forms:
         raise MCSDError(f"form={cfg.form} is not a form of this model: use one of {', '.join(forms)} (or null)")
     identity = model_identity(model)
-    read = probe_documents(cfg.data, load_tokenizer(cfg.ckpt), int(cfg.length), int(cfg.num_documents),
-                           cfg.paths.cache_dir, trained_data(cfg.ckpt))
+    read = probe_documents(cfg.data, load_tokenizer(saved), int(cfg.length), int(cfg.num_documents),
+                           cfg.paths.cache_dir, trained_data(saved))
     documents = read.pieces.to(cfg.device)
     print(f"probing {identity['label']} on {len(documents)} pieces of {documents.shape[1]} tokens: {read.what}",
           flush=True)
@@ -182,7 +181,7 @@ def context(cfg: DictConfig) -> ContextProbe:
     if stop.requested:
         finished = int(result.deltas["documents"].iloc[0])
         interrupted("mcsd-probe context", f"kept the probe of the {finished} of {len(documents)} documents finished "
-                    f"in {Path(cfg.output_dir)} (documents={finished} in {DELTA_FILE})")
+                    f"in {Path(cfg.output_dir)} (documents={finished} in {probe_results.DELTA_FILE})")
     print(markdown_context_table(result.deltas.assign(**source)))
     print("\n".join(str(path) for path in paths))
     return result

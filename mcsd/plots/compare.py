@@ -28,10 +28,12 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mcsd.checkpoint import bench_results  # noqa: E402
 from mcsd.checkpoint.run_folder import csv_logs  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
-from mcsd.plots.context import DELTA_FILE, load_context_results  # noqa: E402
+from mcsd.checkpoint.probe_results import DELTA_FILE  # noqa: E402
+from mcsd.plots.context import load_context_results  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.mqar import SOLVED, best_learning_rate, curve_colors, load_mqar_runs  # noqa: E402
 from mcsd.plots.runs import curve_label, load_csv_runs  # noqa: E402
@@ -108,7 +110,7 @@ def _decode(path: Path, notes: dict[str, str]) -> pd.DataFrame:
     """Decode tokens/s (``batch / decode seconds per step``, each a median over the bench's
     repeats) at the longest generated length, at the smallest batch and, when run, the largest;
     and one sequence's decoding-state bytes there."""
-    frame = pd.read_csv(path)
+    _, frame = bench_results.read(path)
     frame = frame[(frame["status"] == "ok") & (frame["gen_len"] == frame["gen_len"].max())]
     frame = frame.assign(decode_tokens_per_s=frame["batch"] / frame["decode_s_per_token"])
     smallest, largest = int(frame["batch"].min()), int(frame["batch"].max())
@@ -125,7 +127,7 @@ def _decode(path: Path, notes: dict[str, str]) -> pd.DataFrame:
 
 
 def _train_speed(path: Path, notes: dict[str, str]) -> pd.DataFrame:
-    frame = pd.read_csv(path)
+    _, frame = bench_results.read(path)
     forms = {name: registry.get(name).train_form for name in registry.architectures()}
     frame = frame[(frame["status"] == "ok") & (frame["form"] == frame["arch"].map(forms))]
     frame = frame[frame["seq_len"] == frame["seq_len"].max()]
@@ -149,10 +151,10 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anch
     if (root / "probe").is_dir() and any((root / "probe").rglob(DELTA_FILE)):
         at_window, curves = _context(root / "probe", notes)
         parts.append(at_window)
-    if (root / "bench_inference" / "results.csv").is_file():
-        parts.append(_decode(root / "bench_inference" / "results.csv", notes))
-    if (root / "bench_train" / "results.csv").is_file():
-        parts.append(_train_speed(root / "bench_train" / "results.csv", notes))
+    if (root / "bench_inference" / bench_results.RESULTS_CSV).is_file():
+        parts.append(_decode(root / "bench_inference" / bench_results.RESULTS_CSV, notes))
+    if (root / "bench_train" / bench_results.RESULTS_CSV).is_file():
+        parts.append(_train_speed(root / "bench_train" / bench_results.RESULTS_CSV, notes))
     measured = pd.DataFrame(columns=KEY)
     for part in parts:
         measured = measured.merge(part, on=KEY, how="outer")

@@ -13,25 +13,17 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mcsd.checkpoint import probe_results  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 
-CURVE_FILE, DELTA_FILE = "context_curve.csv", "context_delta.csv"
-
-
 def load_context_results(root: str | Path, labels: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every probe result under ``root`` (folders holding ``context_delta.csv`` and
-    ``context_curve.csv``), or those of the models ``labels`` names: the curves and the
-    deltas, each row tagged with its ``probe`` folder."""
-    root = Path(root)
-    folders = sorted(path.parent for path in root.rglob(DELTA_FILE)) if root.is_dir() else []
-    if not folders:
-        raise FileNotFoundError(f"no {DELTA_FILE} under {root}: give the folder of one or more mcsd-probe context runs")
-    curves = [pd.read_csv(folder / CURVE_FILE).assign(probe=str(folder.relative_to(root))) for folder in folders]
-    deltas = [pd.read_csv(folder / DELTA_FILE).assign(probe=str(folder.relative_to(root))) for folder in folders]
-    curves, deltas = pd.concat(curves, ignore_index=True), pd.concat(deltas, ignore_index=True)
+    """Every probe result under ``root`` (:func:`mcsd.checkpoint.probe_results.read_all`), or
+    those of the models ``labels`` names: the curves and the deltas, each row tagged with its
+    ``probe`` folder."""
+    curves, deltas = probe_results.read_all(root)
     if labels is not None:
         unknown = sorted(set(labels) - set(deltas["label"]))
         if unknown:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import json
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mcsd.checkpoint import bench_results  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
@@ -19,46 +19,17 @@ from mcsd.plots.files import save_figure  # noqa: E402
 
 LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
-
-
-def results_file(path: str | Path) -> Path:
-    """The results file of ``mcsd-bench`` that ``path`` names: the file itself, or the
-    ``results.csv`` of an mcsd-bench output folder."""
-    path = Path(path)
-    if path.is_dir():
-        if (path / "results.csv").is_file():
-            return path / "results.csv"
-        raise FileNotFoundError(f"{path} is a folder without a results.csv: give the results.csv (or the output_dir) "
-                                "of an mcsd-bench run; a training sweep's folder is drawn by mcsd-plot scaling|ablation")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: give the results.csv or results.json of an mcsd-bench run")
-    return path
-
-
-# The columns each kind of figure reads, and the grid columns that must be positive in a measured point.
-NEEDED = {"inference": ("model", "batch", "gen_len", "status", "peak_mem_bytes", "latency_s", "tokens_per_s"),
-          "train": ("model", "form", "batch", "seq_len", "status", "tokens_per_s", "peak_mem_bytes", "mfu")}
-POSITIVE = {"inference": ("batch", "gen_len", "latency_s", "tokens_per_s"),
-            "train": ("batch", "seq_len", "tokens_per_s")}
 OTHER = {"inference": "train", "train": "inference"}
+POSITIVE = {"inference": ("batch", "gen_len", "latency_s", "tokens_per_s"),  # grid columns positive in a measured point
+            "train": ("batch", "seq_len", "tokens_per_s")}
 
 
 def read_results(path: str | Path, kind: str | None = None) -> tuple[dict, pd.DataFrame]:
-    """A results file of ``mcsd-bench`` (``results.csv`` or ``results.json``, or its output
-    folder): header and points. With ``kind`` (inference or train), a file that is not one,
+    """A results file of ``mcsd-bench`` (:func:`mcsd.checkpoint.bench_results.read`): header and
+    points, each model's series marked. With ``kind`` (inference or train), a file that is not one,
     holds no measured point or holds an impossible one is refused, saying why."""
-    path = results_file(path)
-    try:
-        if path.suffix == ".json":
-            content = json.loads(path.read_text())
-            head, frame = content["header"], pd.DataFrame(content["points"])
-        else:
-            frame = pd.read_csv(path)
-            head = {key: frame[key].iloc[0] for key in ("device", "dtype", "torch", "git_commit", "compile", "complete",
-                                                         "points_planned", "stopped_by") if key in frame and len(frame)}
-    except (ValueError, KeyError, TypeError, pd.errors.ParserError) as error:
-        raise MCSDError(f"{path} is not a results file of mcsd-bench ({type(error).__name__}): give its results.csv "
-                        "or results.json") from None
+    path = bench_results.results_file(path)
+    head, frame = bench_results.read(path)
     if kind is not None:
         _check_results(path, frame, kind)
     # A model measured with several kernel backends (or documents settings, weight formats, runtimes):
@@ -71,10 +42,10 @@ def read_results(path: str | Path, kind: str | None = None) -> tuple[dict, pd.Da
 
 
 def _check_results(path: Path, frame: pd.DataFrame, kind: str) -> None:
-    missing = [column for column in NEEDED[kind] if column not in frame]
+    missing = [column for column in bench_results.REQUIRED[kind] if column not in frame]
     if missing:
         other = OTHER[kind]
-        if not [column for column in NEEDED[other] if column not in frame]:
+        if not [column for column in bench_results.REQUIRED[other] if column not in frame]:
             raise MCSDError(f"{path} holds {'training' if other == 'train' else 'inference'} results: use mcsd-plot "
                             f"{other} {path}")
         raise MCSDError(f"{path} is not an mcsd-bench {kind} results file: it lacks the column"
@@ -216,7 +187,7 @@ def points_dtype(head: dict, frame: pd.DataFrame) -> str:
 def plot_inference(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
     """Figs. 5-8 from an inference results file, as PNG and PDF beside it (or in ``output_dir``),
     and the decode step's ratio to the memory-bandwidth limit (``limit_ratio``) where measured."""
-    results = results_file(results)
+    results = bench_results.results_file(results)
     head, frame = read_results(results, "inference")
     output_dir = Path(output_dir) if output_dir else Path(results).parent
     written = []
@@ -254,7 +225,7 @@ def plot_inference(results: str | Path, output_dir: str | Path | None = None) ->
 
 def plot_train(results: str | Path, output_dir: str | Path | None = None) -> list[Path]:
     """Training tokens/s, peak memory and MFU vs sequence length, one line per model form."""
-    results = results_file(results)
+    results = bench_results.results_file(results)
     head, frame = read_results(results, "train")
     output_dir = Path(output_dir) if output_dir else Path(results).parent
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))

@@ -4,11 +4,12 @@ use, so that every route writes the same figures and tables with the same titles
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mcsd.checkpoint import eval_results
+from mcsd.checkpoint.bench_results import RESULTS_CSV
 from mcsd.errors import MCSDError
 from mcsd.evaluation.table2 import table2_markdown
 from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
@@ -76,9 +77,9 @@ def _tasks(name: str) -> Callable[[Path], Drawn]:
 
 def _cost(plot: Callable[[Path], list[Path]]) -> Callable[[Path], Drawn]:
     def draw_cost(folder: Path) -> Drawn:
-        results = folder / "results.csv"
+        results = folder / RESULTS_CSV
         if not results.is_file():
-            raise FileNotFoundError(f"{folder} has no results.csv: give the output_dir of an mcsd-bench run")
+            raise FileNotFoundError(f"{folder} has no {RESULTS_CSV}: give the output_dir of an mcsd-bench run")
         return Drawn(folder, "", plot(results))
     return draw_cost
 
@@ -106,9 +107,9 @@ def _comparison(folder: Path) -> Drawn:
 def _table2(folder: Path) -> Drawn:
     """Table 2 with one row per ``<model>/results.json`` of mcsd-eval under ``folder`` (shown, not written)."""
     rows = []
-    for results in sorted(folder.glob("*/results.json")):
-        content = json.loads(results.read_text())
-        rows.append((results.parent.name, content["params"], content["results"]))
+    for results in sorted(folder.glob(f"*/{eval_results.RESULTS_FILE}")):
+        summary = eval_results.read(results)
+        rows.append((results.parent.name, summary["params"], summary["results"]))
     return Drawn(folder, table2_markdown(rows))
 
 
@@ -125,9 +126,9 @@ class Drawing:
 
 DRAWINGS: dict[str, Drawing] = {
     "fig4_scaling": Drawing(_sweep("scaling", "fig4_scaling", fit=True)),
-    "fig5-8_inference": Drawing(_cost(plot_inference), holds="results.csv"),
-    "edge_decoding": Drawing(_cost(plot_inference), holds="results.csv"),
-    "train_throughput": Drawing(_cost(plot_train), holds="results.csv"),
+    "fig5-8_inference": Drawing(_cost(plot_inference), holds=RESULTS_CSV),
+    "edge_decoding": Drawing(_cost(plot_inference), holds=RESULTS_CSV),
+    "train_throughput": Drawing(_cost(plot_train), holds=RESULTS_CSV),
     "fig9_ablation": Drawing(_sweep("ablation", "fig9_ablation", "Transformer")),
     "decay_init_study": Drawing(_sweep("ablation", "decay_init_study", "Transformer")),
     "table2_downstream": Drawing(_table2, whole=True),

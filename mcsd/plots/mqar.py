@@ -26,7 +26,7 @@ import matplotlib.ticker  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from mcsd.bench.measure import state_bytes  # noqa: E402
+from mcsd.bench.decoding import state_bytes  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color, architecture_colors  # noqa: E402

@@ -23,10 +23,12 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import mcsd
-from mcsd.bench import measure
+from mcsd.bench import decoding, runner, training_step
 from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores, spread
-from mcsd.bench.measure import kv_positions_read
-from mcsd.bench.grid import model_source, run_point
+from mcsd.bench.decoding import kv_positions_read
+from mcsd.bench.plan import model_source
+from mcsd.checkpoint.bench_results import COLUMNS, LABELS
+from mcsd.bench.runner import run_point
 from mcsd.errors import MCSDError
 from mcsd.checkpoint.wandb_run import find_wandb_runs, read_wandb_run
 from mcsd.runtime import git_commit
@@ -128,15 +130,15 @@ def test_decoding_replayed_from_recordings_is_timed_after_every_recording(
 
     steps = []
 
-    def decoding(model: CausalLM, compile: bool = False, cuda_graphs: bool = False) -> Decoding:
+    def static_decoding(model: CausalLM, compile: bool = False, cuda_graphs: bool = False) -> Decoding:
         assert cuda_graphs
         steps.append(StaticStep(model, compile=compile, record="call", min_capacity=4))
         return Decoding(steps[-1].prefill, steps[-1])
 
-    monkeypatch.setattr(CausalLM, "decoding", decoding)
+    monkeypatch.setattr(CausalLM, "decoding", static_decoding)
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         node = OmegaConf.to_container(compose("build", overrides=[f"model={arch}", "size=tiny"]).model, resolve=True)
-    result = measure.inference_point(node, batch_size=2, prompt_len=3, gen_len=8, repeats=2, warmup=0, device="cpu",
+    result = decoding.inference_point(node, batch_size=2, prompt_len=3, gen_len=8, repeats=2, warmup=0, device="cpu",
                                      dtype="float32", seed=0, cuda_graphs=True)
     assert (result["cuda_graphs"], result["graphs_recorded_timed"]) == (True, 0)
     assert (steps[0].recorded, steps[0].replayed) == ((3 if arch == "transformer" else 1), 3 * 8)
@@ -149,7 +151,7 @@ def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path
     ``oom``, any other error is ``error`` with its one-line reason; the points after them are
     measured; results.json holds every point measured before each point starts; a failed point's
     tensors are freed before the next point."""
-    real = measure.inference_point
+    real = decoding.inference_point
     started, held = [], []
 
     def failing(**arguments: object) -> dict[str, object]:
@@ -166,7 +168,7 @@ def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path
             raise ValueError("this model cannot decode\nsecond line of the message")
         return real(**arguments)
 
-    monkeypatch.setattr(measure, "inference_point", failing)
+    monkeypatch.setitem(runner.POINTS, "inference", failing)
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[4]",
                          "models=[mcsd,transformer,retnet,rwkv4]", "isolate=false")
     frame = pd.read_csv(csv_path)
@@ -327,8 +329,8 @@ def test_a_point_with_documents_apart_trains_on_documents_that_start_where_the_p
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``documents=apart``: the loss gets each token's position in its document, documents of
     exponential lengths of the asked mean, the same from the same seed; joined, none."""
-    positions = measure.document_positions(4, 2000, 16, torch.Generator().manual_seed(0))
-    assert torch.equal(positions, measure.document_positions(4, 2000, 16, torch.Generator().manual_seed(0)))
+    positions = training_step.document_positions(4, 2000, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(positions, training_step.document_positions(4, 2000, 16, torch.Generator().manual_seed(0)))
     assert (positions[:, 0] == 0).all()
     stepped = positions[:, 1:] == positions[:, :-1] + 1  # within a document: one more; else a new one at 0
     assert (stepped | (positions[:, 1:] == 0)).all()
@@ -346,7 +348,7 @@ def test_a_point_with_documents_apart_trains_on_documents_that_start_where_the_p
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         node = model_source("mcsd", "tiny", None)[2]
     for documents in ("joined", "apart"):
-        measure.train_point(node, "chunk", 2, 32, repeats=1, warmup=0, device="cpu", dtype="float32", seed=0,
+        training_step.train_point(node, "chunk", 2, 32, repeats=1, warmup=0, device="cpu", dtype="float32", seed=0,
                             documents=documents, document_tokens=8)
     assert seen[0] is None and seen[-1].shape == (2, 32) and int((seen[-1] == 0).sum()) > 2
 
@@ -381,7 +383,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     W&B run (offline) holds the two points and ends 130 too."""
     grid = [*TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd,transformer]", "isolate=false"]
     measured = []
-    point = measure.inference_point
+    point = decoding.inference_point
 
     def point_then_ctrl_c(**arguments):
         measured.append(arguments["gen_len"])
@@ -389,7 +391,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
             os.kill(os.getpid(), signal.SIGINT)  # arrives mid-point, as a Ctrl-C would
         return point(**arguments)
 
-    monkeypatch.setattr(measure, "inference_point", point_then_ctrl_c)
+    monkeypatch.setitem(runner.POINTS, "inference", point_then_ctrl_c)
     try:
         with pytest.raises(SystemExit) as stopped:
             run_bench(tmp_path / "stopped", *grid, "wandb.enabled=true")
@@ -399,7 +401,7 @@ def test_ctrl_c_stops_after_the_point_under_way_and_keeps_the_points_measured(
     head = json.loads((tmp_path / "stopped" / "results.json").read_text())["header"]
     assert head["complete"] is False and head["points_planned"] == 4 and head["stopped_by"] == "Ctrl-C"
     kept = pd.read_csv(tmp_path / "stopped" / "results.csv")
-    monkeypatch.setattr(measure, "inference_point", point)
+    monkeypatch.setitem(runner.POINTS, "inference", point)
     whole = pd.read_csv(run_bench(tmp_path / "whole", *grid))
     assert len(kept) == 2 and (~kept["complete"]).all() and whole["complete"].all()
     timings = ["prefill_s", "decode_s_per_token", "latency_s", "tokens_per_s", "peak_mem_bytes",
@@ -469,6 +471,27 @@ def test_a_saved_model_benches_beside_an_architecture(tmp_path: Path) -> None:
     assert list(frame["arch"]) == ["mcsd", "transformer"] and list(frame["size"]) == ["tiny", "saved"]
     assert frame["params"].iloc[1] == sum(p.numel() for p in model.parameters())
     assert model_label("transformer", frame["model"].iloc[1]) == "Transformer (run)"
+
+
+def test_a_bench_point_opens_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``.ckpt`` entry is read once to plan the grid (its architecture and variant) and once by
+    each point (config and weights from the same read), not once per part."""
+    from mcsd.checkpoint import saved_model
+
+    model = mcsd.build_model(tiny_config("mcsd", vocab_size=512, hidden_size=64, num_channels=4))
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-000001.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    torch.save({"hyper_parameters": {"model": model.config.to_portable_dict()},
+                "state_dict": {f"model.{name}": value for name, value in model.state_dict().items()}}, checkpoint)
+    reads: list[Path] = []
+    real = saved_model.read_checkpoint
+    monkeypatch.setattr(saved_model, "read_checkpoint", lambda path: reads.append(Path(path)) or real(path))
+    csv_path = run_bench(tmp_path / "out", *TINY_INFERENCE, "inference.batch_sizes=[1]", "inference.gen_lengths=[2,4]",
+                         "isolate=false", f"models=[{checkpoint}]")
+    frame = pd.read_csv(csv_path)
+    assert list(frame["status"]) == ["ok", "ok"] and list(frame["arch"]) == ["mcsd", "mcsd"]
+    assert frame["params"].iloc[0] == sum(p.numel() for p in model.parameters())
+    assert reads == [checkpoint] * 3  # the plan, then each of the two points
 
 
 def test_a_runs_config_benches_as_its_model_with_random_weights(tmp_path: Path) -> None:
@@ -579,14 +602,18 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
     16 and 64 and 1,024 and 8,192 new tokens, compiled and replayed as CUDA graphs; training forms at 2048-16384 tokens,
     in a 32768-token step each (activation-checkpointed), no batch-1 point, each with its documents joined
     and apart; every model whose mixers run an op with the PyTorch forms and fla's kernels (the Transformer once)."""
-    from mcsd.bench.grid import grid
+    from mcsd.bench.plan import plan
 
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         cfg = compose("bench", overrides=["bench=paper_quick"])
-        inference = grid(cfg)
+        inference = plan(cfg)
         cfg.mode, cfg.models = "train", None  # mode=train models=null: every architecture
-        train = grid(cfg)
+        train = plan(cfg)
     assert (cfg.model_size, cfg.dtype, cfg.device, cfg.compile, cfg.cuda_graphs) == ("1.6b", "bfloat16", "cuda", True, True)
+    # Every point is named by the schema's labels, in its order (a new axis: the plan and LABELS, nothing else).
+    assert {tuple(labels) for labels, _ in inference} == {LABELS["inference"]}
+    assert {tuple(labels) for labels, _ in train} == {LABELS["train"]}
+    assert all(set(LABELS[mode]) <= set(COLUMNS[mode]) for mode in LABELS)
     assert {(arguments["compile"], arguments["cuda_graphs"]) for _, arguments in inference} == {(True, True)}
     # Each pair the figures compare side by side, the shortest lengths first (a run cut short has compared some).
     def backends(name: str) -> list[str]:
@@ -680,8 +707,8 @@ def test_busy_machine_measure_marks_the_points_that_shared_the_cores(
 def test_busy_machine_wait_waits_for_the_other_work_to_stop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     readings = iter([1.5, 1.2, 0.1])
-    monkeypatch.setattr("mcsd.bench.grid.sample_other_cores", lambda: next(readings))
-    monkeypatch.setattr("mcsd.bench.grid.time.sleep", lambda seconds: None)
+    monkeypatch.setattr("mcsd.bench.load.sample_other_cores", lambda: next(readings))
+    monkeypatch.setattr("mcsd.bench.load.time.sleep", lambda seconds: None)
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "models=[mcsd]", "inference.batch_sizes=[1]",
                          "inference.gen_lengths=[4]", "busy_machine=wait", "isolate=false")
     assert len(pd.read_csv(csv_path)) == 1
@@ -760,7 +787,8 @@ def test_a_time_budget_starts_only_the_points_that_fit(monkeypatch: pytest.Monke
     """time_budget_s: a point starts when the time so far and its estimate fit; the estimate is
     the latest point of its model (else the slowest rate seen) scaled by the tokens it decodes
     (warm-up passes with CUDA graphs: the whole length; repeats)."""
-    from mcsd.bench.grid import PointBudget, point_work
+    from mcsd.bench.grid import PointBudget
+    from mcsd.bench.plan import point_work
 
     clock = [0.0]
     monkeypatch.setattr("mcsd.bench.grid.time.monotonic", lambda: clock[0])
@@ -802,13 +830,13 @@ def test_a_resumed_grid_measures_only_the_points_it_lacks(tmp_path: Path, monkey
     grid = [*TINY_INFERENCE, "inference.batch_sizes=[1]", "models=[mcsd]", "isolate=false"]
     first = pd.read_csv(run_bench(tmp_path, *grid, "inference.gen_lengths=[4]"))
     measured = []
-    point = measure.inference_point
+    point = decoding.inference_point
 
     def counted(**arguments):
         measured.append(arguments["gen_len"])
         return point(**arguments)
 
-    monkeypatch.setattr(measure, "inference_point", counted)
+    monkeypatch.setitem(runner.POINTS, "inference", counted)
     resumed = pd.read_csv(run_bench(tmp_path, *grid, "inference.gen_lengths=[4,8]", "resume=true"))
     assert measured == [8] and list(resumed["gen_len"]) == [4, 8]
     kept = [column for column in first.columns if column not in ("complete", "points_planned")]

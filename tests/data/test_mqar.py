@@ -23,7 +23,7 @@ from hydra_plugins.mcsd_arms_sweeper import registry_arms
 from hydra.errors import HydraException
 import mcsd
 from mcsd.models.config import ConfigError
-from mcsd.bench.measure import inference_point
+from mcsd.bench.decoding import inference_point
 from mcsd.data import MQARDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mqar import IGNORE_INDEX, mqar_accuracy, mqar_examples

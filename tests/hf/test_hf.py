@@ -21,7 +21,7 @@ import mcsd
 from mcsd.files import default_file_mode
 from helpers.models import SIXTEEN_BIT_TOLERANCE, relative_rms_error, tiny_config, variant_cases
 from helpers.runs import FAST, command, run_here
-from mcsd.bench.grid import model_source
+from mcsd.bench.plan import model_source
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
 from mcsd.commands.evaluate import evaluate

@@ -10,7 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import mcsd
-from mcsd.bench.measure import counted_training_flops
+from mcsd.bench.training_step import counted_training_flops
 from mcsd.models import TokenMixer, registry
 from mcsd.models.modules.attention import CausalSelfAttention
 from mcsd.ops.flops import attention_flops, decayed_attention_flops, exp_filter_flops, over_chunks, wkv_flops

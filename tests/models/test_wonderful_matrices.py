@@ -18,7 +18,7 @@ from helpers.runs import TINY_SWEEP, sweep_dir
 
 import mcsd
 from mcsd import ConfigError, build_model, count_parameters
-from mcsd.bench.measure import state_bytes
+from mcsd.bench.decoding import state_bytes
 from mcsd.models.modules.attention import CausalSelfAttention, KVCache, biased_mask, causal_attention
 from mcsd.models.modules.rotary import rotary
 from mcsd.models.wonderful_matrices import CrossDomainMoE, DynamicMaskAttention, StateSpaceDuality

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("architectures", tuple(f"mcsd.models.{name}" for name in ARCHITECTURE_FOLDERS)),
     ("building", ("mcsd.models.build",)),
     ("models front", ("mcsd.models",)),
+    ("result files", ("mcsd.checkpoint.bench_results", "mcsd.checkpoint.eval_results", "mcsd.checkpoint.probe_results")),
     ("sharded checkpoints", ("mcsd.checkpoint.sharded",)),
     ("lightning checkpoints", ("mcsd.checkpoint.lightning_checkpoint",)),
     ("saved models", ("mcsd.checkpoint.saved_model",)),
@@ -245,3 +246,22 @@ def test_every_command_is_a_module_of_the_command_package() -> None:
                 apps.append(module_name(path))
     outside = sorted({module for module in apps if not module.startswith("mcsd.commands.")})
     assert outside == [] and {target.split(":")[0] for target in scripts.values()} <= set(apps)
+
+
+RESULT_FORMATS = {"mcsd.checkpoint.bench_results": ("results.csv", "results.json"),
+                  "mcsd.checkpoint.eval_results": ("results.json", "table2.md"),
+                  "mcsd.checkpoint.probe_results": ("context_curve.csv", "context_delta.csv")}
+"""Each result format's module and the file names it owns."""
+
+
+def test_result_files_are_named_only_by_their_format_module() -> None:
+    """A result file's name, as a path is built from it, appears only in the module that writes and
+    reads its format (a docstring or a message may mention it; a string that is the name alone is
+    a path): every other module reads and writes it through that module."""
+    names = {name for files in RESULT_FORMATS.values() for name in files}
+    found: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.setdefault(node.value, set()).add(module_name(path))
+    assert found == {name: {module for module, files in RESULT_FORMATS.items() if name in files} for name in names}

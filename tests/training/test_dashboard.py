@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers.runs import FAST, read_metrics, run_here, series
-from mcsd.plots.context import DELTA_FILE
+from mcsd.checkpoint.probe_results import DELTA_FILE
 from mcsd.checkpoint.wandb_run import WandbFileError, find_wandb_runs, read_wandb_run, records
 from mcsd.runtime import git_commit
 from mcsd.errors import MCSDError
