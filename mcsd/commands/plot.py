@@ -32,7 +32,7 @@ from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.experiments import DRAWINGS, draw, draw_experiment
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import (check_one_source, load_csv_runs, load_offline_wandb_runs, load_wandb_runs, markdown_seed_table,
-                             markdown_table, plot_sweep)
+                             markdown_sweep_table, plot_sweep)
 from mcsd.plots.scaling_fit import fit_sweep, markdown_fit_table, plot_fit
 from mcsd.plots.tasks import load_task_runs, markdown_task_table, plot_tasks
 
@@ -118,7 +118,7 @@ def _plot(args: argparse.Namespace) -> list:
         raise MCSDError(f"mcsd-plot {args.kind} needs a sweep folder, or --wandb ENTITY/PROJECT --group GROUP")
     fits = fit_sweep(rows, samples=args.samples) if args.fit else None  # a sweep it cannot fit: refused before drawing
     figure = plot_sweep(args.kind, rows, args.out or default_out, args.name, args.reference)
-    print(markdown_table(figure.table))
+    print(markdown_sweep_table(figure.table))
     if figure.by_seed is not None:
         print(markdown_seed_table(figure.by_seed))
     if fits is None:

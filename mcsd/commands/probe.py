@@ -33,7 +33,7 @@ from mcsd.errors import MCSDError
 from mcsd.files import replace_earlier_results
 from mcsd.models import CausalLM
 from mcsd.plots.context import markdown_context_table, plot_context
-from mcsd.plots.runs import curve_label
+from mcsd.plots.runs import curve_key, curve_label
 from mcsd.precision import check_device, model_dtype
 from mcsd.probes.context import ContextProbe, probe_context
 from mcsd.training.dashboard import EXIT_INTERRUPTED, MeasurementRun
@@ -133,7 +133,7 @@ def model_identity(model: CausalLM) -> dict[str, str]:
     architecture = model.architecture
     variant = architecture.variant_of(dataclasses.asdict(model.config))
     return {"arch": architecture.name, "variant": variant,
-            "label": curve_label("ablation", f"{architecture.name}|{variant}", None)}
+            "label": curve_label("ablation", curve_key(architecture.name, variant), None)}
 
 
 def write_context_probe(result: ContextProbe, source: dict[str, str], output_dir: Path) -> list[Path]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcsd.markdown import markdown_table
+
 TABLE2_TASKS = ["arc_challenge", "arc_easy", "winogrande", "mmlu", "hellaswag"]
 COLUMNS = {"arc_challenge": "ARC-C", "arc_easy": "ARC-E", "winogrande": "WinoGrande", "mmlu": "MMLU",
            "hellaswag": "HellaSwag"}
@@ -40,15 +42,12 @@ def table2_markdown(rows: list[tuple[str, int, dict[str, Any]]]) -> str:
     """The paper's Table 2 layout: the quoted rows, then one row per (label, params, lm-eval
     ``results``) of ours. Tasks not run show as "-"; the average is over the five tasks and
     only given when all five were run."""
-    header = "| Model type | Model size | " + " | ".join(COLUMNS.values()) + " | Average |"
-    lines = [header, "|" + " --- |" * (len(COLUMNS) + 3)]
-    for name, size, scores, average in PAPER_ROWS:
-        cells = " | ".join(f"{score:.1f}" for score in scores)
-        lines.append(f"| {name} (quoted from the paper) | {size} | {cells} | {average:.1f} |")
+    table = [[f"{name} (quoted from the paper)", size, *(f"{score:.1f}" for score in scores), f"{average:.1f}"]
+             for name, size, scores, average in PAPER_ROWS]
     for label, params, results in rows:
         scores = [task_score(results, task) for task in TABLE2_TASKS]
-        cells = " | ".join("-" if score is None else f"{score:.1f}" for score in scores)
         average = "-" if None in scores else f"{sum(scores) / len(scores):.1f}"
-        lines.append(f"| **{label}** (ours, measured) | {_size(params)} | {cells} | {average} |")
+        table.append([f"**{label}** (ours, measured)", _size(params),
+                      *("-" if score is None else f"{score:.1f}" for score in scores), average])
     metrics = ", ".join(f"{COLUMNS[task]} {metric}" for task, metric in METRICS.items())
-    return "\n".join(lines) + f"\n\nQuoted rows: the paper's Table 2, 5-shot. Our metrics: {metrics}.\n"
+    return markdown_table(["Model type", "Model size", *COLUMNS.values(), "Average"], table) + f"\n\nQuoted rows: the paper's Table 2, 5-shot. Our metrics: {metrics}.\n"

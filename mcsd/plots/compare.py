@@ -30,13 +30,14 @@ import pandas as pd  # noqa: E402
 
 from mcsd.checkpoint import bench_results  # noqa: E402
 from mcsd.checkpoint.run_folder import csv_logs  # noqa: E402
+from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
 from mcsd.checkpoint.probe_results import DELTA_FILE  # noqa: E402
 from mcsd.plots.context import load_context_results  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.mqar import SOLVED, best_learning_rate, curve_colors, load_mqar_runs  # noqa: E402
-from mcsd.plots.runs import curve_label, load_csv_runs  # noqa: E402
+from mcsd.plots.runs import curve_key, curve_label, load_csv_runs, split_curve  # noqa: E402
 
 KEY = ["arch", "variant"]
 
@@ -65,7 +66,7 @@ def _mqar(root: Path, notes: dict[str, str], anchor: str) -> pd.DataFrame:
     Without such a point (an anchor not run, or not converged), each row's hardest point run."""
     anchor_label = registry.get(anchor).label  # an unknown name: a one-line error
     best = best_learning_rate(load_mqar_runs(root))
-    best["arch"], best["variant"] = zip(*(curve.split("|", 1) for curve in best["curve"]))
+    best["arch"], best["variant"] = zip(*(split_curve(curve) for curve in best["curve"]))
     solved = best[(best["arch"] == anchor) & (best["accuracy"] >= SOLVED)]
     if len(solved):
         point = solved.sort_values(["seq_len", "num_pairs", "width"]).iloc[-1]
@@ -165,7 +166,7 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anch
         for variant in [variants[0], *(v for v in variants[1:] if v in present), *sorted(present - set(variants))]:
             match = measured[(measured["arch"] == name) & (measured["variant"] == variant)]
             row = match.iloc[0].to_dict() if len(match) else {"arch": name, "variant": variant}
-            rows.append({"label": curve_label("ablation", f"{name}|{variant}", None), **row})
+            rows.append({"label": curve_label("ablation", curve_key(name, variant), None), **row})
     return Comparison(table=pd.DataFrame(rows), notes=notes, context_curves=curves)
 
 
@@ -202,9 +203,9 @@ def _columns(comparison: Comparison) -> list[tuple[str, str, str]]:
 def markdown_comparison(comparison: Comparison) -> str:
     """The table as Markdown (an empty cell: not measured), with a line per column source below it."""
     columns = _columns(comparison)
-    lines = ["| " + " | ".join(header for header, _, _ in columns) + " |", "|" + " --- |" * len(columns)]
-    for row in comparison.table.to_dict("records"):
-        lines.append("| " + " | ".join(_cell(row, column, text) for _, column, text in columns) + " |")
+    lines = [markdown_table([header for header, _, _ in columns],
+                            [[_cell(row, column, text) for _, column, text in columns]
+                             for row in comparison.table.to_dict("records")])]
     tokens = comparison.table["tokens"].dropna() if "tokens" in comparison.table else pd.Series(dtype=float)
     sources = {"training": f"final validation perplexity after {int(tokens.max()):,} tokens" if len(tokens) else None,
                "mqar": comparison.notes.get("mqar"), "context": comparison.notes.get("context"),
@@ -264,10 +265,10 @@ def plot_comparison(comparison: Comparison, output_dir: str | Path, name: str = 
 def _plot_context_curves(ax: plt.Axes, comparison: Comparison) -> None:
     """Every row's mean Delta_N (over seeds) against N, the table's window marked."""
     curves = comparison.context_curves
-    keys = [f"{arch}|{variant}" for arch, variant in comparison.table[KEY].itertuples(index=False)]
+    keys = [curve_key(arch, variant) for arch, variant in comparison.table[KEY].itertuples(index=False)]
     colors = curve_colors(keys)
     for key, label in zip(keys, comparison.table["label"]):
-        arch, variant = key.split("|", 1)
+        arch, variant = split_curve(key)
         curve = curves[(curves["arch"] == arch) & (curves["variant"] == variant)].sort_values("window")
         if len(curve):
             ax.plot(curve["window"], curve["delta"], marker="o", color=colors[key], label=label)

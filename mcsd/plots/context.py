@@ -15,6 +15,7 @@ import pandas as pd  # noqa: E402
 
 from mcsd.checkpoint import probe_results  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
@@ -90,11 +91,11 @@ def markdown_context_table(deltas: pd.DataFrame) -> str:
     if "probe" not in deltas:
         deltas = deltas.assign(probe="")
     windows = sorted(deltas["window"].unique())
-    lines = ["| model | probe | " + " | ".join(f"N={window}" for window in windows) + " |",
-             "| --- | --- |" + " --- |" * len(windows)]
+    table = []
     for probe, rows in deltas.groupby("probe", sort=False):
         rows = rows.set_index("window")
         cells = [f"{rows.loc[w, 'delta']:+.3f} [{rows.loc[w, 'delta_low']:+.3f}, {rows.loc[w, 'delta_high']:+.3f}] / "
                  f"{rows.loc[w, 'swapped']:+.3f}" if w in rows.index else "" for w in windows]
-        lines.append(f"| {rows['label'].iloc[0]} | {probe} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\nDelta_N [95% interval] / swapped-past control, in nats per token.\n"
+        table.append([rows["label"].iloc[0], probe, *cells])
+    return (markdown_table(["model", "probe", *(f"N={window}" for window in windows)], table)
+            + "\n\nDelta_N [95% interval] / swapped-past control, in nats per token.\n")

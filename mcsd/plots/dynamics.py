@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mcsd.plots.files import save_figure  # noqa: E402
-from mcsd.plots.runs import curve_label, run_identity, run_logs  # noqa: E402
+from mcsd.plots.runs import curve_key, curve_label, run_identity, run_logs  # noqa: E402
 
 GRADIENT, OUTPUT = "dynamics/grad_norm/", "dynamics/output_rms/"
 
@@ -34,7 +34,7 @@ def load_dynamics(root: str | Path) -> pd.DataFrame:
             if "train/loss" in metrics else pd.Series(dtype=float)
         frame = logged.join(loss, how="outer").reset_index()
         frame["run"] = run
-        frame["label"] = f"{curve_label('ablation', f'{arch}|{variant}', None)}, lr {lr:g}"
+        frame["label"] = f"{curve_label('ablation', curve_key(arch, variant), None)}, lr {lr:g}"
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

@@ -17,7 +17,7 @@ from mcsd.plots.context import load_context_results, markdown_context_table, plo
 from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.dynamics import load_dynamics, plot_training_dynamics
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
-from mcsd.plots.runs import load_csv_runs, markdown_seed_table, markdown_table, plot_sweep
+from mcsd.plots.runs import load_csv_runs, markdown_seed_table, markdown_sweep_table, plot_sweep
 from mcsd.plots.scaling_fit import fit_sweep, markdown_fit_table, plot_fit
 from mcsd.plots.tasks import load_task_runs, markdown_task_table, plot_tasks
 
@@ -46,7 +46,7 @@ def _sweep(kind: str, name: str, reference: str | None = None,
     def draw_sweep(folder: Path) -> Drawn:
         rows = load_csv_runs(folder)
         figure = plot_sweep(kind, rows, folder, name, reference)
-        markdown = markdown_table(figure.table)
+        markdown = markdown_sweep_table(figure.table)
         if figure.by_seed is not None:
             markdown += "\n" + markdown_seed_table(figure.by_seed)
         if fit:

@@ -28,11 +28,12 @@ import torch  # noqa: E402
 
 from mcsd.bench.decoding import state_bytes  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color, architecture_colors  # noqa: E402
 from mcsd.models.build import build_model  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
-from mcsd.plots.runs import curve_label, curve_order, run_identity, run_logs  # noqa: E402
+from mcsd.plots.runs import curve_key, curve_label, curve_order, run_identity, run_logs, split_curve  # noqa: E402
 
 ACCURACY = "val/mqar_acc"
 SOLVED = 0.99  # zoology's bar for "solves MQAR"
@@ -71,7 +72,7 @@ def load_mqar_runs(root: str | Path) -> pd.DataFrame:
             continue
         arch, variant = run_identity(config)
         model, data = config.get("model") or {}, config.get("data") or {}
-        records.append({"run": run, "curve": f"{arch}|{variant}", "width": int(model["hidden_size"]),
+        records.append({"run": run, "curve": curve_key(arch, variant), "width": int(model["hidden_size"]),
                         "seq_len": int(data["seq_len"]), "num_pairs": int(data["num_pairs"]),
                         "lr": float((config.get("optimizer") or {})["lr"]), "seed": config.get("seed"),
                         "params": config.get("model/params"), "accuracy": float(metrics[ACCURACY].dropna().iloc[-1]),
@@ -129,16 +130,15 @@ def markdown_mqar_runs(runs: pd.DataFrame) -> str:
     """Every run: its curve, width, (T, K), learning rate, epochs, examples and tokens trained on,
     its last epoch's training loss beside its final validation loss, final and best accuracy, the
     first epoch at :data:`SOLVED` and why it stopped."""
-    lines = ["| curve | width | (T, K) | lr | epochs | examples | tokens | train loss | val loss | final | best | "
-             f"first >= {SOLVED} | stopped |", "|" + " --- |" * 13]
+    header = ["curve", "width", "(T, K)", "lr", "epochs", "examples", "tokens", "train loss", "val loss", "final", "best",
+              f"first >= {SOLVED}", "stopped"]
     order = runs.assign(order=[curve_order("ablation", curve) for curve in runs["curve"]])
-    for row in order.sort_values(["order", "width", "seq_len", "lr", "seed"]).itertuples():
-        first = "-" if pd.isna(row.first_solved) else str(int(row.first_solved))
-        lines.append(f"| {curve_label('ablation', row.curve, None)} | {row.width} | ({row.seq_len}, {row.num_pairs}) | "
-                     f"{row.lr:g} | {row.epochs} | {row.examples:,} | {row.tokens:,} | {row.train_loss:.2f} | "
-                     f"{row.val_loss:.2f} | {row.accuracy:.3f} | "
-                     f"{row.best_accuracy:.3f} | {first} | {row.stopped} |")
-    return "\n".join(lines) + "\n"
+    rows = [[curve_label("ablation", row.curve, None), row.width, f"({row.seq_len}, {row.num_pairs})", f"{row.lr:g}",
+             row.epochs, f"{row.examples:,}", f"{row.tokens:,}", f"{row.train_loss:.2f}", f"{row.val_loss:.2f}",
+             f"{row.accuracy:.3f}", f"{row.best_accuracy:.3f}",
+             "-" if pd.isna(row.first_solved) else str(int(row.first_solved)), row.stopped]
+            for row in order.sort_values(["order", "width", "seq_len", "lr", "seed"]).itertuples()]
+    return markdown_table(header, rows) + "\n"
 
 
 def best_learning_rate(runs: pd.DataFrame) -> pd.DataFrame:
@@ -163,14 +163,15 @@ def markdown_mqar_table(best: pd.DataFrame) -> str:
     the lowest or highest of those tried (not bracketed by the grid)."""
     settings = sorted({(row.seq_len, row.num_pairs) for row in best.itertuples()})
     header = ["curve", "width", *(f"T={t}, K={k}" for t, k in settings)]
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    rows = []
     for (label, width), group in best.groupby(["label", "width"], sort=False):
         cells = [label, str(width)]
         for t, k in settings:
             point = group[(group["seq_len"] == t) & (group["num_pairs"] == k)]
             edge = "*" if len(point) and point["at_edge"].iloc[0] else ""
             cells.append(f"{point['accuracy'].iloc[0]:.3f} (lr {point['lr'].iloc[0]:g}{edge})" if len(point) else "")
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines = [markdown_table(header, rows)]
     if best["at_edge"].any():
         lines.append("\n\\* the best of the rates tried is the lowest or the highest of them: the grid does not "
                      "bracket it, and a wider one may find more.")
@@ -185,7 +186,7 @@ def curve_colors(curves: list[str]) -> dict[str, str]:
              if matplotlib.colors.to_hex(color) not in taken] or ["black"]
     colors, others = {}, 0
     for curve in curves:
-        arch = curve.split("|", 1)[0]
+        arch = split_curve(curve)[0]
         if arch in registry.architectures() and curve_order("ablation", curve)[2] == 0:
             colors[curve] = architecture_color(arch)
         else:

@@ -24,6 +24,7 @@ from mcsd.checkpoint.run_folder import csv_logs, data_files  # noqa: E402
 from mcsd.checkpoint.wandb_run import find_wandb_runs, read_wandb_run  # noqa: E402
 from mcsd.data.tokens import DOCUMENTS  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.models import registry  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
@@ -166,13 +167,26 @@ def check_one_source(kind: str, rows: pd.DataFrame) -> None:
 def _curve_key(kind: str, rows: pd.DataFrame) -> pd.Series:
     """One curve per (architecture, size) for scaling, per (architecture, variant) for ablation;
     runs that differ in ``data.documents`` (a sweep over it) a curve per setting too."""
-    key = rows["arch"] + "|" + rows["size" if kind == "scaling" else "variant"]
+    key = curve_key(rows["arch"], rows["size" if kind == "scaling" else "variant"])
     if "documents" in rows and rows["documents"].nunique() > 1:
         key = key + DOCUMENTS_MARK + rows["documents"]
     return key
 
 
 DOCUMENTS_MARK = ", documents "  # in a curve's key and label: its runs' data.documents
+CURVE_SEPARATOR = "|"  # in a curve's key, between its architecture and its detail
+
+
+def curve_key(arch: Any, detail: Any) -> Any:
+    """A curve's key (a string, or a column of them from two columns): its architecture and its
+    detail (a size for scaling, a variant for ablation), read back by :func:`split_curve`."""
+    return arch + CURVE_SEPARATOR + detail
+
+
+def split_curve(key: str) -> tuple[str, str]:
+    """The architecture and the detail of a curve's key (:func:`curve_key`)."""
+    arch, detail = key.split(CURVE_SEPARATOR, 1)
+    return arch, detail
 
 
 def arch_label(arch: str) -> str:
@@ -181,7 +195,7 @@ def arch_label(arch: str) -> str:
 
 
 def curve_label(kind: str, key: str, params: float | None) -> str:
-    arch, detail = key.split("|", 1)
+    arch, detail = split_curve(key)
     if kind == "scaling":
         return f"{arch_label(arch)} {detail}" + (f" ({params / 1e6:.1f}M)" if params else "")
     detail, _, documents = detail.partition(DOCUMENTS_MARK)
@@ -192,7 +206,7 @@ def curve_label(kind: str, key: str, params: float | None) -> str:
 def curve_order(kind: str, key: str) -> tuple:
     """Registry order of architectures, then sizes small to large or the registry's variant order,
     then documents joined before apart."""
-    arch, detail = key.split("|", 1)
+    arch, detail = split_curve(key)
     detail, _, documents = detail.partition(DOCUMENTS_MARK)
     documents_rank = DOCUMENTS.index(documents) if documents in DOCUMENTS else -1
     names = registry.architectures()
@@ -263,22 +277,23 @@ def markdown_seed_table(table: pd.DataFrame) -> str:
     header = ["curve", *(f"val ppl {column}" for column in seeds), "mean"]
     if reference:
         header.append(f"vs {reference}, paired by seed: mean (min to max)")
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    rows = []
     for curve, row in table.iterrows():
         cells = [curve, *(f"{row[column]:.1f}" if pd.notna(row[column]) else "" for column in seeds),
                  f"{row['mean']:.1f}"]
         if reference:
             cells.append(f"{row['ratio'] - 1:+.1%} ({row['ratio_min'] - 1:+.1%} to {row['ratio_max'] - 1:+.1%})")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return markdown_table(header, rows) + "\n"
 
 
-def markdown_table(table: pd.DataFrame) -> str:
-    lines = ["| curve | seeds | tokens | final val loss (min-max) | final val ppl |", "| --- | --- | --- | --- | --- |"]
-    for row in table.itertuples():
-        spread = f" ({row.val_loss_min:.3f}-{row.val_loss_max:.3f})" if row.seeds > 1 else ""
-        lines.append(f"| {row.curve} | {row.seeds} | {row.tokens:,} | {row.val_loss:.3f}{spread} | {row.val_ppl:.1f} |")
-    return "\n".join(lines) + "\n"
+def markdown_sweep_table(table: pd.DataFrame) -> str:
+    """A sweep's table (:func:`plot_sweep`) as Markdown: each curve's seeds, tokens and final loss."""
+    def spread(row: Any) -> str:
+        return f" ({row.val_loss_min:.3f}-{row.val_loss_max:.3f})" if row.seeds > 1 else ""
+    return markdown_table(["curve", "seeds", "tokens", "final val loss (min-max)", "final val ppl"],
+                          [[row.curve, row.seeds, f"{row.tokens:,}", f"{row.val_loss:.3f}{spread(row)}",
+                            f"{row.val_ppl:.1f}"] for row in table.itertuples()]) + "\n"
 
 
 def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str | None = None,
@@ -299,8 +314,8 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
     rows = rows.assign(curve=_curve_key(kind, rows))
     keys = sorted(rows["curve"].unique(), key=lambda key: curve_order(kind, key))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    arches = list(dict.fromkeys(key.split("|", 1)[0] for key in keys))
-    details = list(dict.fromkeys(key.split("|", 1)[1] for key in keys))
+    arches = list(dict.fromkeys(split_curve(key)[0] for key in keys))
+    details = list(dict.fromkeys(split_curve(key)[1] for key in keys))
     one_curve_each = len(arches) == len(keys)
     figure, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(13, 4.8))
     labels = []
@@ -308,7 +323,7 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
         curve = rows[rows["curve"] == key]
         label = curve_label(kind, key, curve["params"].max())
         labels.append(label)
-        arch, detail = key.split("|", 1)
+        arch, detail = split_curve(key)
         style = LINESTYLES[arches.index(arch) % len(LINESTYLES)]  # one line style per architecture
         if kind == "scaling":  # one colour per size
             color = colors[details.index(detail) % len(colors)]
@@ -344,7 +359,7 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
     paths = save_figure(figure, output_dir, name)
     table = summary_table(kind, rows)
     table_path = output_dir / f"{name}_table.md"
-    table_path.write_text(markdown_table(table))
+    table_path.write_text(markdown_sweep_table(table))
     paths.append(table_path)
     by_seed = None
     if seeds > 1 or reference is not None:

@@ -31,6 +31,7 @@ import pandas as pd  # noqa: E402
 from scipy.optimize import brentq, least_squares, nnls  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.runs import arch_label  # noqa: E402
 
@@ -246,14 +247,14 @@ def _cell(found: Interval) -> str:
 def markdown_fit_table(fits: list[ArchitectureFit]) -> str:
     """Each architecture's law with the bootstrap intervals, and its compute multiplier."""
     names = ["E", "A", "alpha", "B", "beta"]
-    lines = [f"| architecture | points (sizes) | {' | '.join(names)} | compute multiplier over "
-             f"{arch_label(REFERENCE)} (at N, D) |", "| --- " * (3 + len(names)) + "|"]
+    rows = []
     for fit in fits:
         cells = [_cell(fit.intervals[name]) if name in fit.intervals else "-" for name in names]
         multiplier = "-" if fit.multiplier is None else \
             f"{_cell(fit.multiplier)} (at {fit.at[0] / 1e6:.2f}M, {fit.at[1] / 1e6:.2f}M tokens)"
-        lines.append(f"| {arch_label(fit.arch)} | {fit.points} ({fit.sizes}) | {' | '.join(cells)} | {multiplier} |")
-    return "\n".join(lines) + f"\n\nValues [{LEVEL:.0%} bootstrap interval]; L(N, D) = E + A N^-alpha + B D^-beta " \
+        rows.append([arch_label(fit.arch), f"{fit.points} ({fit.sizes})", *cells, multiplier])
+    header = ["architecture", "points (sizes)", *names, f"compute multiplier over {arch_label(REFERENCE)} (at N, D)"]
+    return markdown_table(header, rows) + f"\n\nValues [{LEVEL:.0%} bootstrap interval]; L(N, D) = E + A N^-alpha + B D^-beta " \
                               "with N the non-embedding parameters and D the training tokens.\n"
 
 

@@ -16,9 +16,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from mcsd.errors import MCSDError  # noqa: E402
+from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.mqar import decoding_state_bytes  # noqa: E402
-from mcsd.plots.runs import arch_label, curve_order, run_identity, run_logs  # noqa: E402
+from mcsd.plots.runs import arch_label, curve_key, curve_order, run_identity, run_logs, split_curve  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def load_task_runs(root: str | Path) -> pd.DataFrame:
         raise MCSDError(f"{root} holds no finished runs of data=mad or data=retrieval (no test/<task>_acc in "
                         "their logs): point it at an experiment=mad or experiment=retrieval sweep")
     rows = pd.DataFrame(records)
-    rows["curve"] = rows["arch"] + "|" + rows["variant"]
+    rows["curve"] = curve_key(rows["arch"], rows["variant"])
     return rows
 
 
@@ -83,7 +84,7 @@ def _ordered_curves(rows: pd.DataFrame) -> list[str]:
 
 
 def _label(curve: str) -> str:
-    arch, variant = curve.split("|", 1)
+    arch, variant = split_curve(curve)
     return arch_label(arch) if variant in ("default", "") else f"{arch_label(arch)} {variant}"
 
 
@@ -97,24 +98,24 @@ def markdown_task_table(rows: pd.DataFrame) -> str:
     columns = [(task, length) for task in tasks for length in sorted(rows.loc[rows["task"] == task, "length"].unique())]
     trained = rows.groupby("task")["trained_length"].first()
     header = [task if length == trained[task] else f"{task} at {length}" for task, length in columns]
-    lines = ["| architecture | " + " | ".join(header) + " |", "| --- " * (1 + len(columns)) + "|"]
+    accuracies = []
     for curve in curves:
-        cells = []
+        cells = [_label(curve)]
         for task, length in columns:
             point = rows[(rows["curve"] == curve) & (rows["task"] == task) & (rows["length"] == length)]
             rate = ("" if point.empty or point["lrs_tried"].iloc[0] < 2 or length != trained[task] else
                     f" (lr {point['lr'].iloc[0]:g}{'*' if point['at_edge'].iloc[0] else ''})")
             cells.append("-" if point.empty else f"{point['accuracy'].mean():.3f}{rate}")
-        lines.append(f"| {_label(curve)} | " + " | ".join(cells) + " |")
+        accuracies.append(cells)
+    lines = [markdown_table(["architecture", *header], accuracies)]
     if rows["at_edge"].any():
         lines += ["", "\\* the best of the rates tried is the lowest or the highest of them: the grid does not "
                   "bracket it, and a wider one may find more."]
     state = rows.drop_duplicates(["curve", "task"]).pivot(index="curve", columns="task", values="state_bytes")
     lines += ["", "Decoding state per sequence after the training length (KiB, fp32):", "",
-              "| architecture | " + " | ".join(tasks) + " |", "| --- " * (1 + len(tasks)) + "|"]
-    for curve in curves:
-        lines.append(f"| {_label(curve)} | " + " | ".join(f"{state.loc[curve, task] / 1024:,.1f}"
-                                                           if task in state.columns else "-" for task in tasks) + " |")
+              markdown_table(["architecture", *tasks],
+                             [[_label(curve), *(f"{state.loc[curve, task] / 1024:,.1f}" if task in state.columns else "-"
+                                                for task in tasks)] for curve in curves])]
     return "\n".join(lines) + "\n"
 
 
@@ -132,7 +133,7 @@ def plot_tasks(rows: pd.DataFrame, output_dir: str | Path, name: str) -> TaskFig
         own = rows[rows["task"] == task]
         lengths = sorted(own["length"].unique())
         for index, curve in enumerate(curves):
-            arch = curve.split("|", 1)[0]
+            arch = split_curve(curve)[0]
             points = own[own["curve"] == curve].groupby("length")["accuracy"].mean()
             if points.empty:
                 continue
@@ -174,7 +175,7 @@ def plot_task_rates(rows: pd.DataFrame, output_dir: str | Path, name: str) -> li
         for curve in curves:
             points = trained[(trained["task"] == task) & (trained["curve"] == curve)].groupby("lr")["accuracy"].mean()
             if not points.empty:
-                ax.plot(points.index, points.values, marker="o", color=architecture_color(curve.split("|", 1)[0]),
+                ax.plot(points.index, points.values, marker="o", color=architecture_color(split_curve(curve)[0]),
                         label=_label(curve))
         ax.set(xscale="log", title=task.replace("_", " "), ylim=(-0.02, 1.02), xlabel="learning rate",
                ylabel="test accuracy")

@@ -23,6 +23,7 @@ from mcsd.data.mqar import prediction_accuracy
 from mcsd.data.retrieval import RETRIEVAL_TASKS
 from mcsd.data.tasks import TASKS
 from mcsd.models import registry
+from mcsd.plots.runs import split_curve
 from mcsd.plots.tasks import load_task_runs, plot_tasks
 from mcsd.training.compression import CompressionDecoder
 
@@ -214,7 +215,7 @@ def test_a_rate_sweep_takes_each_points_best_rate_and_draws_accuracy_against_it(
     from mcsd.plots.tasks import best_task_rates, markdown_task_table
 
     def row(curve: str, lr: float, seed: int, accuracy: float, tokens: float = 1e6) -> dict:
-        arch, variant = curve.split("|")
+        arch, variant = split_curve(curve)
         return {"run": f"{curve}{lr}{seed}{tokens}", "arch": arch, "variant": variant, "task": "in_context_recall",
                 "seed": seed, "lr": lr, "trained_length": 128, "params": 1, "tokens": tokens, "state_bytes": 1024,
                 "length": 128, "accuracy": accuracy, "curve": curve}

@@ -23,7 +23,7 @@ from mcsd.models import ARCHITECTURE_FOLDERS, registry
 PACKAGE = Path(mcsd.__file__).parent
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer is its longest prefix's
-    ("base", ("mcsd.errors", "mcsd.files", "mcsd.precision", "mcsd.runtime")),
+    ("base", ("mcsd.errors", "mcsd.files", "mcsd.markdown", "mcsd.precision", "mcsd.runtime")),
     ("ops", ("mcsd.ops",)),
     ("data", ("mcsd.data",)),
     ("model config", ("mcsd.models.config",)),
@@ -265,3 +265,21 @@ def test_result_files_are_named_only_by_their_format_module() -> None:
             if isinstance(node, ast.Constant) and node.value in names:
                 found.setdefault(node.value, set()).add(module_name(path))
     assert found == {name: {module for module, files in RESULT_FORMATS.items() if name in files} for name in names}
+
+
+def test_a_curve_key_is_built_and_split_only_by_its_owner() -> None:
+    """A curve's key (``arch|variant``, ``arch|size``) is built by ``mcsd.plots.runs.curve_key``
+    and split by ``split_curve`` alone: no other module splits on, adds or formats the separator."""
+    spelled = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            split = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "split"
+                     and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "|")
+            added = (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+                     and any(isinstance(side, ast.Constant) and side.value == "|" for side in (node.left, node.right)))
+            formatted = isinstance(node, ast.JoinedStr) and any(
+                isinstance(a, ast.FormattedValue) and isinstance(b, ast.Constant) and b.value == "|"
+                and isinstance(c, ast.FormattedValue) for a, b, c in zip(node.values, node.values[1:], node.values[2:]))
+            if split or added or formatted:
+                spelled.add(module_name(path))
+    assert spelled == {"mcsd.markdown"}  # a table's cell borders, not a key
