@@ -1,4 +1,7 @@
-"""The dtypes a model runs in, by name, and what ``dtype=auto`` chooses.
+"""The project's one precision vocabulary: the dtypes a model runs in, by name (:data:`DTYPES`;
+FSDP2's ``mixed_precision`` takes their short names, :data:`SHORT_NAMES`), what ``auto`` chooses
+wherever a setting takes it (:func:`auto_dtype`: bf16 on a GPU that supports it, fp32 elsewhere),
+and the dtype a Lightning ``trainer.precision`` computes in (:func:`trainer_compute_dtype`).
 
 A model cast to bf16 or fp16 runs every form and decodes in that dtype; what stays fp32 whatever
 the dtype: every recurrent state (MCSD's section states, RetNet's, RWKV-4's, the SSD's), the
@@ -14,6 +17,33 @@ import torch
 from mcsd.errors import MCSDError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHORT_NAMES = {"fp32": "float32", "bf16": "bfloat16"}  # trainer.strategy.mixed_precision's names (besides auto)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The :data:`DTYPES` name of ``dtype`` (``bfloat16``)."""
+    return next(name for name, value in DTYPES.items() if value == dtype)
+
+
+def auto_dtype(device: str | torch.device) -> torch.dtype:
+    """What ``auto`` means wherever a setting takes it: bf16 on a GPU that supports it, fp32
+    elsewhere (a CPU, an older GPU)."""
+    device = torch.device(device)
+    supported = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return torch.bfloat16 if supported else torch.float32
+
+
+def trainer_compute_dtype(precision: str | int | None) -> torch.dtype:
+    """The dtype a Lightning ``trainer.precision`` computes in (``bf16-mixed``, ``bf16-true`` ->
+    bf16; ``16-mixed``, ``16-true``, 16 -> fp16; ``32-true``, 32, 64 and ``None`` -> fp32)."""
+    text = str(precision)
+    return torch.bfloat16 if text.startswith("bf16") else torch.float16 if text.startswith("16") else torch.float32
+
+
+def mixed_precision_dtype(setting: str, device: str | torch.device) -> torch.dtype:
+    """The dtype FSDP2's ``mixed_precision`` setting (``auto`` or one of :data:`SHORT_NAMES`)
+    computes in on ``device``."""
+    return auto_dtype(device) if setting == "auto" else DTYPES[SHORT_NAMES[setting]]
 
 
 def check_device(device: str | torch.device, setting: str = "device") -> None:
@@ -33,9 +63,7 @@ def model_dtype(setting: str, device: str | torch.device) -> torch.dtype:
     elsewhere (a CPU, an older GPU); otherwise one of :data:`DTYPES`. A wrong value is one line
     naming the setting and the choices."""
     if setting == "auto":
-        device = torch.device(device)
-        supported = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if supported else torch.float32
+        return auto_dtype(device)
     if setting not in DTYPES:
         raise MCSDError(f"dtype={setting!r} is not a dtype: use auto, {', '.join(DTYPES)}")
     return DTYPES[setting]

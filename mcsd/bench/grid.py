@@ -34,7 +34,7 @@ from mcsd.checkpoint import bench_results
 from mcsd.errors import MCSDError
 from mcsd.files import replace_earlier_results
 from mcsd.models import registry
-from mcsd.precision import DTYPES
+from mcsd.precision import DTYPES, auto_dtype, dtype_name
 from mcsd.runtime import StopAfterCurrent, apply_threads, git_commit, interrupted, require_wandb_login
 
 log = logging.getLogger("mcsd.bench")
@@ -58,8 +58,8 @@ def _check(cfg: DictConfig) -> None:
         raise MCSDError(f"time_budget_s={budget} must be a number of seconds above 0, or null (no budget)")
     if cfg.mode == "train" and cfg.train.batch_size is None and not cfg.train.tokens_per_step:
         raise MCSDError("train.batch_size=null and train.tokens_per_step=null leave no training point: set either")
-    if cfg.dtype not in DTYPES:
-        raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use one of {', '.join(DTYPES)}")
+    if cfg.dtype not in ("auto", *DTYPES):
+        raise MCSDError(f"dtype={cfg.dtype!r} is unknown: use auto or one of {', '.join(DTYPES)}")
     if cfg.cuda_graphs and not cfg.device.startswith("cuda"):
         raise MCSDError(f"cuda_graphs=true replays CUDA graphs, which device={cfg.device} has not: set cuda_graphs=false")
     if cfg.wandb.enabled and not cfg.wandb.offline:
@@ -127,6 +127,8 @@ def _measure(cfg: DictConfig, head: dict[str, Any], points: list, to_measure: li
 def bench(cfg: DictConfig) -> Path:
     """Run the grid of ``cfg`` and write its results; return the CSV's path."""
     _check(cfg)
+    if cfg.dtype == "auto":  # as every command reads it (mcsd.precision.auto_dtype); the rows record the dtype it chose
+        cfg.dtype = dtype_name(auto_dtype(cfg.device))
     if isinstance(cfg.threads, str):  # threads=auto (not through the command): a number, for the points too
         apply_threads("mcsd-bench", cfg)
     isolate = cfg.isolate if cfg.isolate is not None else not cfg.device.startswith("cuda")

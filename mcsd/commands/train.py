@@ -37,6 +37,7 @@ from mcsd.data.tokenizer import load_tokenizer as load_tokenizer_file
 from mcsd.errors import MCSDError
 from mcsd.models.build import make_config
 from mcsd.models.config import LMConfig
+from mcsd.precision import mixed_precision_dtype, trainer_compute_dtype
 from mcsd.training.callbacks import DivergedError, SaveFinalModel, StopOnDivergence
 from mcsd.training.checks import check_run
 from mcsd.training.dashboard import (BestValidation, RememberIdentity, RunIdentity, exit_code_of, finish_wandb,
@@ -112,10 +113,8 @@ def _memory_plan(cfg: DictConfig, model_config: LMConfig) -> MemoryPlan:
     devices = trainer.devices if isinstance(trainer.devices, int) else (torch.cuda.device_count() if gpu else 1)
     sharded = "FSDP2Strategy" in str(OmegaConf.select(cfg, "trainer.strategy._target_", default=""))
     mixed = OmegaConf.select(cfg, "trainer.strategy.mixed_precision", default="fp32")
-    if "bf16" in str(trainer.precision) or mixed == "bf16" or (mixed == "auto" and gpu):
-        compute = torch.bfloat16
-    else:
-        compute = torch.float16 if "16" in str(trainer.precision) else torch.float32
+    trained, sharded_dtype = trainer_compute_dtype(trainer.precision), mixed_precision_dtype(mixed, "cuda" if gpu else "cpu")
+    compute = torch.bfloat16 if torch.bfloat16 in (trained, sharded_dtype) else trained
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     return plan_memory(model_config, cfg.data.batch_size, cfg.data.seq_len, devices * trainer.get("num_nodes", 1), devices,
                        sharded, compute, f"cuda:{local_rank}" if gpu else "cpu")

@@ -18,6 +18,7 @@ from mcsd.checkpoint import saved_model
 from mcsd.checkpoint.sharded import full_state_dict, is_sharded
 from mcsd.errors import MCSDError
 from mcsd.models.config import ConfigError
+from mcsd.precision import dtype_name, trainer_compute_dtype
 
 
 def batch_size(batch: dict[str, torch.Tensor]) -> int:
@@ -38,8 +39,7 @@ def dense_peak_flops(device: torch.device, device_name: str, precision: str) -> 
     gpu = known_gpu(device_name) if device.type == "cuda" else None
     if gpu is None:
         return None
-    dtype = "bfloat16" if "bf16" in precision else "float16" if "16" in precision else "float32"
-    return gpu.flops[dtype]
+    return gpu.flops[dtype_name(trainer_compute_dtype(precision))]
 
 
 class Throughput(ThroughputMonitor):
@@ -142,7 +142,7 @@ class StopOnDivergence(L.Callback):
         fixes = ["lower optimizer.lr" + (f" (now {self.lr:g})" if self.lr is not None else "")]
         if trainer.gradient_clip_val is None:
             fixes.append("clip gradients (trainer.gradient_clip_val=1.0)")
-        if "16" in str(trainer.precision) and "bf16" not in str(trainer.precision):
+        if trainer_compute_dtype(trainer.precision) == torch.float16:
             fixes.append("train in bf16 (fp16 overflows)")
         raise DivergedError(f"{what} at step {step}: training diverged; {', or '.join(fixes)}; {kept}", step)
 

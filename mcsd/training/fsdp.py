@@ -26,13 +26,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from mcsd.checkpoint.sharded import copy_into
 from mcsd.errors import MCSDError
+from mcsd.precision import SHORT_NAMES, mixed_precision_dtype
 from mcsd.models import CausalLM
 
 # FSDP2 warns that a layer returns views (its decoding state: slices of the last chunk's), which
 # an in-place op would cut from the backward; training never touches them.
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(\w+\) returned a view tensor")
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @torch.no_grad()
@@ -71,9 +71,9 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def __init__(self, mixed_precision: str = "auto", reshard_after_forward: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if mixed_precision not in ("auto", *PRECISIONS):
+        if mixed_precision not in ("auto", *SHORT_NAMES):
             raise MCSDError(f"trainer.strategy.mixed_precision={mixed_precision!r} is not an option: use auto, "
-                            f"{', '.join(PRECISIONS)}")
+                            f"{', '.join(SHORT_NAMES)}")
         self.mixed_precision = mixed_precision
         self.reshard_after_forward = reshard_after_forward
 
@@ -84,10 +84,9 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     @property
     def param_dtype(self) -> torch.dtype:
-        """The dtype layers compute in: the policy's, ``auto`` meaning bf16 on a GPU, fp32 elsewhere."""
-        if self.mixed_precision == "auto":
-            return torch.bfloat16 if self.root_device.type == "cuda" else torch.float32
-        return PRECISIONS[self.mixed_precision]
+        """The dtype layers compute in: the policy's, ``auto`` meaning bf16 on a GPU that supports it,
+        fp32 elsewhere (:func:`mcsd.precision.mixed_precision_dtype`)."""
+        return mixed_precision_dtype(self.mixed_precision, self.root_device)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """16-bit compute also runs under autocast: the models keep their states and carries in fp32

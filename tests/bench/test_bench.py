@@ -473,6 +473,15 @@ def test_a_saved_model_benches_beside_an_architecture(tmp_path: Path) -> None:
     assert model_label("transformer", frame["model"].iloc[1]) == "Transformer (run)"
 
 
+def test_dtype_auto_benches_in_the_dtype_every_command_chooses(tmp_path: Path) -> None:
+    """``dtype=auto`` means what it means to mcsd-generate, mcsd-eval and mcsd-probe (fp32 on a CPU):
+    the header and every row record the dtype it chose."""
+    csv_path = run_bench(tmp_path, *TINY_INFERENCE, "models=[mcsd]", "inference.batch_sizes=[1]",
+                         "inference.gen_lengths=[4]", "isolate=false", "dtype=auto")
+    assert list(pd.read_csv(csv_path)["dtype"]) == ["float32"]
+    assert json.loads((tmp_path / "results.json").read_text())["header"]["dtype"] == "float32"
+
+
 def test_a_bench_point_opens_its_checkpoint_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A ``.ckpt`` entry is read once to plan the grid (its architecture and variant) and once by
     each point (config and weights from the same read), not once per part."""

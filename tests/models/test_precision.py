@@ -90,6 +90,24 @@ def test_dtype_auto_is_bf16_on_a_gpu_that_supports_it(monkeypatch: pytest.Monkey
         model_dtype("float64", "cpu")
 
 
+def test_one_vocabulary_names_every_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's precision strings, FSDP2's mixed_precision and the dtype names map to one set of
+    dtypes; ``auto`` is the same choice everywhere (bf16 only on a GPU that supports it)."""
+    from mcsd.precision import DTYPES, dtype_name, mixed_precision_dtype, trainer_compute_dtype
+
+    expected = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16, "16-true": torch.float16,
+                16: torch.float16, "32-true": torch.float32, 32: torch.float32, "64-true": torch.float32, None: torch.float32}
+    assert {precision: trainer_compute_dtype(precision) for precision in expected} == expected
+    assert [dtype_name(dtype) for dtype in DTYPES.values()] == list(DTYPES)
+    assert (mixed_precision_dtype("fp32", "cuda"), mixed_precision_dtype("bf16", "cpu")) == (torch.float32, torch.bfloat16)
+    assert mixed_precision_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    assert mixed_precision_dtype("auto", "cuda") == torch.float32  # an older GPU: fp32, as dtype=auto
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert mixed_precision_dtype("auto", "cuda") == model_dtype("auto", "cuda") == torch.bfloat16
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @torch.no_grad()
 def test_mcsd_generate_decodes_in_the_dtype_it_is_given(tmp_path: Path, dtype: str) -> None:
