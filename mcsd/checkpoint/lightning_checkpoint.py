@@ -63,7 +63,7 @@ def mount_point(folder: Path) -> str:
 
 def last_whole(folder: Path) -> str:
     """Which checkpoint of ``folder`` a run resumes from after a failed write."""
-    last = folder / "last.ckpt"
+    last = folder / LAST_CHECKPOINT
     return (f"{last} is the last whole checkpoint" if last.exists() else
             f"{folder} holds no whole checkpoint yet")
 

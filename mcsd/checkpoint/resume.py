@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from mcsd.checkpoint.lightning_checkpoint import CHECKPOINT_DIR, WANDB_RUN_KEY, read_checkpoint
 from mcsd.checkpoint.run_folder import RunFolder
+from mcsd.checkpoint.saved_model import WEIGHTS_FILE
 from mcsd.data.datamodule import tokens_per_step
 from mcsd.errors import MCSDError
 from mcsd.models import registry
@@ -205,7 +206,7 @@ def resume_config(cfg: DictConfig) -> DictConfig:
         if not ckpt_path.exists():
             raise MCSDError(f"ckpt_path={cfg.ckpt_path} does not exist: point it at a .ckpt under a run's "
                             "checkpoints/ (or resume=RUN_DIR)")
-        if ckpt_path.suffix == ".safetensors" or (ckpt_path / "model.safetensors").is_file():
+        if ckpt_path.suffix == ".safetensors" or (ckpt_path / WEIGHTS_FILE).is_file():
             raise MCSDError(f"ckpt_path={cfg.ckpt_path} is a model's weights, not a run's checkpoint: resume a run "
                             "with resume=RUN_DIR (or ckpt_path=RUN_DIR/checkpoints/last.ckpt), or start a new run "
                             f"from these weights with init_from={cfg.ckpt_path}")

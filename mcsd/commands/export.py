@@ -33,6 +33,7 @@ from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate
 from mcsd.commands.app import hydra_app, refuse_onnx_export
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.deploy.onnx import check_onnx_installed, check_onnx_weights, write_onnx_export
+from mcsd.deploy.onnx_runner import MANIFEST_FILE, TOKENIZER_FILE as ONNX_TOKENIZER_FILE
 from mcsd.runtime import git_commit
 from mcsd.errors import MCSDError
 from mcsd.files import give_default_permissions
@@ -47,7 +48,7 @@ EXPORT_FILE = re.compile(r"(config|generation_config|tokenizer|tokenizer_config|
                          r"|chat_template\.jinja|README\.md|" + re.escape(REMOTE_CODE_FILE))
 # What an ONNX export writes (mcsd.deploy.onnx), and the file that marks a folder as one.
 ONNX_EXPORT_FILE = re.compile(r"(prefill|step)\.onnx|export\.json|tokenizer\.json|README\.md")
-ONNX_MARKER = "export.json"
+ONNX_MARKER = MANIFEST_FILE
 FORMATS = ("hf", "onnx")
 # Each format's files and the file that marks a folder as its export.
 EXPORTS = {"hf": (EXPORT_FILE, REMOTE_CODE_FILE, "transformers"), "onnx": (ONNX_EXPORT_FILE, ONNX_MARKER, "ONNX")}
@@ -302,7 +303,7 @@ def export(cfg: DictConfig) -> Path:
         if export_format == "onnx":
             manifest = write_onnx_export(model, staging, capacity, tokenizer.token_to_id(EOS_TOKEN), saved.name,
                                          weights)
-            tokenizer.save(str(staging / "tokenizer.json"))
+            tokenizer.save(str(staging / ONNX_TOKENIZER_FILE))
             (staging / "README.md").write_text(onnx_card(saved, manifest))
         else:
             write_export(model, tokenizer, staging, model_card(model, saved, describe_training(saved)))

@@ -42,14 +42,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from mcsd.deploy.onnx_runner import MANIFEST_FILE, PREFILL_FILE, STEP_FILE
 from mcsd.deploy.quantize import weight_format
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, registry
 from mcsd.models.modules.attention import KVCache, ReadOnlyKVCache
 from mcsd.models.modules.state import CapacityState, LayerState, map_tensors, tensors_of
 
-MANIFEST_FILE = "export.json"
-PREFILL_FILE, STEP_FILE = "prefill.onnx", "step.onnx"
 FORMAT_VERSION = 2  # 2: the step returns a KV cache's entries of the token alone (1: the whole cache)
 INSTALL_HINT = "pip install 'mcsd[edge]' (onnx, onnxscript, onnxruntime)"
 

@@ -250,12 +250,16 @@ def test_every_command_is_a_module_of_the_command_package() -> None:
 
 RESULT_FORMATS = {"mcsd.checkpoint.bench_results": ("results.csv", "results.json"),
                   "mcsd.checkpoint.eval_results": ("results.json", "table2.md"),
-                  "mcsd.checkpoint.probe_results": ("context_curve.csv", "context_delta.csv")}
-"""Each result format's module and the file names it owns."""
+                  "mcsd.checkpoint.probe_results": ("context_curve.csv", "context_delta.csv"),
+                  "mcsd.checkpoint.lightning_checkpoint": ("checkpoints", "last.ckpt"),
+                  "mcsd.checkpoint.saved_model": ("model.safetensors", "config.json", "tokenizer.json", "training.json"),
+                  "mcsd.deploy.onnx_runner": ("export.json", "prefill.onnx", "step.onnx", "tokenizer.json")}
+"""Each on-disk format's module and the file names it owns: the commands' result files, a run's
+checkpoints, a model folder, an ONNX export (a model is located by its module alone)."""
 
 
 def test_result_files_are_named_only_by_their_format_module() -> None:
-    """A result file's name, as a path is built from it, appears only in the module that writes and
+    """A result file's (or a model folder's, a run's checkpoints') name, as a path is built from it, appears only in the module that writes and
     reads its format (a docstring or a message may mention it; a string that is the name alone is
     a path): every other module reads and writes it through that module."""
     names = {name for files in RESULT_FORMATS.values() for name in files}
