@@ -42,3 +42,22 @@ def read(path: str | Path) -> dict[str, Any]:
         raise MCSDError(f"{path} is not a results file of mcsd-eval (it lacks params or results): give the "
                         f"{RESULTS_FILE} of an mcsd-eval run")
     return summary
+
+
+RESUME_MUST_MATCH = ("model", "num_fewshot", "limit")  # what a resumed run keeps of the earlier one's settings
+
+
+def resumed(output_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """``resume=true``: the summary already in ``output_dir`` (``None`` where there is none), whose
+    finished tasks a resumed run keeps; refused in one line when it scored another model or with
+    other shots or another limit (:data:`RESUME_MUST_MATCH`: its numbers would not stand beside
+    the new ones)."""
+    if not (output_dir / RESULTS_FILE).is_file():
+        return None
+    earlier = read(output_dir / RESULTS_FILE)
+    for key in RESUME_MUST_MATCH:
+        if earlier.get(key) != summary[key]:
+            raise MCSDError(f"resume=true: the results in {output_dir} were scored with {key}={earlier.get(key)!r} "
+                            f"and this run has {key}={summary[key]!r}: resume with the same setting, or give another "
+                            "output_dir")
+    return earlier

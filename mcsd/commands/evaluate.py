@@ -4,7 +4,8 @@
     mcsd-eval ckpt=... tasks=[arc_easy,lambada_openai] limit=100
     mcsd-eval ckpt=... tasks=local                                # bundled offline tasks
     mcsd-eval ckpt=... tasks=[my_task] include_path=my_tasks/     # your own task YAMLs
-Writes results.json, table2.md (and a W&B table) to the run directory. The model is scored by
+    mcsd-eval ckpt=... paths.output_dir=<an interrupted run> resume=true   # only the tasks it lacks
+Writes results.json, table2.md (and a W&B table) to the run directory, after every task. The model is scored by
 lm-eval's own ``HFLM``, over the model as a Hugging Face ``transformers`` model (:mod:`mcsd.hf`).
 """
 
@@ -38,6 +39,9 @@ from mcsd.hf import as_hf_model, as_hf_tokenizer
 from mcsd.models import registry
 from mcsd.training.dashboard import MeasurementRun
 from mcsd.deploy.quantize import decoding_dtype, quantize_weights, weight_format
+
+
+log = logging.getLogger("mcsd.eval")
 
 
 def resolve_tasks(cfg: DictConfig, output_dir: Path) -> tuple[list[str], str | None, int | None]:
@@ -155,24 +159,49 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     saved = locate(cfg.ckpt)
     decoding_dtype(cfg.dtype, cfg.get("weights", "full"), cfg.device)  # refused before anything is written
     output_dir = Path(cfg.output_dir)
-    replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-eval", cfg.get("overwrite", False))
+    if cfg.get("resume") and cfg.get("overwrite"):
+        raise MCSDError("resume=true keeps the results in output_dir and overwrite=true replaces them: give one of them")
+    if not cfg.get("resume"):
+        replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-eval", cfg.get("overwrite", False),
+                                resume="resume=true to keep its tasks finished and run only the rest")
     lm = language_model(saved, cfg)  # a checkpoint it cannot read is refused before the run folder holds anything
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
+    earlier = (eval_results.resumed(output_dir, {"model": str(saved.path), "num_fewshot": num_fewshot, "limit": cfg.limit})
+               if cfg.get("resume") else None)
+    kept = [task for task in (earlier or {}).get("tasks", []) if task in tasks]
+    if earlier is not None:
+        log.info("resume=true: %d of the %d tasks already scored in %s (%s), %d to run", len(kept), len(tasks),
+                 output_dir, ", ".join(kept) or "none", len(tasks) - len(kept))
     manager = check_tasks(tasks, include_path)
+    model = lm.model.model  # the project's CausalLM inside the transformers model
+    params = sum(p.numel() for p in model.parameters())
+    label = f"{registry.of_config(model.config).label} {saved.name}" + (
+        f" ({weight_format(model)} weights)" if weight_format(model) != "full" else "")
     wandb_run = (MeasurementRun("eval", cfg.wandb, OmegaConf.to_container(cfg, resolve=True), output_dir,
                                 [cfg.ckpt])
                  if cfg.wandb.enabled else contextlib.nullcontext())
     with wandb_run:
-        results: dict[str, Any] = {}
-        shots: dict[str, Any] = {}
-        versions: dict[str, Any] = {}
-        finished = []
+        results: dict[str, Any] = {name: (earlier or {}).get("results", {})[name] for name in
+                                   (earlier or {}).get("results", {}) if _task_of(name, kept)}
+        shots: dict[str, Any] = {name: value for name, value in (earlier or {}).get("n-shot", {}).items()
+                                 if _task_of(name, kept)}
+        versions: dict[str, Any] = {name: value for name, value in (earlier or {}).get("versions", {}).items()
+                                    if _task_of(name, kept)}
+        finished = list(kept)
+
+        def write() -> None:  # after every task: a run killed outright keeps the tasks it finished
+            summary = {"model": str(saved.path), "params": params, "tasks": [task for task in tasks if task in finished],
+                       "tasks_planned": tasks, "complete": set(finished) == set(tasks), "num_fewshot": num_fewshot,
+                       "limit": cfg.limit, "results": results, "n-shot": shots, "versions": versions,
+                       "config": OmegaConf.to_container(cfg, resolve=True)}
+            eval_results.write(output_dir, summary, table2_markdown([(label, params, results)]))
         # lm-eval asks git for the hash of the working folder, whose "fatal: not a git repository"
         # outside a checkout reaches the user's terminal: it records this package's commit instead.
         with (StopAfterCurrent() as stop, tqdm(total=len(tasks), desc="mcsd-eval", unit="task") as bar,
               mock.patch("lm_eval.evaluator.get_git_commit_hash", git_commit)):
-            for task in tasks:  # one at a time, so that Ctrl-C keeps the tasks finished (lm-eval's bars go within)
+            bar.update(len(kept))
+            for task in (task for task in tasks if task not in kept):  # one at a time: Ctrl-C keeps those finished
                 bar.set_postfix_str(task)
                 outcome = simple_evaluate(model=lm, tasks=[task], num_fewshot=num_fewshot, limit=cfg.limit,
                                           task_manager=manager, log_samples=True, random_seed=cfg.seed,
@@ -186,6 +215,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
                 shots.update(outcome.get("n-shot") or {})
                 versions.update(outcome.get("versions") or {})
                 finished.append(task)
+                write()
                 if cfg.wandb.enabled:  # each task's numbers as it finishes: an interrupted run keeps them
                     wandb_run.record({}, {f"eval/{row[0]}/{row[1]}": row[2] for row in _score_rows(outcome["results"])})
                 bar.update(1)
@@ -193,14 +223,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
                     break
         if not finished:
             interrupted("mcsd-eval", "stopped before the first task was finished: nothing written")
-        model = lm.model.model  # the project's CausalLM inside the transformers model
-        params = sum(p.numel() for p in model.parameters())
-        label = f"{registry.of_config(model.config).label} {saved.name}" + (
-            f" ({weight_format(model)} weights)" if weight_format(model) != "full" else "")
-        summary = {"model": str(saved.path), "params": params, "tasks": finished, "tasks_planned": tasks,
-                   "complete": finished == tasks, "num_fewshot": num_fewshot, "limit": cfg.limit, "results": results,
-                   "n-shot": shots, "versions": versions, "config": OmegaConf.to_container(cfg, resolve=True)}
-        eval_results.write(output_dir, summary, table2_markdown([(label, params, results)]))
+        write()
         if cfg.wandb.enabled:
             wandb_run.table("eval/results", pd.DataFrame(_score_rows(results), columns=["task", "metric", "value"]))
         if stop.requested:
@@ -212,6 +235,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     print("\n".join(lines) + f"\nresults: {output_dir / RESULTS_FILE}\ntable: {output_dir / TABLE_FILE}",
           flush=True)
     return results
+
+
+def _task_of(name: str, tasks: list[str]) -> bool:
+    """Whether lm-eval's result ``name`` belongs to one of ``tasks`` (a group's subtasks are
+    reported under their own names, which carry the group's: ``mmlu_anatomy`` of ``mmlu``)."""
+    return any(name == task or name.startswith(f"{task}_") for task in tasks)
 
 
 def _score_rows(results: dict[str, Any]) -> list[tuple[str, str, float]]:

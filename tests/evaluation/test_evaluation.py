@@ -24,6 +24,7 @@ from mcsd.checkpoint.wandb_run import find_wandb_runs, read_wandb_run
 from mcsd.data import LanguageModelDataModule
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.commands.evaluate import check_tasks, evaluate, language_model
+from mcsd.errors import MCSDError
 from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import PAPER_ROWS, table2_markdown
 from mcsd.commands.train import train
@@ -212,6 +213,22 @@ def test_ctrl_c_keeps_the_tasks_finished(checkpoint: Path, tmp_path: Path, monke
     whole = evaluate_here(*common, f"paths.output_dir={tmp_path / 'whole'}")
     assert set(whole) == {"mcsd_local_mc", "mcsd_local_ppl"}
     assert kept["results"]["mcsd_local_mc"]["acc,none"] == whole["mcsd_local_mc"]["acc,none"]
+    # resume=true runs only the task the interrupted run lacks, and ends where the whole run ended.
+    evaluated.clear()
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda **arguments: evaluated.append(arguments["tasks"]) or real(**arguments))
+    resumed = evaluate_here(*common, f"paths.output_dir={tmp_path / 'stopped'}", "resume=true")
+    def numbers(results: dict) -> dict:
+        return {task: {key: value for key, value in metrics.items() if isinstance(value, float)}
+                for task, metrics in results.items()}
+
+    assert evaluated == [["mcsd_local_ppl"]] and numbers(resumed) == numbers(whole)
+    summary = json.loads((tmp_path / "stopped" / "results.json").read_text())
+    assert summary["complete"] is True and summary["tasks"] == summary["tasks_planned"]
+    assert (tmp_path / "stopped" / "table2.md").read_text() == (tmp_path / "whole" / "table2.md").read_text()
+    with pytest.raises(MCSDError, match=r"resume=true: the results in .* were scored with limit=4 and this run has "
+                                        r"limit=2: resume with the same setting"):
+        evaluate_here(f"ckpt={checkpoint}", "tasks=local", "limit=2", "wandb.enabled=false",
+                      f"paths.output_dir={tmp_path / 'stopped'}", "resume=true")
 
 
 def test_tasks_of_the_include_path_alone_need_no_index_of_lm_evals_own(tmp_path: Path) -> None:
