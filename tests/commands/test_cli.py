@@ -287,7 +287,10 @@ BAD_INPUTS = [
      "resume=true keeps the results in output_dir and overwrite=true replaces them: give one of them"),
     ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "output_dir=earlier_eval"], {}, None,
      "output_dir=earlier_eval holds the results of an earlier mcsd-eval run (results.json, table2.md): choose a new "
-     "folder (leave output_dir out: each run gets one of its own), or overwrite=true to replace them"),
+     "folder (leave output_dir out: each run gets one of its own), resume=true to keep its tasks finished and run only "
+     "the rest, or overwrite=true to replace them"),
+    ("mcsd-eval", ["ckpt=EARLIER", "tasks=local", "output_dir=earlier_eval", "resume=true", "overwrite=true"], {}, None,
+     "resume=true keeps the results in output_dir and overwrite=true replaces them: give one of them"),
     ("mcsd-probe", ["context", "ckpt=EARLIER", "output_dir=earlier_probe"], {}, "mcsd-probe context",
      "output_dir=earlier_probe holds the results of an earlier mcsd-probe context run (context_curve.csv, "
      "context_delta.csv)"),
