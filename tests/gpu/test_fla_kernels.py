@@ -19,6 +19,7 @@ import torch
 
 from helpers.models import decode_with_state, relative_rms_error, tiny_model
 from helpers.runs import FAST, compose_train, read_metrics, series
+from mcsd.ops.context import ForwardContext
 from mcsd.models import registry
 from mcsd.ops.decayed_attention import chunk_decayed_attention, decayed_attention, decayed_attention_step
 from mcsd.ops.decayed_attention.fla_backend import gated_chunk_backward_refused
@@ -79,7 +80,7 @@ def test_exp_filter_through_hgrn(form: str, length: int, dtype: torch.dtype) -> 
     def run(kernels, x, log_decay, initial):
         if kernels == "torch":
             return chunk_exp_filter(x, log_decay, initial)
-        return exp_filter(x, log_decay, initial, form, kernels="fla")
+        return exp_filter(x, log_decay, initial, context=ForwardContext(form, "fla"))
 
     _compare(run, [x, log_decay, initial], dtype, cast=1, differentiate=[0])
 
@@ -96,13 +97,14 @@ def test_decayed_attention_through_simple_gla(form: str, per_token: bool, length
     def run(kernels, q, k, v, log_decay, initial):
         if kernels == "torch":
             return chunk_decayed_attention(q, k, v, log_decay, initial)
-        return decayed_attention(q, k, v, log_decay, initial, form, kernels="fla")
+        return decayed_attention(q, k, v, log_decay, initial, context=ForwardContext(form, "fla"))
 
     refused = per_token and form == "chunk" and gated_chunk_backward_refused()
     _compare(run, [q, k, v, log_decay, initial], dtype, cast=3, differentiate=[] if refused else [0, 1, 2])
     if refused:  # fla's own refusal, said in one line (auto runs the PyTorch form: the CPU test)
         with pytest.raises(KernelsUnavailable, match="upgrade Triton to 3.7.1"):
-            decayed_attention(*(tensor.to(CUDA).requires_grad_() for tensor in (q, k, v, log_decay)), kernels="fla")
+            decayed_attention(*(tensor.to(CUDA).requires_grad_() for tensor in (q, k, v, log_decay)),
+                    context=ForwardContext("chunk", "fla"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -115,7 +117,7 @@ def test_wkv_through_rwkv4(length: int, dtype: torch.dtype) -> None:
     def run(kernels, k, v, w, u, initial):
         if kernels == "torch":
             return chunk_wkv(w, u, k, v, initial)
-        return wkv(w, u, k, v, initial, kernels="fla")
+        return wkv(w, u, k, v, initial, context=ForwardContext("chunk", "fla"))
 
     def what_it_holds(state: torch.Tensor) -> torch.Tensor:
         """(a, b, p) as the weighted average a / b and the log of the total weight log b + p: the
@@ -147,7 +149,7 @@ def test_exp_filter_keeps_documents_apart_through_hgrn(form: str, dtype: torch.d
     def run(kernels, x, log_decay, initial):
         if kernels == "torch":
             return chunk_exp_filter(x, log_decay, initial, starts=starts)
-        return exp_filter(x, log_decay, initial, form, kernels="fla", starts=starts)
+        return exp_filter(x, log_decay, initial, context=ForwardContext(form, "fla", starts=starts))
 
     _compare(run, [x, log_decay, initial], dtype, cast=1, differentiate=[0])
 
@@ -166,7 +168,7 @@ def test_decayed_attention_keeps_documents_apart_through_simple_gla(form: str, p
     def run(kernels, q, k, v, log_decay, initial):
         if kernels == "torch":
             return chunk_decayed_attention(q, k, v, log_decay, initial, starts=starts)
-        return decayed_attention(q, k, v, log_decay, initial, form, kernels="fla", starts=starts)
+        return decayed_attention(q, k, v, log_decay, initial, context=ForwardContext(form, "fla", starts=starts))
 
     refused = per_token and form == "chunk" and gated_chunk_backward_refused()
     _compare(run, [q, k, v, log_decay, initial], dtype, cast=3, differentiate=[] if refused else [0, 1, 2])
@@ -181,7 +183,8 @@ def test_decoding_steps_through_fused_recurrences() -> None:
     log_decay = torch.full((2, 4), -0.05, device=CUDA)
     fla_state, torch_state = state.clone(), state.clone()
     for _ in range(64):
-        fla_output, fla_state = decayed_attention_step(q, k, v, log_decay, fla_state, kernels="fla")
+        fla_output, fla_state = decayed_attention_step(q, k, v, log_decay, fla_state,
+                context=ForwardContext.step("fla"))
         torch_output, torch_state = decayed_attention_step(q, k, v, log_decay, torch_state)
     assert relative_rms_error(fla_output, torch_output) < FP32_TOLERANCE
     assert relative_rms_error(fla_state, torch_state) < FP32_TOLERANCE
@@ -189,7 +192,7 @@ def test_decoding_steps_through_fused_recurrences() -> None:
     fla_state = torch_state = chunk_wkv(w, u, torch.randn(2, 5, 96, device=CUDA), torch.randn(2, 5, 96, device=CUDA))[1]
     for step in range(64):
         key, value = torch.randn(2, 96, device=CUDA), torch.randn(2, 96, device=CUDA)
-        fla_output, fla_state = wkv_step(w, u, key, value, fla_state, kernels="fla")
+        fla_output, fla_state = wkv_step(w, u, key, value, fla_state, context=ForwardContext.step("fla"))
         torch_output, torch_state = wkv_step(w, u, key, value, torch_state)
         assert relative_rms_error(fla_output, torch_output) < FP32_TOLERANCE, step
 

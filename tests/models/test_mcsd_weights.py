@@ -11,6 +11,7 @@ import torch
 
 import mcsd
 from helpers.models import relative_rms_error
+from mcsd.ops.context import ForwardContext
 from mcsd import build_model
 from mcsd.models.mcsd import MCSDConfig, decay_matrix, decay_rates, section_log_decay, slope_matrix, slope_rates
 from mcsd.ops.exp_filter import filter_histories
@@ -18,7 +19,7 @@ from mcsd.ops.exp_filter import filter_histories
 
 def mix(section: torch.nn.Module, values: torch.Tensor, form: str = "chunk") -> tuple[torch.Tensor, torch.Tensor]:
     """A section's history branch alone, from the sequence start (what its block filters)."""
-    return filter_histories([values], [section.history], None, 0, form, chunk_size=8)[0]
+    return filter_histories([values], [section.history], None, 0, context=ForwardContext(form, chunk_size=8))[0]
 
 
 def test_slope_rates_are_eq2() -> None:

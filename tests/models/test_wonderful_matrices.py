@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from helpers.runs import TINY_SWEEP, sweep_dir
 
 import mcsd
+from mcsd.ops.context import ForwardContext
 from mcsd import ConfigError, build_model, count_parameters
 from mcsd.bench.decoding import state_bytes
 from mcsd.models.modules.attention import CausalSelfAttention, KVCache, biased_mask, causal_attention
@@ -84,7 +85,8 @@ def test_constant_dt_is_retention() -> None:
     dt = F.softplus(mixer.dt_bias)
     b, c = (rotary(t[:, None], 0, mixer.rope_base).expand(-1, heads, -1, -1) for t in (b, c))
     values = inner.view(2, 40, heads, width).transpose(1, 2) * dt[:, None, None]
-    _, retention_state = decayed_attention(c, b, values, dt * -torch.exp(mixer.A_log), form="parallel")
+    _, retention_state = decayed_attention(c, b, values, dt * -torch.exp(mixer.A_log),
+            context=ForwardContext("parallel"))
     _, ssd_state = mixer(x, None, 0, "chunk")
     assert torch.allclose(ssd_state, retention_state, atol=1e-12)
 

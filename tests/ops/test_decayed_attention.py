@@ -9,6 +9,7 @@ import torch
 
 from helpers.documents import each_alone, packed_starts
 from helpers.models import relative_rms_error
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.common import FORMS
 from mcsd.ops.decayed_attention import (
     chunk_decayed_attention,
@@ -62,12 +63,13 @@ def test_parallel_form_is_the_written_recurrence(per_token: bool) -> None:
 def test_forms_agree(length: int, with_initial_state: bool, per_token: bool) -> None:
     q, k, v, log_decay, initial = inputs(length, per_token)
     initial = initial if with_initial_state else None
-    reference, reference_final = decayed_attention(q, k, v, log_decay, initial, form="parallel")
-    recurrent, recurrent_final = decayed_attention(q, k, v, log_decay, initial, form="recurrent")
+    reference, reference_final = decayed_attention(q, k, v, log_decay, initial, context=ForwardContext("parallel"))
+    recurrent, recurrent_final = decayed_attention(q, k, v, log_decay, initial, context=ForwardContext("recurrent"))
     assert relative_rms_error(recurrent, reference) < TOLERANCE
     assert relative_rms_error(recurrent_final, reference_final) < TOLERANCE
     for chunk_size in CHUNK_SIZES:
-        chunked, chunked_final = decayed_attention(q, k, v, log_decay, initial, form="chunk", chunk_size=chunk_size)
+        chunked, chunked_final = decayed_attention(q, k, v, log_decay, initial,
+                context=ForwardContext("chunk", chunk_size=chunk_size))
         assert relative_rms_error(chunked, reference) < TOLERANCE, chunk_size
         assert relative_rms_error(chunked_final, reference_final) < TOLERANCE, chunk_size
 
@@ -79,7 +81,7 @@ def test_gradients_agree(per_token: bool) -> None:
     for form in ("parallel", "chunk", "recurrent"):
         leaves = [tensor.clone().requires_grad_(tensor.dim() > 1 or per_token) for tensor in inputs(70, per_token)]
         q, k, v, log_decay, initial = leaves
-        output, final = decayed_attention(q, k, v, log_decay, initial, form=form, chunk_size=16)
+        output, final = decayed_attention(q, k, v, log_decay, initial, context=ForwardContext(form, chunk_size=16))
         generator = torch.Generator().manual_seed(1)
         weights = torch.randn(output.shape, generator=generator), torch.randn(final.shape, generator=generator)
         ((output * weights[0]).sum() + (final * weights[1]).sum()).backward()
@@ -124,7 +126,7 @@ def test_loop_free_chunk_carry_equals_the_looped_one(length: int, per_token: boo
 
 def test_chunk_form_passes_gradcheck() -> None:
     q, k, v, log_decay, initial = (t.requires_grad_() for t in inputs(11, True, torch.float64))
-    assert torch.autograd.gradcheck(lambda *a: decayed_attention(*a, form="chunk", chunk_size=4),
+    assert torch.autograd.gradcheck(lambda *a: decayed_attention(*a, context=ForwardContext("chunk", chunk_size=4)),
                                     (q, k, v, log_decay, initial))
 
 
@@ -146,7 +148,7 @@ def test_strong_decays_at_long_lengths_stay_finite() -> None:
     q, k, v, _, initial = inputs(4000, False)
     log_decay = torch.full((3,), -1.0)
     for form in ("parallel", "chunk"):
-        output, final = decayed_attention(q, k, v, log_decay, initial, form=form)
+        output, final = decayed_attention(q, k, v, log_decay, initial, context=ForwardContext(form))
         assert torch.isfinite(output).all() and torch.isfinite(final).all()
 
 
@@ -183,8 +185,9 @@ def test_constant_per_token_decay_is_retention(form: str) -> None:
     """SSD's log-decay dt * A with a constant dt per head is RetNet's fixed per-head decay."""
     q, k, v, _, initial = inputs(40, False)
     per_token = HEAD_LOG_DECAY[None, :, None].expand(2, -1, 40).clone()
-    assert torch.equal(decayed_attention(q, k, v, per_token, initial, form, 16)[0],
-                       decayed_attention(q, k, v, HEAD_LOG_DECAY, initial, form, 16)[0])
+    assert torch.equal(decayed_attention(q, k, v, per_token, initial, context=ForwardContext(form, chunk_size=16))[0],
+                       decayed_attention(q, k, v, HEAD_LOG_DECAY, initial,
+                               context=ForwardContext(form, chunk_size=16))[0])
 
 
 @pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
@@ -195,15 +198,17 @@ def test_mcsd_decay_filter_is_the_special_case(form: str) -> None:
     x = torch.randn(2, 3, 50, 5, generator=generator)
     h0 = torch.randn(2, 3, 5, generator=generator)
     ones = torch.ones(2, 3, 50, 1)
-    filtered, filter_final = exp_filter(x, HEAD_LOG_DECAY, HEAD_LOG_DECAY.exp()[None, :, None] * h0, form, 16)
-    retained, retention_final = decayed_attention(ones, ones, x, HEAD_LOG_DECAY, h0[:, :, None, :], form, 16)
+    filtered, filter_final = exp_filter(x, HEAD_LOG_DECAY, HEAD_LOG_DECAY.exp()[None, :, None] * h0,
+            context=ForwardContext(form, chunk_size=16))
+    retained, retention_final = decayed_attention(ones, ones, x, HEAD_LOG_DECAY, h0[:, :, None, :],
+            context=ForwardContext(form, chunk_size=16))
     assert relative_rms_error(filtered, retained - x) < TOLERANCE
     assert relative_rms_error(filter_final, HEAD_LOG_DECAY.exp()[None, :, None] * retention_final[:, :, 0]) < TOLERANCE
 
 
 def test_unknown_form_is_refused() -> None:
     with pytest.raises(ValueError, match="form='fast' is unknown"):
-        decayed_attention(*inputs(4, False)[:4], form="fast")
+        decayed_attention(*inputs(4, False)[:4], context=ForwardContext("fast"))
 
 
 def test_the_chunk_forms_carries_stay_fp32_under_autocast() -> None:
@@ -237,10 +242,11 @@ def test_documents_apart_are_each_attended_alone(chunk_size: int, per_token: boo
     def alone(row: int, tokens: slice, carried: bool) -> tuple[torch.Tensor, torch.Tensor]:
         decay = log_decay[row:row + 1, :, tokens] if per_token else log_decay
         return decayed_attention(q[row:row + 1, :, tokens], k[row:row + 1, :, tokens], v[row:row + 1, :, tokens],
-                                 decay, initial[row:row + 1] if carried else None, form="parallel")
+                                 decay, initial[row:row + 1] if carried else None, context=ForwardContext("parallel"))
 
     for form in FORMS:
-        output, final = decayed_attention(q, k, v, log_decay, initial, form, chunk_size, starts=starts)
+        output, final = decayed_attention(q, k, v, log_decay, initial,
+                context=ForwardContext(form, chunk_size=chunk_size, starts=starts))
         for row in range(batch):
             expected, state = each_alone(alone, row, axis=2)
             assert relative_rms_error(output[row:row + 1], expected) < TOLERANCE, (form, row)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers.models import relative_rms_error
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.exp_filter import (
     chunk_exp_filter,
     exp_filter,
@@ -66,7 +67,7 @@ def test_gradients_agree(length: int) -> None:
 
     def gradients(form: str, chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
         x_leaf, initial_leaf = x.clone().requires_grad_(), initial.clone().requires_grad_()
-        y, final = exp_filter(x_leaf, LOG_DECAY, initial_leaf, form=form, chunk_size=chunk_size)
+        y, final = exp_filter(x_leaf, LOG_DECAY, initial_leaf, context=ForwardContext(form, chunk_size=chunk_size))
         ((y * output_grad).sum() + (final * final_grad).sum()).backward()
         return x_leaf.grad, initial_leaf.grad
 
@@ -105,7 +106,7 @@ def test_strong_decays_and_long_chunks_stay_finite() -> None:
 
 def test_unknown_form_is_refused() -> None:
     with pytest.raises(ValueError, match="form='fast' is unknown"):
-        exp_filter(torch.zeros(1, 1, 2, 1), LOG_DECAY[:1], form="fast")
+        exp_filter(torch.zeros(1, 1, 2, 1), LOG_DECAY[:1], context=ForwardContext("fast"))
 
 
 def test_the_chunk_forms_carry_stays_fp32_under_autocast() -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers.models import relative_rms_error
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.exp_filter import History, filter_histories, history_step
 
 LOG_DECAY = (-0.25, -(2.0**-8), -(2.0**-14))
@@ -38,7 +39,7 @@ def written_history(x: torch.Tensor, group: History) -> torch.Tensor:
 @pytest.mark.parametrize("form", FORMS)
 def test_each_reading_is_the_written_history(reading: str, form: str) -> None:
     x = torch.randn(2, 40, 3, 4, dtype=torch.float64)
-    mixed, _ = filter_histories([x], [READINGS[reading]], None, 0, form, chunk_size=16)[0]
+    mixed, _ = filter_histories([x], [READINGS[reading]], None, 0, context=ForwardContext(form, chunk_size=16))[0]
     assert relative_rms_error(mixed, written_history(x, READINGS[reading])) < 1e-6
 
 
@@ -50,9 +51,10 @@ def test_continuing_a_state_equals_the_whole_sequence(reading: str, form: str, s
     the outputs and the final state equal one pass over the whole sequence."""
     group = READINGS[reading]
     x = torch.randn(2, 90, 3, 4, dtype=torch.float64)
-    whole, whole_state = filter_histories([x], [group], None, 0, "parallel")[0]
-    head, state = filter_histories([x[:, :split]], [group], None, 0, "chunk", chunk_size=16)[0]
-    tail, final = filter_histories([x[:, split:]], [group], [state], split, form, chunk_size=16)[0]
+    whole, whole_state = filter_histories([x], [group], None, 0, context=ForwardContext("parallel"))[0]
+    head, state = filter_histories([x[:, :split]], [group], None, 0, context=ForwardContext("chunk", chunk_size=16))[0]
+    tail, final = filter_histories([x[:, split:]], [group], [state], split,
+            context=ForwardContext(form, chunk_size=16))[0]
     assert relative_rms_error(torch.cat([head, tail], dim=1), whole) < 1e-6
     assert relative_rms_error(final, whole_state) < 1e-6
 
@@ -60,7 +62,7 @@ def test_continuing_a_state_equals_the_whole_sequence(reading: str, form: str, s
 @pytest.mark.parametrize("form", FORMS)
 def test_a_16_bit_input_keeps_an_fp32_state(form: str) -> None:
     x = torch.randn(2, 20, 3, 4).bfloat16()
-    mixed, state = filter_histories([x], [READINGS["average"]], None, 0, form, chunk_size=8)[0]
+    mixed, state = filter_histories([x], [READINGS["average"]], None, 0, context=ForwardContext(form, chunk_size=8))[0]
     expected = written_history(x.double(), READINGS["average"])
     assert mixed.dtype == torch.bfloat16 and state.dtype == torch.float32
     assert relative_rms_error(mixed, expected) < 1e-2
@@ -85,9 +87,10 @@ def test_groups_filtered_together_equal_each_alone() -> None:
     groups = [READINGS["average"], READINGS["sum"], History((-0.5, -0.1), average_output=True)]
     histories = [torch.randn(2, 70, group.num_channels, 4) for group in groups]
     starts = [torch.randn(2, group.num_channels, 4) for group in groups]
-    together = filter_histories(histories, groups, starts, 5, "chunk", chunk_size=16)
+    together = filter_histories(histories, groups, starts, 5, context=ForwardContext("chunk", chunk_size=16))
     for (mixed, state), history, group, start in zip(together, histories, groups, starts):
-        alone, alone_state = filter_histories([history], [group], [start], 5, "chunk", chunk_size=16)[0]
+        alone, alone_state = filter_histories([history], [group], [start], 5,
+                context=ForwardContext("chunk", chunk_size=16))[0]
         assert relative_rms_error(mixed, alone) < 1e-6 and relative_rms_error(state, alone_state) < 1e-6
     assert len({state.data_ptr() for _, state in together}) == len(groups)
 

@@ -24,6 +24,7 @@ import torch
 from helpers.documents import packed_starts
 from helpers.fla_references import naive_recurrent_rwkv4, with_head_decay
 from helpers.models import TINY, decode_with_state, relative_rms_error, tiny_model
+from mcsd.ops.context import ForwardContext
 from mcsd.models import registry
 from mcsd.ops import kernels
 from mcsd.ops.decayed_attention import decayed_attention_step, fla_decayed_attention, parallel_decayed_attention
@@ -417,19 +418,19 @@ def test_what_fla_refuses_runs_the_pytorch_form_under_auto(fla_on_the_cpu: list,
     per_token = -torch.rand(1, 2, 9, generator=generator(3))
     expected = parallel_decayed_attention(q, k, v, per_token)[0]
     with caplog.at_level("WARNING", logger="mcsd.ops.kernels"):
-        got = package.decayed_attention(q, k, v, per_token, kernels="auto")[0]
+        got = package.decayed_attention(q, k, v, per_token, context=ForwardContext("chunk", "auto"))[0]
     assert fla_on_the_cpu == [] and relative_rms_error(got, expected) < TOLERANCE
     assert "Triton" in caplog.text and "upgrade Triton to 3.7.1" in caplog.text
     with pytest.raises(KernelsUnavailable, match=r"model.kernels=fla: fla refuses the backward .* per-token decay .*"
                                                  r"upgrade Triton to 3.7.1 or later; or use model.kernels=auto"):
-        package.decayed_attention(q, k, v, per_token, kernels="fla")
+        package.decayed_attention(q, k, v, per_token, context=ForwardContext("chunk", "fla"))
     with torch.no_grad():
-        package.decayed_attention(q, k, v, per_token, kernels="fla")
-    package.decayed_attention(q, k, v, torch.full((2,), -0.1), kernels="fla")
+        package.decayed_attention(q, k, v, per_token, context=ForwardContext("chunk", "fla"))
+    package.decayed_attention(q, k, v, torch.full((2,), -0.1), context=ForwardContext("chunk", "fla"))
     assert fla_on_the_cpu == [("decayed_attention", "chunk")] * 2
     odd = torch.randn(1, 2, 9, 3, dtype=torch.bfloat16, requires_grad=True)
     with pytest.raises(KernelsUnavailable, match="even key and value widths in 16-bit, and these are 3 and 3"):
-        package.decayed_attention(odd, odd, odd, torch.full((2,), -0.1), kernels="fla")
+        package.decayed_attention(odd, odd, odd, torch.full((2,), -0.1), context=ForwardContext("chunk", "fla"))
 
 
 # fla's own kernels, in Triton's interpreter

@@ -9,6 +9,7 @@ import torch
 
 from helpers.documents import each_alone, packed_starts
 from helpers.models import relative_rms_error
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.wkv import EMPTY_LOG_SCALE, FORMS, empty_wkv_state, wkv
 from mcsd.ops.wkv import chunk as wkv_chunk
 
@@ -60,7 +61,7 @@ def test_every_form_is_the_direct_sum_for_keys_up_to_60(form: str, key_scale: fl
     w, u, k, v, initial = inputs(40, key_scale, dtype=torch.float64)
     k = k.clamp(-60, 60)
     assert k.abs().max() == 60 or key_scale == 1.0
-    output, final = wkv(w, u, k, v, initial, form=form, chunk_size=16)
+    output, final = wkv(w, u, k, v, initial, context=ForwardContext(form, chunk_size=16))
     assert relative_rms_error(output, direct_sum(w, u, k, v, initial)) < 1e-12
     # The final state is what the next token reads: the direct sum continued by one token.
     next_k, next_v = torch.full_like(k[:, :1], -3.0), torch.zeros_like(v[:, :1])
@@ -74,9 +75,9 @@ def test_every_form_is_the_direct_sum_for_keys_up_to_60(form: str, key_scale: fl
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 def test_chunk_and_recurrent_forms_equal_the_parallel_form(length: int, chunk_size: int) -> None:
     w, u, k, v, initial = inputs(length, key_scale=3.0)
-    reference, reference_final = wkv(w, u, k, v, initial, form="parallel")
+    reference, reference_final = wkv(w, u, k, v, initial, context=ForwardContext("parallel"))
     for form in ("chunk", "recurrent"):
-        output, final = wkv(w, u, k, v, initial, form=form, chunk_size=chunk_size)
+        output, final = wkv(w, u, k, v, initial, context=ForwardContext(form, chunk_size=chunk_size))
         assert output.dtype == torch.float32 and final.dtype == torch.float32
         assert relative_rms_error(output, reference) < TOLERANCE, form
         assert relative_rms_error(final[:, 2], reference_final[:, 2]) < TOLERANCE, form
@@ -88,7 +89,8 @@ def test_fp32_is_finite_where_exp_of_the_key_overflows(form: str) -> None:
     w, u, k, v, initial = inputs(70, key_scale=1.0, dtype=torch.float64)
     k[:, 10], k[:, 40] = 95.0, -95.0  # e^95 overflows fp32 (max ~ e^88.7)
     expected = direct_sum(w, u, k, v, initial)
-    output, final = wkv(w.float(), u.float(), k.float(), v.float(), initial.float(), form=form, chunk_size=16)
+    output, final = wkv(w.float(), u.float(), k.float(), v.float(), initial.float(),
+            context=ForwardContext(form, chunk_size=16))
     assert torch.isfinite(output).all() and torch.isfinite(final).all()
     assert relative_rms_error(output.double(), expected) < 1e-5
 
@@ -97,11 +99,11 @@ def test_empty_state_is_no_state_and_splitting_continues_exactly() -> None:
     w, u, k, v, _ = inputs(50)
     empty = empty_wkv_state(2, 5, k.device, torch.float32)
     assert (empty[:, 2] == EMPTY_LOG_SCALE).all() and (empty[:, :2] == 0).all()
-    whole, whole_final = wkv(w, u, k, v, None, form="parallel")
-    assert torch.equal(whole, wkv(w, u, k, v, empty, form="parallel")[0])
+    whole, whole_final = wkv(w, u, k, v, None, context=ForwardContext("parallel"))
+    assert torch.equal(whole, wkv(w, u, k, v, empty, context=ForwardContext("parallel"))[0])
     for form in FORMS:
-        head, state = wkv(w, u, k[:, :23], v[:, :23], None, form=form, chunk_size=8)
-        tail, final = wkv(w, u, k[:, 23:], v[:, 23:], state, form=form, chunk_size=8)
+        head, state = wkv(w, u, k[:, :23], v[:, :23], None, context=ForwardContext(form, chunk_size=8))
+        tail, final = wkv(w, u, k[:, 23:], v[:, 23:], state, context=ForwardContext(form, chunk_size=8))
         assert relative_rms_error(torch.cat([head, tail], 1), whole) < TOLERANCE, form
         assert relative_rms_error(torch.stack(state_as_sums(final)), torch.stack(state_as_sums(whole_final))) < TOLERANCE
 
@@ -112,7 +114,7 @@ def scale_invariant_loss(output: torch.Tensor, final: torch.Tensor, w, u) -> tor
     probe_k = torch.linspace(-1.0, 1.0, final.shape[-1])
     probe_v = torch.ones_like(probe_k)
     following = wkv(w, u, probe_k.expand(final.shape[0], 1, -1), probe_v.expand(final.shape[0], 1, -1) * 0.5,
-                    final, form="recurrent")[0]
+                    final, context=ForwardContext("recurrent"))[0]
     weights = torch.linspace(0.5, 1.5, output.numel()).reshape(output.shape)
     return (output * weights).sum() + 3 * following.square().sum()
 
@@ -122,7 +124,7 @@ def test_gradients_agree_between_forms() -> None:
     gradients = {}
     for form in FORMS:
         leaves = [tensor.clone().requires_grad_() for tensor in (w, u, k, v, initial)]
-        output, final = wkv(*leaves, form=form, chunk_size=8)
+        output, final = wkv(*leaves, context=ForwardContext(form, chunk_size=8))
         scale_invariant_loss(output, final, leaves[0], leaves[1]).backward()
         gradients[form] = [leaf.grad for leaf in leaves]
     for form in ("chunk", "recurrent"):
@@ -136,7 +138,7 @@ def looped_chunks(w, u, k, v, initial, chunk_size):
     state, outputs = initial, []
     for start in range(0, k.shape[1], chunk_size):
         output, state = wkv(w, u, k[:, start:start + chunk_size], v[:, start:start + chunk_size], state,
-                            form="parallel")
+                            context=ForwardContext("parallel"))
         outputs.append(output)
     return torch.cat(outputs, dim=1), state
 
@@ -165,15 +167,16 @@ def test_gradcheck(form: str) -> None:
     w, u, k, v, initial = inputs(6, key_scale=2.0, dtype=torch.float64)
     leaves = [tensor.requires_grad_() for tensor in (w, u, k, v)]
     initial = initial.requires_grad_()
-    torch.autograd.gradcheck(lambda *args: wkv(*args, form=form, chunk_size=4)[0], (*leaves, initial))
+    torch.autograd.gradcheck(lambda *args: wkv(*args,
+            context=ForwardContext(form, chunk_size=4))[0], (*leaves, initial))
 
 
 def test_unknown_form_is_refused() -> None:
     w, u, k, v, _ = inputs(3)
     with pytest.raises(ValueError, match="form='chunked' is unknown: use one of parallel, chunk, recurrent"):
-        wkv(w, u, k, v, form="chunked")
+        wkv(w, u, k, v, context=ForwardContext("chunked"))
     with pytest.raises(ValueError, match="chunk_size=0"):
-        wkv(w, u, k, v, chunk_size=0)
+        wkv(w, u, k, v, context=ForwardContext("chunk", chunk_size=0))
 
 
 @pytest.mark.parametrize("group_chunks", [2, 32])
@@ -190,14 +193,14 @@ def test_documents_apart_are_each_read_alone(chunk_size: int, group_chunks: int,
     w, u = torch.rand(channels, dtype=torch.float64) + 0.1, torch.randn(channels, dtype=torch.float64)
     k, v = torch.randn(batch, length, channels, dtype=torch.float64), torch.randn(batch, length, channels, dtype=torch.float64)
     initial = wkv(w, u, torch.randn(batch, 5, channels, dtype=torch.float64),
-                  torch.randn(batch, 5, channels, dtype=torch.float64), form="parallel")[1]
+                  torch.randn(batch, 5, channels, dtype=torch.float64), context=ForwardContext("parallel"))[1]
 
     def alone(row: int, tokens: slice, carried: bool) -> tuple[torch.Tensor, torch.Tensor]:
         return wkv(w, u, k[row:row + 1, tokens], v[row:row + 1, tokens], initial[row:row + 1] if carried else None,
-                   form="parallel")
+                   context=ForwardContext("parallel"))
 
     for form in FORMS:
-        output, final = wkv(w, u, k, v, initial, form=form, chunk_size=chunk_size, starts=starts)
+        output, final = wkv(w, u, k, v, initial, context=ForwardContext(form, chunk_size=chunk_size, starts=starts))
         for row in range(batch):
             expected, state = each_alone(alone, row, axis=1)
             assert relative_rms_error(output[row:row + 1], expected) < TOLERANCE, (form, row)

@@ -46,6 +46,7 @@ from mcsd.models.modules.conv import ShortConvolution
 from mcsd.models.modules.decays import decay_rates, log_decay_values, section_log_decay
 from mcsd.models.modules.layers import ChannelRMSNorm, GroupedLinear
 from mcsd.models.modules.mixer import TokenMixer
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.decayed_attention import decayed_attention
 from mcsd.ops.exp_filter import History, exp_filter_matrix, filter_histories, history_step, history_weight_sum
 from mcsd.ops.flops import decayed_attention_flops, exp_filter_flops
@@ -185,7 +186,8 @@ class MCSDBlock(TokenMixer):
             filtered = filter_histories([inputs[index][1] for index in fixed],
                                         [self.sections[index].history for index in fixed],
                                         None if section_states is None else [section_states[index] for index in fixed],
-                                        position, form, self.chunk_size, self.kernels, position_ids)
+                                        position, ForwardContext.of(form, self.kernels, self.chunk_size,
+                                                                    position_ids))
             for index, result in zip(fixed, filtered):
                 mixed[index] = result
         for index, section in enumerate(self.sections):
@@ -214,10 +216,10 @@ class MCSDBlock(TokenMixer):
         value = history.transpose(1, 2)  # [B, C, N, Dc]
         ones = value.new_ones(batch, channels, length, 1)
         log_decay = log_decay.transpose(1, 2)  # [B, C, N]
-        starts = None if position_ids is None else position_ids == 0
-        initial = None if state is None else state[:, :, None]
-        sums, final = decayed_attention(ones, ones, value, log_decay, initial, form, self.chunk_size, self.kernels,
-                                        starts)  # sums[n] = sum_{j<=n} (prod_{j<r<=n} alpha_r) E_j
+        context = ForwardContext.of(form, self.kernels, self.chunk_size, position_ids)
+        starts, initial = context.starts, None if state is None else state[:, :, None]
+        # sums[n] = sum_{j<=n} (prod_{j<r<=n} alpha_r) E_j
+        sums, final = decayed_attention(ones, ones, value, log_decay, initial, context)
         before = sums.new_zeros(batch, channels, 1, width) if state is None else state[:, :, None].to(sums.dtype)
         earlier = torch.cat([before, sums[:, :, :-1]], dim=2)
         mixed = torch.exp(log_decay)[..., None].to(sums.dtype) * earlier

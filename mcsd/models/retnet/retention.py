@@ -31,6 +31,7 @@ from mcsd.models.modules.layers import ChannelRMSNorm
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.modules.rotary import rotary, rotary_step
 from mcsd.models.retnet.configuration_retnet import RetNetConfig
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
 from mcsd.ops.flops import decayed_attention_flops
@@ -100,9 +101,8 @@ class MultiScaleRetention(TokenMixer):
         key = key / math.sqrt(self.key_width)
         value = value.transpose(1, 2)
         log_decay = self.log_decay(x.device, state_dtype(value))
-        starts = None if position_ids is None else position_ids == 0
-        retained, state = decayed_attention(query, key, value, log_decay, state, form, self.chunk_size, self.kernels,
-                                            starts)
+        context = ForwardContext.of(form, self.kernels, self.chunk_size, position_ids)
+        retained, state = decayed_attention(query, key, value, log_decay, state, context)
         mixed = self.output(retained.transpose(1, 2), gate)  # [B, N, H, dv]
         return self.out_proj(mixed.reshape(batch, length, -1)), self.join_state(state, conv_state)
 
@@ -135,6 +135,6 @@ class MultiScaleRetention(TokenMixer):
             state = x.new_zeros(batch, self.num_heads, self.key_width, self.value_width, dtype=state_dtype(value))
         log_decay = self.log_decay(x.device, state_dtype(value))[None, :].expand(batch, -1)
         retained, state = decayed_attention_step(query, key / math.sqrt(self.key_width), value, log_decay, state,
-                                                 self.kernels)
+                                                 ForwardContext.step(self.kernels))
         mixed = self.output(retained, gate)  # [B, H, dv]
         return self.out_proj(mixed.reshape(batch, -1)), self.join_state(state, conv_state)

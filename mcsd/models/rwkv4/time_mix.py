@@ -12,6 +12,7 @@ from torch import nn
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.rwkv4.configuration_rwkv4 import RWKV4Config
 from mcsd.models.rwkv4.perspectives import PerspectiveMixes, mix
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.common import state_dtype
 from mcsd.ops.flops import wkv_flops
 from mcsd.ops.wkv import empty_wkv_state, wkv, wkv_step
@@ -89,9 +90,8 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         k = self.key(mix(shifted, x, self.mix_k))
         v = self.value(mix(shifted, x, self.mix_v))
         r = self.receptance(mix(shifted, x, self.mix_r))
-        mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, form=form,
-                               chunk_size=self.chunk_size, kernels=self.kernels,
-                               starts=None if position_ids is None else position_ids == 0)
+        mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state,
+                               ForwardContext.of(form, self.kernels, self.chunk_size, position_ids))
         return self.output(torch.sigmoid(r) * mixed), (x[:, -1].to(state_dtype(x)), wkv_state)
 
     def step(self, x: torch.Tensor, state, position: int | torch.Tensor):
@@ -103,7 +103,8 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         r = self.receptance(mix(shifted, x, self.mix_r))
         if wkv_state is None:
             wkv_state = empty_wkv_state(x.shape[0], x.shape[1], x.device, state_dtype(v))
-        mixed, wkv_state = wkv_step(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, self.kernels)
+        mixed, wkv_state = wkv_step(torch.exp(self.time_decay), self.time_first, k, v, wkv_state,
+                                    ForwardContext.step(self.kernels))
         return self.output(torch.sigmoid(r) * mixed), (x.to(state_dtype(x)), wkv_state)
 
 

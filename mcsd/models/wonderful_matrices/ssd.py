@@ -23,6 +23,7 @@ from mcsd.models.modules.layers import ChannelRMSNorm
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.modules.rotary import rotary, rotary_step
 from mcsd.models.wonderful_matrices.configuration_wonderful_matrices import WonderfulMatricesConfig
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
 from mcsd.ops.flops import decayed_attention_flops
@@ -85,9 +86,8 @@ class StateSpaceDuality(TokenMixer):
         log_decay = dt * -torch.exp(self.A_log.to(accumulate))[:, None]  # dt A
         inner = inner.view(batch, length, self.num_heads, self.head_width).transpose(1, 2)  # [B, H, N, P]
         values = inner * dt[..., None].to(inner.dtype)
-        starts = None if position_ids is None else position_ids == 0
-        mixed, state = decayed_attention(queries, keys, values, log_decay, state, form, self.chunk_size, self.kernels,
-                                         starts)
+        context = ForwardContext.of(form, self.kernels, self.chunk_size, position_ids)
+        mixed, state = decayed_attention(queries, keys, values, log_decay, state, context)
         mixed = mixed + self.skip[:, None, None].to(inner.dtype) * inner
         gated = self.gated_norm(mixed.transpose(1, 2).reshape(batch, length, self.inner_width), gate)
         return self.out_proj(gated), state
@@ -112,7 +112,7 @@ class StateSpaceDuality(TokenMixer):
         if state is None:
             state = x.new_zeros(batch, self.num_heads, self.state_size, self.head_width, dtype=accumulate)
         mixed, state = decayed_attention_step(queries, keys, inner * dt[..., None].to(inner.dtype), log_decay, state,
-                                              self.kernels)
+                                              ForwardContext.step(self.kernels))
         mixed = mixed + self.skip[:, None].to(inner.dtype) * inner
         return self.out_proj(self.gated_norm(mixed.reshape(batch, self.inner_width), gate)), state
 

@@ -6,8 +6,8 @@ state-space duality of Mamba-2 (SSD), in three forms that compute the same funct
 carried state across them: the training form) and ``recurrent`` (one token at a time).
 All take an initial state and return the final state, fp32, with decays in log-space.
 MCSD's decay section is its special case ``Dk = 1``, ``q = k = 1`` without the diagonal:
-``exp_filter(x) = decayed_attention(1, 1, x) - x``. ``kernels`` (:mod:`mcsd.ops.kernels`) runs
-the chunk and recurrent forms and the decoding step through flash-linear-attention's simple GLA
+``exp_filter(x) = decayed_attention(1, 1, x) - x``. ``context.kernels`` (:mod:`mcsd.ops.kernels`)
+runs the chunk and recurrent forms and the decoding step through flash-linear-attention's simple GLA
 kernels (:mod:`mcsd.ops.decayed_attention.fla_backend`) on a GPU.
 """
 
@@ -18,6 +18,7 @@ import functools
 import torch
 
 from mcsd.ops.common import FORMS
+from mcsd.ops.context import CHUNK, ForwardContext
 from mcsd.ops.decayed_attention.chunk import chunk_decayed_attention
 from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention, fla_problem
 from mcsd.ops.decayed_attention.parallel import parallel_decayed_attention, per_token_log_decay, segment_log_decays
@@ -27,19 +28,18 @@ from mcsd.ops.dispatch import dispatch
 
 def decayed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
-    initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64, kernels: str = "torch",
-    starts: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None, context: ForwardContext = CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
-    ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``. ``starts`` ``[B, N]`` bool: where
-    the documents of a packed batch start."""
-    inputs = (q, k, v, log_decay, initial_state)
-    return dispatch(form, kernels, q.device, {
+    """Dispatch to ``context``'s form (and to fla's kernel for it where ``context.kernels`` says
+    so); returns ``(output [B, H, N, Dv], final_state [B, H, Dk, Dv] fp32)``, the documents of a
+    packed batch apart where ``context.starts`` says they start."""
+    inputs, starts = (q, k, v, log_decay, initial_state), context.starts
+    return dispatch(context, q.device, {
         "parallel": functools.partial(parallel_decayed_attention, *inputs, starts),
-        "chunk": functools.partial(chunk_decayed_attention, *inputs, chunk_size, starts),
+        "chunk": functools.partial(chunk_decayed_attention, *inputs, context.chunk_size, starts),
         "recurrent": functools.partial(recurrent_decayed_attention, *inputs, starts),
-    }, fla=functools.partial(fla_decayed_attention, *inputs, form, starts=starts),
-        fla_problem=lambda: fla_problem(q, k, v, log_decay, form))
+    }, fla=functools.partial(fla_decayed_attention, *inputs, context.form, starts=starts),
+        fla_problem=lambda: fla_problem(q, k, v, log_decay, context.form))
 
 
 __all__ = [

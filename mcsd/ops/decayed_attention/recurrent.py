@@ -5,23 +5,31 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mcsd.ops.common import state_dtype
+from mcsd.ops.context import STEP, ForwardContext
 from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention_step
 from mcsd.ops.decayed_attention.parallel import per_token_log_decay
-from mcsd.ops.kernels import uses_fla
+from mcsd.ops.dispatch import dispatch
 
 
 def decayed_attention_step(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, state: torch.Tensor,
-    kernels: str = "torch",
+    context: ForwardContext = STEP,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token: ``q``, ``k`` ``[B, H, Dk]``, ``v`` ``[B, H, Dv]``, ``log_decay`` ``[B, H]``,
     ``state`` ``[B, H, Dk, Dv]`` -> (output ``[B, H, Dv]``, new state); through fla's fused
-    recurrent kernel where ``kernels`` says so."""
-    if uses_fla(kernels, q.device, "recurrent"):
-        return fla_decayed_attention_step(q, k, v, log_decay, state)
+    recurrent kernel where ``context.kernels`` says so."""
+    return dispatch(context, q.device, {"recurrent": functools.partial(_step, q, k, v, log_decay, state)},
+                    fla=functools.partial(fla_decayed_attention_step, q, k, v, log_decay, state))
+
+
+def _step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     decay = torch.exp(log_decay.to(state.dtype))[..., None, None]
     state = decay * state + k.to(state.dtype)[..., :, None] * v.to(state.dtype)[..., None, :]
     return torch.einsum("bhk,bhkv->bhv", q.to(state.dtype), state).to(v.dtype), state
@@ -38,7 +46,7 @@ def recurrent_decayed_attention(
              if initial_state is None else initial_state.to(state_dtype(v)))
     outputs = []
     for position in range(length):
-        output, state = decayed_attention_step(q[:, :, position], k[:, :, position], v[:, :, position],
+        output, state = _step(q[:, :, position], k[:, :, position], v[:, :, position],
                                                log_decay[:, :, position], state)
         outputs.append(output)
     return torch.stack(outputs, dim=2), state

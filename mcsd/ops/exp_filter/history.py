@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from mcsd.ops.common import cached_tensors, constant_tensor
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.exp_filter.filter import exp_filter
 from mcsd.ops.exp_filter.recurrent import absorb_average_, absorb_sum_
 
@@ -82,12 +83,12 @@ def _row_weight_sums(log_decay: torch.Tensor, positions: torch.Tensor) -> torch.
 
 def filter_histories(
     histories: Sequence[torch.Tensor], groups: Sequence[History], states: Sequence[torch.Tensor | None] | None,
-    position: int, form: str, chunk_size: int = 64, kernels: str = "torch",
-    position_ids: torch.Tensor | None = None,
+    position: int, context: ForwardContext,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Each group's history ``[B, N, C, D]`` (channels last, as a block's projection gives them)
-    at absolute positions ``position..`` (or, given ``position_ids`` ``[B, N]``, at each token's
-    position in its document: documents apart), continuing its state (``None``: from nothing);
+    in ``context``'s form at absolute positions ``position..`` (or, where ``context`` keeps
+    documents apart, at each token's position in its document), continuing its state (``None``:
+    from nothing);
     returns each group's ``(mixed [B, N, C, D] in the input's dtype, state [B, C, D] fp32)``.
 
     The chunk form filters every group together (one set of batched products over all their
@@ -96,13 +97,13 @@ def filter_histories(
     1024 tokens); the recurrent form is :func:`history_step` token by token.
     """
     states = list(states) if states is not None else [None] * len(groups)
+    form, position_ids = context.form, context.position_ids
     if form == "recurrent":
         if position_ids is not None:
-            return [_recurrent_documents(history, group, state, position_ids) for history, group, state in
-                    zip(histories, groups, states)]
+            return [_recurrent_documents(history, group, state, position_ids, context.starts)
+                    for history, group, state in zip(histories, groups, states)]
         return [_recurrent_history(history, group, state, position) for history, group, state in
                 zip(histories, groups, states)]
-    starts = None if position_ids is None else position_ids == 0
     if form != "chunk" or len(groups) == 1:
         parts = [([history], [group], [state]) for history, group, state in zip(histories, groups, states)]
     else:
@@ -117,7 +118,7 @@ def filter_histories(
             state_position = position if position_ids is None else position_ids[:, 0]
             initial = torch.cat([_raw_state(group, state, state_position)
                                  for group, state in zip(part_groups, part_states)], dim=1)
-        filtered, final = exp_filter(channels_first, log_decay, initial, form, chunk_size, kernels, starts)
+        filtered, final = exp_filter(channels_first, log_decay, initial, context)
         # Slices, not split(): _finish may add token 0's row in place, which autograd allows on a
         # view of one slice but not on one of split()'s several. Each state a tensor of its own:
         # decoding advances them in place, and a compiled step given views of one base (two decay
@@ -131,7 +132,7 @@ def filter_histories(
                 mixed.append(_finish(group, filtered[:, part], final_part, channels_first[:, part], position))
             else:
                 mixed.append(_finish_documents(group, filtered[:, part], final_part, channels_first[:, part],
-                                               position_ids))
+                                               position_ids, context.starts))
     return mixed
 
 
@@ -171,7 +172,7 @@ def _finish(
 
 def _finish_documents(
     group: History, filtered: torch.Tensor, final: torch.Tensor, channels_first: torch.Tensor,
-    position_ids: torch.Tensor,
+    position_ids: torch.Tensor, starts: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_finish` with each token's position in its document: divisors at those positions,
     the final state's at the last document's count, and every document's row 0 its token."""
@@ -181,12 +182,13 @@ def _finish_documents(
     if group.average_state:
         final = final / _row_weight_sums(log_decay, position_ids[:, -1] + 1)[:, :, None]
     # Each document's first row: its token itself (the filter's output there is exactly 0).
-    filtered = filtered + channels_first.to(filtered.dtype) * (position_ids == 0)[:, None, :, None]
+    filtered = filtered + channels_first.to(filtered.dtype) * starts[:, None, :, None]
     return filtered.transpose(1, 2).to(channels_first.dtype), final
 
 
 def _recurrent_documents(
-    history: torch.Tensor, group: History, state: torch.Tensor | None, position_ids: torch.Tensor
+    history: torch.Tensor, group: History, state: torch.Tensor | None, position_ids: torch.Tensor,
+    starts: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrent form with documents apart, token by token: a raw sum set to zero at each
     start (an average needs nothing: its first update's weight is 1), constants per row."""
@@ -198,7 +200,7 @@ def _recurrent_documents(
     outputs = []
     for offset in range(length):
         value, positions = history[:, offset], position_ids[:, offset]
-        first = (positions == 0)[:, None, None]
+        first = starts[:, offset, None, None]
         if not group.average_state:
             state = state * ~first
         output = torch.where(first, value, state.to(value.dtype))

@@ -15,6 +15,7 @@ import functools
 import torch
 
 from mcsd.ops.common import FORMS
+from mcsd.ops.context import CHUNK, ForwardContext
 from mcsd.ops.dispatch import dispatch
 from mcsd.ops.wkv.chunk import chunk_wkv
 from mcsd.ops.wkv.fla_backend import fla_wkv
@@ -24,19 +25,19 @@ from mcsd.ops.wkv.recurrent import recurrent_wkv, wkv_step
 
 def wkv(
     w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-    initial_state: torch.Tensor | None = None, form: str = "chunk", chunk_size: int = 64, kernels: str = "torch",
-    starts: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None, context: ForwardContext = CHUNK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch to one form (and to fla's kernel for it where ``kernels`` says so); returns
-    ``(wkv [B, N, D], final_state [B, 3, D] fp32)``. ``starts`` ``[B, N]`` bool: where the
-    documents of a packed batch start (the PyTorch forms only: fla's RWKV-4 kernel takes neither
-    variable-length sequences nor a per-token decay, so fla cannot reset its state at a start)."""
-    inputs = (w, u, k, v, initial_state)
-    return dispatch(form, kernels, k.device, {
+    """Dispatch to ``context``'s form (and to fla's kernel for it where ``context.kernels`` says
+    so); returns ``(wkv [B, N, D], final_state [B, 3, D] fp32)``, the documents of a packed batch
+    apart where ``context.starts`` says they start (the PyTorch forms only: fla's RWKV-4 kernel
+    takes neither variable-length sequences nor a per-token decay, so fla cannot reset its state
+    at a start)."""
+    inputs, starts = (w, u, k, v, initial_state), context.starts
+    return dispatch(context, k.device, {
         "parallel": functools.partial(parallel_wkv, *inputs, starts),
-        "chunk": functools.partial(chunk_wkv, *inputs, chunk_size, starts),
+        "chunk": functools.partial(chunk_wkv, *inputs, context.chunk_size, starts),
         "recurrent": functools.partial(recurrent_wkv, *inputs, starts),
-    }, fla=functools.partial(fla_wkv, *inputs, form),
+    }, fla=functools.partial(fla_wkv, *inputs, context.form),
         fla_problem=lambda: None if starts is None else (
             "fla's RWKV-4 kernel cannot keep documents apart (it takes neither variable-length sequences nor a "
             "per-token decay): use data.documents=joined"))

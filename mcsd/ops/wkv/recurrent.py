@@ -8,20 +8,27 @@ For token ``(k, v)``: ``q = max(p, u + k)``,
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mcsd.ops.common import state_dtype
-from mcsd.ops.kernels import uses_fla
+from mcsd.ops.context import STEP, ForwardContext
+from mcsd.ops.dispatch import dispatch
 from mcsd.ops.wkv.fla_backend import fla_wkv_step
 from mcsd.ops.wkv.parallel import empty_wkv_state
 
 
 def wkv_step(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             state: torch.Tensor, kernels: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+             state: torch.Tensor, context: ForwardContext = STEP) -> tuple[torch.Tensor, torch.Tensor]:
     """One token: ``k``, ``v`` ``[B, D]``, ``state`` ``[B, 3, D]`` -> (``wkv [B, D]``, new state);
-    through fla's fused kernel where ``kernels`` says so."""
-    if uses_fla(kernels, k.device, "recurrent"):
-        return fla_wkv_step(w, u, k, v, state)
+    through fla's fused kernel where ``context.kernels`` says so."""
+    return dispatch(context, k.device, {"recurrent": functools.partial(_step, w, u, k, v, state)},
+                    fla=functools.partial(fla_wkv_step, w, u, k, v, state))
+
+
+def _step(w: torch.Tensor, u: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+          state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dtype = state.dtype
     w, u, k, v32 = w.to(dtype), u.to(dtype), k.to(dtype), v.to(dtype)
     a, b, p = state.unbind(1)
@@ -46,6 +53,6 @@ def recurrent_wkv(
     for position in range(length):
         if starts is not None:
             state = torch.where(starts[:, position, None, None], empty, state)
-        output, state = wkv_step(w, u, k[:, position], v[:, position], state)
+        output, state = _step(w, u, k[:, position], v[:, position], state)
         outputs.append(output)
     return torch.stack(outputs, dim=1), state
