@@ -44,19 +44,6 @@ class ForwardContext(NamedTuple):
         """The context of a decoding step: one token per row, the recurrent form's numbers."""
         return cls("recurrent", kernels, chunk_size)
 
-    @property
-    def documents_apart(self) -> bool:
-        """Whether the call is a packed batch of documents kept apart."""
-        return self.starts is not None
-
-    def repeated(self, count: int) -> ForwardContext:
-        """The context of ``count`` copies of the batch along its rows (several residual streams,
-        stream-major): every copy's documents alike."""
-        if count == 1 or self.starts is None:
-            return self
-        return self._replace(starts=self.starts.repeat(count, 1),
-                             position_ids=None if self.position_ids is None else self.position_ids.repeat(count, 1))
-
 
 CHUNK = ForwardContext("chunk")
 """The chunk form through PyTorch's forms, no documents: an op's default context."""
