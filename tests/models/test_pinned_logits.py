@@ -70,7 +70,12 @@ def test_tiny_mcsd_logits_are_pinned(name: str) -> None:
 
 # Decoding: prefill 5 tokens, then 32 steps; logits[:, ::8, :3] of the steps flattened, the
 # sum, the mean square. Computed at 1ab3077, before MCSD's lean decoding step (which
-# reproduces them bit for bit on the machine that made them).
+# reproduces them bit for bit on the machine that made them). Their tolerance is wider than the
+# forward's: 32 steps accumulate fp32 round-off, which the CPU's kernel path changes (measured on
+# an AVX-512 CPU: fp32 decoding within 1.8e-6 of the same weights decoded in float64, and the
+# pinned values within 1.6e-6 of it, 2.2e-6 apart at one value): 5e-6 on values of order 1,
+# still far below what any change of the math moves.
+DECODING_ATOL = 5e-6
 PINNED_DECODING = {
     "full": (
         {},
@@ -108,7 +113,7 @@ def test_tiny_mcsd_decoding_is_pinned(name: str) -> None:
         logits, state = model.step(ids[:, position], state)
         steps.append(logits)
     decoded = torch.stack(steps, dim=1)
-    torch.testing.assert_close(decoded[:, ::8, :3].flatten(), torch.tensor(values), rtol=0, atol=2e-6)
+    torch.testing.assert_close(decoded[:, ::8, :3].flatten(), torch.tensor(values), rtol=0, atol=DECODING_ATOL)
     assert decoded.double().sum().item() == pytest.approx(total, abs=1e-4)
     assert decoded.double().pow(2).mean().item() == pytest.approx(mean_square, abs=1e-7)
 
