@@ -13,6 +13,7 @@ from mcsd.models.modeling import CausalLM
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.modules.state import DecodingState, LayerState
 from mcsd.models.registry import Architecture, architectures, register
+from mcsd.ops.context import ForwardContext
 
 ARCHITECTURE_FOLDERS = [module.name for module in pkgutil.iter_modules(__path__)
                         if module.ispkg and module.name != "modules"]
@@ -29,6 +30,7 @@ __all__ = [
     "CausalLM",
     "ConfigError",
     "DecodingState",
+    "ForwardContext",
     "LayerState",
     "LMConfig",
     "TokenMixer",

@@ -22,6 +22,9 @@ from mcsd.models.cuda_graphs import StaticStep
 from mcsd.models.modules.compiled import compiled_method
 from mcsd.models.modules.state import Decoding, DecodingState, LayerState, tensors_of
 
+if TYPE_CHECKING:
+    from mcsd.ops.context import ForwardContext
+
 PREFILL_FORM = "chunk"  # the form a prompt is read in before decoding
 
 
@@ -38,6 +41,7 @@ class DecodingMixin:
         def run(self, input_ids: torch.Tensor, state: DecodingState, form: str,
                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, DecodingState]: ...
         def init_state(self, batch_size: int, capacity: int = 0) -> DecodingState: ...
+        def step_context(self) -> ForwardContext: ...
 
     def prefill(
         self, input_ids: torch.Tensor, state: DecodingState | None = None, max_new_tokens: int = 0,
@@ -109,11 +113,12 @@ class DecodingMixin:
         layer_inputs: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[LayerState]]:
         x = self.streams.split(self.embed(token_ids.reshape(-1, 1)))[:, 0]
+        context = self.step_context()
         advanced = []
         for layer, layer_state in zip(self.layers, layers):
             if layer_inputs is not None:
                 layer_inputs.append(self.streams.merge(x[:, None])[:, 0])
-            x, layer_state = layer.step(x, layer_state, position)
+            x, layer_state = layer.step(x, layer_state, position, context)
             advanced.append(layer_state)
         return self.streams.merge(self.final_norm(x)[:, None])[:, 0], advanced
 

@@ -30,6 +30,7 @@ from mcsd.models.modules.compiled import compiled_method
 from mcsd.models.modules.layers import GatedMLP, OneStream, weight_flops_per_token
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.modules.state import DecodingState, LayerState
+from mcsd.ops.context import ForwardContext
 
 if TYPE_CHECKING:
     from mcsd.models.registry import Architecture
@@ -90,42 +91,41 @@ class Layer(nn.Module):
         return self.mixer.separates_documents and (not self.mlp_has_state or self.mlp.separates_documents)
 
     def forward(
-        self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str,
-        position_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, layer_state: LayerState | None, position: int, context: ForwardContext,
     ) -> tuple[torch.Tensor, LayerState]:
-        """With ``activation_checkpointing``, a pass that builds a graph from a fresh state (training)
+        """The layer over ``x`` ``[B, N, D]`` in the call's ``context`` (:class:`ForwardContext`).
+        With ``activation_checkpointing``, a pass that builds a graph from a fresh state (training)
         keeps only the layer's input and computes its activations again in the backward."""
         if self.activation_checkpointing and layer_state is None and torch.is_grad_enabled():
-            return self.checkpoint_function(self._forward, x, layer_state, position, form, position_ids)
-        return self._forward(x, layer_state, position, form, position_ids)
+            return self.checkpoint_function(self._forward, x, layer_state, position, context)
+        return self._forward(x, layer_state, position, context)
 
     def _forward(
-        self, x: torch.Tensor, layer_state: LayerState | None, position: int, form: str,
-        position_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, layer_state: LayerState | None, position: int, context: ForwardContext,
     ) -> tuple[torch.Tensor, LayerState]:
         mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)
-        documents = {} if position_ids is None else {"position_ids": position_ids}
-        mixed, mixer_state = self.mixer(self.mixer_norm(x), mixer_state, position, form, **documents)
+        mixed, mixer_state = self.mixer(self.mixer_norm(x), mixer_state, position, context)
         h = x + mixed
         if self.mlp is None:
             return h, LayerState(mixer_state, None)
         if self.mlp_has_state:
-            out, mlp_state = self.mlp(self.mlp_norm(h), mlp_state, position, form, **documents)
+            out, mlp_state = self.mlp(self.mlp_norm(h), mlp_state, position, context)
         else:
             out = self.mlp(self.mlp_norm(h))
         return h + out, LayerState(mixer_state, mlp_state)
 
     def step(
-        self, x: torch.Tensor, layer_state: LayerState | None, position: int | torch.Tensor
+        self, x: torch.Tensor, layer_state: LayerState | None, position: int | torch.Tensor, context: ForwardContext
     ) -> tuple[torch.Tensor, LayerState]:
-        """:meth:`forward` for one token per row, ``x`` ``[B, D]``, through the mixers' steps."""
+        """:meth:`forward` for one token per row, ``x`` ``[B, D]``, through the mixers' steps
+        (``context``: a step's, :meth:`ForwardContext.step`)."""
         mixer_state, mlp_state = layer_state if layer_state is not None else (None, None)
-        mixed, mixer_state = self.mixer.step(self.mixer_norm(x), mixer_state, position)
+        mixed, mixer_state = self.mixer.step(self.mixer_norm(x), mixer_state, position, context)
         h = x + mixed
         if self.mlp is None:
             return h, LayerState(mixer_state, None)
         if self.mlp_has_state:
-            out, mlp_state = self.mlp.step(self.mlp_norm(h), mlp_state, position)
+            out, mlp_state = self.mlp.step(self.mlp_norm(h), mlp_state, position, context)
         else:
             out = self.mlp(self.mlp_norm(h))
         return h + out, LayerState(mixer_state, mlp_state)
@@ -200,13 +200,19 @@ class CausalLM(DecodingMixin, nn.Module):
 
     def use_kernels(self, kernels: str) -> None:
         """Run the mixers' chunk and recurrent forms through ``kernels`` (``model.kernels``:
-        :mod:`mcsd.ops.kernels`) from now on: each mixer that calls an op reads its own
-        ``kernels``; the config says the same. What the model computes does not change."""
+        :mod:`mcsd.ops.kernels`) from now on: the config says so, and each call's
+        :meth:`context` hands it to the ops. What the model computes does not change."""
         check_kernels(kernels)
         self.config = dataclasses.replace(self.config, kernels=kernels)
-        for module in self.modules():
-            if hasattr(module, "kernels"):
-                module.kernels = kernels
+
+    def context(self, form: str, position_ids: torch.Tensor | None = None) -> ForwardContext:
+        """The :class:`ForwardContext` of one call in ``form``: the config's kernels and chunk
+        size, the documents of ``position_ids`` (``None``: none apart)."""
+        return ForwardContext.of(form, self.config.kernels, self.config.chunk_size, position_ids)
+
+    def step_context(self) -> ForwardContext:
+        """The :class:`ForwardContext` of a decoding step: the recurrent form, the config's kernels."""
+        return ForwardContext.step(self.config.kernels, self.config.chunk_size)
 
     @property
     def default_form(self) -> str:
@@ -275,7 +281,8 @@ class CausalLM(DecodingMixin, nn.Module):
         tokens = batch * length
         mixers = [module for layer in self.layers
                   for module in (layer.mixer, layer.mlp if layer.mlp_has_state else None) if module is not None]
-        sequence = sum(batch * mixer.sequence_flops(length, form)
+        context = self.context(form)
+        sequence = sum(batch * mixer.sequence_flops(length, context)
                        * (1 + mixer.sequence_backward_factor if backward else 1) for mixer in mixers)
         layers = sum(weight_flops_per_token(layer) for layer in self.layers) * tokens
         head = weight_flops_per_token(self.lm_head) * (tokens if scored is None else scored)
@@ -328,11 +335,12 @@ class CausalLM(DecodingMixin, nn.Module):
         x = self.streams.split(embedded)
         if position_ids is not None and self.streams.count > 1:  # every stream's rows alike (stream-major)
             position_ids = position_ids.repeat(self.streams.count, 1)
+        context = self.context(form, position_ids)
         layers = []
         for layer, layer_state in zip(self.layers, state.layers):
             if layer_inputs is not None:
                 layer_inputs.append(self.streams.merge(x))
-            x, layer_state = layer(x, layer_state, state.position, form, position_ids)
+            x, layer_state = layer(x, layer_state, state.position, context)
             layers.append(layer_state)
         hidden = self.streams.merge(self.final_norm(x))
         return hidden, DecodingState(position=state.position + embedded.shape[1], layers=layers)

@@ -73,7 +73,8 @@ def test_transformer_trains_through_one_causal_sdpa_call_per_layer(monkeypatch) 
 def test_retention_is_the_written_formula() -> None:
     """RetNet's mixer: o_n = sum_{m<=n} gamma_h^(n-m) (q_n . k_m) v_m with gamma_h = 1 - 2^(-5-h),
     q and k rotated at their positions, k / sqrt(dk); out = W_O(swish(G) * RMSNorm_head(o) * gain)."""
-    mixer = tiny_model("retnet").layers[0].mixer.double()
+    model = tiny_model("retnet")
+    mixer = model.layers[0].mixer.double()
     heads, key_width, value_width = mixer.num_heads, mixer.key_width, mixer.value_width
     x = torch.randn(2, 9, heads * key_width, dtype=torch.float64)
     q, k = (x @ weight.T for weight in mixer.qk_proj.weight.chunk(2))
@@ -90,7 +91,7 @@ def test_retention_is_the_written_formula() -> None:
     o = o.transpose(1, 2)
     normed = o / (o.pow(2).mean(-1, keepdim=True) + mixer.norm.eps).sqrt() * mixer.norm.weight
     expected = (normed * F.silu(g.view(2, 9, heads, value_width))).reshape(2, 9, -1) @ mixer.out_proj.weight.T
-    actual, state = mixer(x, None, 5, "parallel")
+    actual, state = mixer(x, None, 5, model.context("parallel"))
     assert torch.allclose(actual, expected, atol=1e-10) and state.shape == (2, heads, key_width, value_width)
 
 
@@ -100,7 +101,8 @@ def test_retention_with_its_parts_switched_off_is_the_written_formula() -> None:
     issue 90's study): out = W_O(o), o_n = sum_{m<=n} gamma_h^(n-m) (q_n . k_m / sqrt(dk)) v_m
     with q and k as projected; each switch alone changes the default model's output."""
     bare = dict(rope=False, retention_norm=False, output_gate=False, decay_offset=2.0)
-    mixer = tiny_model("retnet", **bare).layers[0].mixer.double()
+    model = tiny_model("retnet", **bare)
+    mixer = model.layers[0].mixer.double()
     assert mixer.norm is None and mixer.vg_proj.out_features == mixer.num_heads * mixer.value_width
     heads, key_width, value_width = mixer.num_heads, mixer.key_width, mixer.value_width
     x = torch.randn(2, 9, heads * key_width, dtype=torch.float64)
@@ -115,7 +117,7 @@ def test_retention_with_its_parts_switched_off_is_the_written_formula() -> None:
                 o[:, h, n] += gamma ** (n - m) * (q[:, h, n] * k[:, h, m]).sum(-1, keepdim=True) / key_width**0.5 * v[:, h, m]
     expected = o.transpose(1, 2).reshape(2, 9, -1) @ mixer.out_proj.weight.T
     for form in ("parallel", "chunk", "recurrent"):
-        actual, _ = mixer(x, None, 5, form)
+        actual, _ = mixer(x, None, 5, model.context(form))
         assert torch.allclose(actual, expected, atol=1e-10), form
     input_ids = torch.randint(0, 101, (2, 30))
     torch.manual_seed(0)

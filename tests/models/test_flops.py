@@ -47,7 +47,7 @@ def test_model_flops_are_what_the_training_form_executes(name: str) -> None:
     model = mcsd.build_model(tiny_config(name))
     form, batch, length = registry.get(name).train_form, 2, 4 * model.config.chunk_size
     mixers = [module for module in model.modules() if isinstance(module, TokenMixer)]
-    unseen = sum(batch * mixer.sequence_flops(length, form) * (1 + mixer.sequence_backward_factor)
+    unseen = sum(batch * mixer.sequence_flops(length, model.context(form)) * (1 + mixer.sequence_backward_factor)
                  for mixer in mixers if not mixer.sequence_products) * model.streams.count
     # The counter counts a causal SDPA call's masked half too (the parallel form's, which the model FLOPs leave out).
     masked = sum(batch * 3 * (2 * length * length - length * (length + 1)) * 2 * mixer.num_heads * mixer.head_width

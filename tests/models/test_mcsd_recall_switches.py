@@ -91,11 +91,11 @@ def test_the_input_decay_history_is_its_definition_in_every_form() -> None:
     assert log_decay[0].std(0).min() > 0.01  # the decays differ from token to token
     expected = loop_history(log_decay[0].double(), history[0].double())
     for form in ("parallel", "chunk", "recurrent"):
-        mixed, state = block.gated_history(log_decay, history, None, 0, form, None)
+        mixed, state = block.gated_history(log_decay, history, None, 0, model.context(form))
         assert relative_rms_error(mixed[0], expected) < 1e-6, form
     # The state continues the sum: 4 tokens, then 5 from its state, as the 9 at once.
-    first, state = block.gated_history(log_decay[:, :4], history[:, :4], None, 0, "chunk", None)
-    rest, _ = block.gated_history(log_decay[:, 4:], history[:, 4:], state, 4, "chunk", None)
+    first, state = block.gated_history(log_decay[:, :4], history[:, :4], None, 0, model.context("chunk"))
+    rest, _ = block.gated_history(log_decay[:, 4:], history[:, 4:], state, 4, model.context("chunk"))
     assert relative_rms_error(torch.cat([first, rest], 1)[0], expected) < 1e-6
 
 

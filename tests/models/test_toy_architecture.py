@@ -19,7 +19,7 @@ from torch import nn
 import mcsd
 from helpers.models import relative_rms_error
 from helpers.runs import FAST, compose_train, read_metrics, series, train_refusal
-from mcsd.models import CausalLM, LMConfig, TokenMixer, registry
+from mcsd.models import CausalLM, ForwardContext, LMConfig, TokenMixer, registry
 from mcsd.plots.cost import model_label, plot_inference
 from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
 from mcsd.plots.runs import load_csv_runs, plot_sweep
@@ -46,10 +46,11 @@ class PreviousToken(TokenMixer):
     def residual_weights(self) -> list[nn.Parameter]:
         return [self.out_proj.weight]
 
-    def sequence_flops(self, length: int, form: str) -> int:
+    def sequence_flops(self, length: int, context: ForwardContext) -> int:
         return 0  # a shift by one position: no sum over positions
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str) -> tuple[Any, Any]:
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None, position: int,
+                context: ForwardContext) -> tuple[Any, Any]:
         previous = torch.zeros_like(x[:, :1]) if state is None else state[:, None].to(x.dtype)
         shifted = torch.cat([previous, x[:, :-1]], dim=1)
         return self.out_proj(shifted), x[:, -1].float()

@@ -53,10 +53,11 @@ def literal_ssd(mixer: StateSpaceDuality, x: torch.Tensor, position: int) -> tor
 @torch.no_grad()
 @pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
 def test_ssd_is_the_written_recurrence(form: str) -> None:
-    mixer = tiny_model("wonderful_matrices").layers[0].mixer.double()
+    model = tiny_model("wonderful_matrices")
+    mixer = model.layers[0].mixer.double()
     assert isinstance(mixer, StateSpaceDuality)
     x = torch.randn(2, 19, mixer.in_proj.in_features, dtype=torch.float64)
-    actual, state = mixer(x, None, 3, form)
+    actual, state = mixer(x, None, 3, model.context(form))
     assert torch.allclose(actual, literal_ssd(mixer, x, 3), atol=1e-10)
     assert state.shape == (2, mixer.num_heads, mixer.state_size, mixer.head_width) and state.dtype == torch.float64
 
@@ -77,7 +78,8 @@ def test_ssd_initialisation() -> None:
 def test_constant_dt_is_retention() -> None:
     """With dt constant per head (dt_proj's rows zero), SSD's log-decay dt A is a fixed decay per
     head: its state and output are retention's with q = C, k = B, v = dt x and gamma = exp(dt A)."""
-    mixer = tiny_model("wonderful_matrices").layers[0].mixer.double()
+    model = tiny_model("wonderful_matrices")
+    mixer = model.layers[0].mixer.double()
     heads, width = mixer.num_heads, mixer.head_width
     mixer.in_proj.weight[-heads:] = 0.0
     x = torch.randn(2, 40, mixer.in_proj.in_features, dtype=torch.float64)
@@ -87,7 +89,7 @@ def test_constant_dt_is_retention() -> None:
     values = inner.view(2, 40, heads, width).transpose(1, 2) * dt[:, None, None]
     _, retention_state = decayed_attention(c, b, values, dt * -torch.exp(mixer.A_log),
             context=ForwardContext("parallel"))
-    _, ssd_state = mixer(x, None, 0, "chunk")
+    _, ssd_state = mixer(x, None, 0, model.context("chunk"))
     assert torch.allclose(ssd_state, retention_state, atol=1e-12)
 
 
@@ -127,8 +129,8 @@ def test_dynamic_mask_starts_as_plain_attention(form: str) -> None:
     masked.layers[1].mixer.A.fill_(-3.0)  # now the bias differs between keys
     masked.layers[1].mixer.dt_proj.weight.normal_(std=10.0)  # biases spread over (0, 1]
     x = torch.randn(2, 37, 24)
-    biased, _ = masked.layers[1].mixer(x, None, 0, form)
-    unbiased, _ = plain.layers[1].mixer(x, None, 0, form)
+    biased, _ = masked.layers[1].mixer(x, None, 0, masked.context(form))
+    unbiased, _ = plain.layers[1].mixer(x, None, 0, plain.context(form))
     assert (biased - unbiased).abs().max() > 0.1 * unbiased.abs().max()
 
 
@@ -151,14 +153,15 @@ def test_biased_attention_layer_forms_agree() -> None:
     """With biases spread over (0, 1], the dynamic-mask layer's parallel and chunk forms from the
     start (the folded causal kernel) equal its recurrent form (a masked call per token), values
     and gradients."""
-    attention = tiny_model(HYBRID).double().layers[1].mixer
+    model = tiny_model(HYBRID).double()
+    attention = model.layers[1].mixer
     with torch.no_grad():
         attention.A.fill_(-3.0)
         attention.dt_proj.weight.normal_(std=10.0)
     x = torch.randn(2, 37, 24, dtype=torch.float64)
     outputs, grads = {}, {}
     for form in ("parallel", "chunk", "recurrent"):
-        outputs[form], _ = attention(x, None, 0, form)
+        outputs[form], _ = attention(x, None, 0, model.context(form))
         grads[form] = torch.autograd.grad(outputs[form].square().sum(), list(attention.parameters()))
     for form in ("parallel", "chunk"):
         torch.testing.assert_close(outputs[form], outputs["recurrent"], rtol=1e-10, atol=1e-12)

@@ -18,7 +18,8 @@ import torch
 
 import mcsd
 from helpers.models import TINY, tiny_model
-from mcsd.models import ARCHITECTURE_FOLDERS, registry
+from mcsd.models import ARCHITECTURE_FOLDERS, ForwardContext, registry
+from mcsd.ops.dispatch import dispatch
 
 PACKAGE = Path(mcsd.__file__).parent
 
@@ -227,6 +228,50 @@ def test_every_form_and_the_step_run_through_the_architectures_ops(name: str) ->
         assert ops_reached(lambda: model(tokens, form=form)) == expected, form
     _, state = model.prefill(tokens, max_new_tokens=1)
     assert ops_reached(lambda: model.step(tokens[:, -1], state)) == expected, "step"
+
+
+def contexts_dispatched(call: Callable[[], object]) -> list[ForwardContext]:
+    """The :class:`ForwardContext` of every op call that ``call`` makes through the dispatcher."""
+    contexts: list[ForwardContext] = []
+
+    def record(frame: FrameType, event: str, _: object) -> None:
+        if event == "call" and frame.f_code is dispatch.__code__:
+            contexts.append(frame.f_locals["context"])
+
+    sys.setprofile(record)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return contexts
+
+
+@pytest.mark.parametrize("name", [name for name in registry.architectures() if registry.get(name).ops])
+@torch.no_grad()
+def test_the_ops_get_the_calls_context_and_no_mixer_keeps_a_copy(name: str) -> None:
+    """Form, kernels, chunk size and documents reach the ops in the one context each call builds
+    (:meth:`CausalLM.context`; a decoding step's, :meth:`CausalLM.step_context`): the ops see what
+    the model's config says after ``use_kernels``, and no module below the model stores any of them."""
+    model = tiny_model(name, chunk_size=4)
+    model.use_kernels("auto")
+    kept = sorted((path, attribute) for path, module in model.named_modules() if path
+                  for attribute in ("form", "kernels", "chunk_size", "starts", "position_ids") if attribute in vars(module))
+    assert kept == []
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 12))
+    for form in model.architecture.forms:
+        contexts = contexts_dispatched(lambda: model(tokens, form=form))
+        # MCSD's recurrent form is the history's own token loop (filter_histories): no dispatch
+        assert all(context == (form, "auto", 4, None, None) for context in contexts), form
+        assert contexts or form != model.architecture.train_form
+    if model.separates_documents:
+        position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 6]] * 2)
+        contexts = contexts_dispatched(lambda: model(tokens, position_ids=position_ids))
+        rows = position_ids.repeat(model.streams.count, 1)
+        assert contexts and all(torch.equal(context.starts, rows == 0) and torch.equal(context.position_ids, rows)
+                                for context in contexts)
+    _, state = model.prefill(tokens, max_new_tokens=1)
+    steps = contexts_dispatched(lambda: model.step(tokens[:, -1], state))
+    assert all(context == ForwardContext.step("auto", 4) for context in steps)
 
 
 def test_every_command_is_a_module_of_the_command_package() -> None:

@@ -129,8 +129,6 @@ class MCSDBlock(TokenMixer):
         self.init_std = config.init_std
         self.num_channels = config.num_channels
         self.channel_width = config.channel_width
-        self.chunk_size = config.chunk_size
-        self.kernels = config.kernels
         self.sections = torch.nn.ModuleList(Section(kind, config) for kind in config.sections)
         self.short_conv = ShortConvolution(config.hidden_size, config.short_conv) if config.short_conv else None
         # Per channel, per section: (U, V) for a slope, (F, E) for a decay.
@@ -155,30 +153,29 @@ class MCSDBlock(TokenMixer):
 
     sequence_backward_factor = 1  # the filters' matrices are fixed: only their input has a gradient
 
-    def sequence_flops(self, length: int, form: str) -> int:
+    def sequence_flops(self, length: int, context: ForwardContext) -> int:
         """Each section's exponential filter over every channel (``C Dc`` features); the slope's
         denominators, the gates and the fusion are elementwise."""
         width = self.num_channels * self.channel_width
         fixed = sum(section.decay_gate is None for section in self.sections)
         gated = (len(self.sections) - fixed) * self.num_channels * decayed_attention_flops(
-            length, 1, self.channel_width, form, self.chunk_size)
-        return fixed * exp_filter_flops(length, width, form, self.chunk_size) + gated
+            length, 1, self.channel_width, context.form, context.chunk_size)
+        return fixed * exp_filter_flops(length, width, context.form, context.chunk_size) + gated
 
     def section_inputs(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """``x`` ``[..., D]`` -> each section's (current, history) branches, ``[..., C, Dc]`` each."""
         projected = self.in_proj(x.view(*x.shape[:-1], self.num_channels, self.channel_width))
         return list(zip(*[iter(projected.split(self.channel_width, dim=-1))] * 2))
 
-    separates_documents = True  # the histories restart at each document (filter_histories' position_ids)
+    separates_documents = True  # the histories restart at each document (filter_histories' context)
 
     def forward(
-        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int, form: str,
-        position_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int, context: ForwardContext,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         batch, length, hidden = x.shape
         section_states, conv_state = self.split_state(layer_state)
         if self.short_conv is not None:
-            x, conv_state = self.short_conv(x, conv_state, position_ids)
+            x, conv_state = self.short_conv(x, conv_state, context.position_ids)
         inputs = self.section_inputs(x)
         fixed = [index for index, section in enumerate(self.sections) if section.decay_gate is None]
         mixed: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.sections)
@@ -186,15 +183,14 @@ class MCSDBlock(TokenMixer):
             filtered = filter_histories([inputs[index][1] for index in fixed],
                                         [self.sections[index].history for index in fixed],
                                         None if section_states is None else [section_states[index] for index in fixed],
-                                        position, ForwardContext.of(form, self.kernels, self.chunk_size,
-                                                                    position_ids))
+                                        position, context)
             for index, result in zip(fixed, filtered):
                 mixed[index] = result
         for index, section in enumerate(self.sections):
             if section.decay_gate is not None:
                 mixed[index] = self.gated_history(section.log_decay(x), inputs[index][1],
                                                   None if section_states is None else section_states[index],
-                                                  position, form, position_ids)
+                                                  position, context)
         thetas = [section.gate(history, current) for section, (current, _), (history, _) in zip(self.sections, inputs, mixed)]
         states = [state for _, state in mixed] + ([conv_state] if self.short_conv is not None else [])
         return self.out_proj(self.fuse(thetas, batch, length, hidden)), states
@@ -206,8 +202,8 @@ class MCSDBlock(TokenMixer):
         return layer_state[:len(self.sections)], layer_state[len(self.sections)] if self.short_conv is not None else None
 
     def gated_history(
-        self, log_decay: torch.Tensor, history: torch.Tensor, state: torch.Tensor | None, position: int, form: str,
-        position_ids: torch.Tensor | None,
+        self, log_decay: torch.Tensor, history: torch.Tensor, state: torch.Tensor | None, position: int,
+        context: ForwardContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """An input-decay section's mixed history ``[B, N, C, Dc]`` and state ``[B, C, Dc]`` fp32:
         the decayed sum up to each token's predecessor times the token's decay (row 0 of a
@@ -216,7 +212,6 @@ class MCSDBlock(TokenMixer):
         value = history.transpose(1, 2)  # [B, C, N, Dc]
         ones = value.new_ones(batch, channels, length, 1)
         log_decay = log_decay.transpose(1, 2)  # [B, C, N]
-        context = ForwardContext.of(form, self.kernels, self.chunk_size, position_ids)
         starts, initial = context.starts, None if state is None else state[:, :, None]
         # sums[n] = sum_{j<=n} (prod_{j<r<=n} alpha_r) E_j
         sums, final = decayed_attention(ones, ones, value, log_decay, initial, context)
@@ -228,10 +223,11 @@ class MCSDBlock(TokenMixer):
         return mixed.transpose(1, 2), final[:, :, 0]
 
     def step(
-        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int | torch.Tensor
+        self, x: torch.Tensor, layer_state: list[torch.Tensor] | None, position: int | torch.Tensor,
+        context: ForwardContext,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form without its sequence axis,
-        the section states advanced in place."""
+        the section states advanced in place (no op of it has a kernel to choose)."""
         batch, hidden = x.shape
         section_states, conv_state = self.split_state(layer_state)
         if self.short_conv is not None:

@@ -28,6 +28,7 @@ from torch import nn
 from mcsd.models.config import LMConfig
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.modules.rotary import rotary, rotary_step
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.common import document_index
 from mcsd.ops.flops import attention_flops
 
@@ -113,7 +114,6 @@ class CausalSelfAttention(TokenMixer):
         super().__init__()
         self.num_heads = config.num_channels
         self.head_width = config.channel_width
-        self.chunk_size = config.chunk_size
         self.rope_base = config.rope_base
         self.init_std = config.init_std
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
@@ -130,9 +130,9 @@ class CausalSelfAttention(TokenMixer):
         shape = (batch_size, self.num_heads, capacity, self.head_width)
         return KVCache(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
 
-    def sequence_flops(self, length: int, form: str) -> int:
+    def sequence_flops(self, length: int, context: ForwardContext) -> int:
         width = self.num_heads * self.head_width
-        return attention_flops(length, width, width, form, self.chunk_size)
+        return attention_flops(length, width, width, context.form, context.chunk_size)
 
     def key_bias(self, value: torch.Tensor) -> torch.Tensor | None:
         """An additive bias per key on the attention scores, ``[B, H, N]`` from the values
@@ -140,14 +140,14 @@ class CausalSelfAttention(TokenMixer):
         return None
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None, position: int, form: str,
-        position_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, cache: KVCache | None, position: int, context: ForwardContext,
     ) -> tuple[torch.Tensor, KVCache | None]:
-        if position_ids is not None:
+        if context.position_ids is not None:
             if position != 0:
                 raise ValueError("documents apart (position_ids) start from no state: attention has no way to "
                                  "continue a cache into a packed batch")
-            return self._documents_apart(x, position_ids)
+            return self._documents_apart(x, context)
+        form = context.form
         batch, length, hidden = x.shape
         query, key, value = self._projected(x)
         query = rotary(query, position, self.rope_base)
@@ -161,7 +161,7 @@ class CausalSelfAttention(TokenMixer):
             # takes one graph for every length (a loop over blocks would unroll at each length).
             # The parallel form into a cache does the same (one call, masked past position 0): the
             # prefill an ONNX export traces once for every prompt length (mcsd.deploy.onnx).
-            block = 1 if form == "recurrent" else None if form == "parallel" or cache is None else self.chunk_size
+            block = 1 if form == "recurrent" else None if form == "parallel" or cache is None else context.chunk_size
             if cache is None:
                 cache = self.init_state(batch, position + length, x.device, key.dtype)
             attended = self._attend_cached(query, key, value, bias, cache, position, block)
@@ -173,8 +173,8 @@ class CausalSelfAttention(TokenMixer):
         qkv = self.qkv_proj(x).view(batch, length, 3, self.num_heads, self.head_width)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)
 
-    def _documents_apart(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
-        """Every form with documents apart (``position_ids`` ``[B, N]``): rotary at each token's
+    def _documents_apart(self, x: torch.Tensor, context: ForwardContext) -> tuple[torch.Tensor, KVCache]:
+        """Every form with ``context``'s documents apart: rotary at each token's
         position in its document, each query attending to the keys of its own document up to
         itself (:func:`document_attention`). The cache returned holds every position;
         :meth:`last_document` keeps the last document's for decoding.
@@ -185,9 +185,9 @@ class CausalSelfAttention(TokenMixer):
         of the hybrid replayed that output with garbage sizes on its next call, torch 2.13)."""
         batch, length, _ = x.shape
         query, key, value = self._projected(x)
-        query, key = (rotary(part, position_ids, self.rope_base) for part in (query, key))
+        query, key = (rotary(part, context.position_ids, self.rope_base) for part in (query, key))
         bias = self.key_bias(value)
-        attended = document_attention(query, key, value, document_index(position_ids == 0), bias)
+        attended = document_attention(query, key, value, document_index(context.starts), bias)
         cache = KVCache(key, value, bias)
         return self.out_proj(attended.transpose(1, 2).reshape(batch, length, -1)), cache
 
@@ -200,7 +200,7 @@ class CausalSelfAttention(TokenMixer):
         return KVCache(*(None if part is None else part[:, :, -length:].clone() for part in cache._fields()))
 
     def step(
-        self, x: torch.Tensor, cache: KVCache | None, position: int | torch.Tensor
+        self, x: torch.Tensor, cache: KVCache | None, position: int | torch.Tensor, context: ForwardContext
     ) -> tuple[torch.Tensor, KVCache]:
         """One token per row, ``x`` ``[B, D]``: its key and value (and key bias) written into the
         cache in place, its query attending to every cached position (none is in its future).

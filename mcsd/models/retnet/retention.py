@@ -46,8 +46,6 @@ class MultiScaleRetention(TokenMixer):
         self.num_heads = config.num_channels
         self.key_width = config.channel_width
         self.value_width = config.value_expansion * config.channel_width
-        self.chunk_size = config.chunk_size
-        self.kernels = config.kernels
         self.rope_base = config.rope_base if config.rope else None
         self.decay_offset = config.decay_offset
         self.gated = config.output_gate
@@ -86,11 +84,11 @@ class MultiScaleRetention(TokenMixer):
     separates_documents = True  # -inf log-decay at each start, rotary from it
 
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str,
-        position_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int, context: ForwardContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, length, _ = x.shape
         state, conv_state = self.split_state(state)
+        position_ids = context.position_ids
         if self.short_conv is not None:
             x, conv_state = self.short_conv(x, conv_state, position_ids)
         query, key = self.qk_proj(x).view(batch, length, 2, self.num_heads, self.key_width).permute(2, 0, 3, 1, 4)
@@ -101,7 +99,6 @@ class MultiScaleRetention(TokenMixer):
         key = key / math.sqrt(self.key_width)
         value = value.transpose(1, 2)
         log_decay = self.log_decay(x.device, state_dtype(value))
-        context = ForwardContext.of(form, self.kernels, self.chunk_size, position_ids)
         retained, state = decayed_attention(query, key, value, log_decay, state, context)
         mixed = self.output(retained.transpose(1, 2), gate)  # [B, N, H, dv]
         return self.out_proj(mixed.reshape(batch, length, -1)), self.join_state(state, conv_state)
@@ -115,11 +112,12 @@ class MultiScaleRetention(TokenMixer):
     def join_state(self, state: torch.Tensor, conv_state: torch.Tensor | None) -> torch.Tensor | list[torch.Tensor]:
         return state if self.short_conv is None else [state, conv_state]
 
-    def sequence_flops(self, length: int, form: str) -> int:
-        return self.num_heads * decayed_attention_flops(length, self.key_width, self.value_width, form, self.chunk_size)
+    def sequence_flops(self, length: int, context: ForwardContext) -> int:
+        return self.num_heads * decayed_attention_flops(length, self.key_width, self.value_width, context.form,
+                                                        context.chunk_size)
 
     def step(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int | torch.Tensor
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int | torch.Tensor, context: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
         batch, _ = x.shape
@@ -135,6 +133,6 @@ class MultiScaleRetention(TokenMixer):
             state = x.new_zeros(batch, self.num_heads, self.key_width, self.value_width, dtype=state_dtype(value))
         log_decay = self.log_decay(x.device, state_dtype(value))[None, :].expand(batch, -1)
         retained, state = decayed_attention_step(query, key / math.sqrt(self.key_width), value, log_decay, state,
-                                                 ForwardContext.step(self.kernels))
+                                                 context)
         mixed = self.output(retained, gate)  # [B, H, dv]
         return self.out_proj(mixed.reshape(batch, -1)), self.join_state(state, conv_state)

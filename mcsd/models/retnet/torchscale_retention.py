@@ -27,6 +27,7 @@ from mcsd.models.config import ConfigError
 from mcsd.models.modules.decays import section_log_decay
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.retnet.configuration_retnet import RetNetConfig
+from mcsd.ops.context import ForwardContext
 from mcsd.ops.flops import decayed_attention_flops
 
 INSTALL = "pip install --no-deps torchscale==0.3.0"
@@ -71,7 +72,6 @@ class TorchscaleRetention(TokenMixer):
         self.num_heads = config.num_channels
         self.key_width = config.channel_width
         self.value_width = config.value_expansion * config.channel_width
-        self.chunk_size = config.chunk_size
         self.rope_base = config.rope_base if config.rope else None
         self.decay_offset = config.decay_offset
         arguments = types.SimpleNamespace(multiway=False, layernorm_eps=config.norm_eps)
@@ -105,15 +105,16 @@ class TorchscaleRetention(TokenMixer):
         decayed = (distance.clamp(min=0) * self.log_decay(device, dtype)[:, None, None]).exp()
         return torch.where(distance >= 0, decayed, 0.0)
 
-    def sequence_positions(self, length: int, chunked: bool, device: torch.device, dtype: torch.dtype):
-        """What ``RetNetRelPos`` hands torchscale's parallel or chunkwise form for ``length`` tokens
-        (computed in fp32, or fp64 in an fp64 model; handed over in ``dtype``)."""
+    def sequence_positions(self, length: int, chunk_size: int | None, device: torch.device, dtype: torch.dtype):
+        """What ``RetNetRelPos`` hands torchscale's parallel form (``chunk_size`` ``None``) or its
+        chunkwise form of ``chunk_size`` for ``length`` tokens (computed in fp32, or fp64 in an
+        fp64 model; handed over in ``dtype``)."""
         rotation = self.rotation(torch.arange(length, device=device), dtype)
         compute = torch.promote_types(dtype, torch.float32)
-        if not chunked:
+        if chunk_size is None:
             mask = self.decay_mask(length, device, compute)
             return rotation, (mask / mask.sum(-1, keepdim=True).sqrt()).to(dtype)
-        size, log_decay = self.chunk_size, self.log_decay(device, compute)
+        size, log_decay = chunk_size, self.log_decay(device, compute)
         mask = self.decay_mask(size, device, compute)
         last_row = mask[:, -1]  # gamma^(C-1-m): how each key of a chunk reaches its end
         scale = mask.sum(-1, keepdim=True).sqrt()
@@ -132,22 +133,23 @@ class TorchscaleRetention(TokenMixer):
     separates_documents = False  # torchscale's forms know one sequence
 
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str,
-        position_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int, context: ForwardContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        form = context.form
         if form == "recurrent":
             outputs = []
             for offset in range(x.shape[1]):
-                out, state = self.step(x[:, offset], state, position + offset)
+                out, state = self.step(x[:, offset], state, position + offset, context)
                 outputs.append(out)
             return torch.stack(outputs, 1), state
         if state is not None or position:
             raise ConfigError(f"form={form} of model.implementation=torchscale starts a sequence (torchscale's "
                               "parallel and chunkwise forms take no state): continue one with form=recurrent")
         length = x.shape[1]
-        padded = -length % self.chunk_size if form == "chunk" else 0  # zero tokens at the end change no earlier one
+        chunk_size = context.chunk_size if form == "chunk" else None
+        padded = -length % chunk_size if chunk_size else 0  # zero tokens at the end change no earlier one
         x = F.pad(x, (0, 0, 0, padded))
-        positions = self.sequence_positions(x.shape[1], form == "chunk", x.device, x.dtype)
+        positions = self.sequence_positions(x.shape[1], chunk_size, x.device, x.dtype)
         out = self.layer(x, positions, chunkwise_recurrent=form == "chunk")[:, :length]
         keys, values = self.layer.retained
         self.layer.retained = None
@@ -163,7 +165,7 @@ class TorchscaleRetention(TokenMixer):
         return state / self.running_scale(length, device, state.dtype).sqrt()[:, None, None]
 
     def step(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int | torch.Tensor
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int | torch.Tensor, context: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cache = {}
         if state is not None:
@@ -173,5 +175,6 @@ class TorchscaleRetention(TokenMixer):
         out = self.layer(x[:, None], (self.rotation(position, x.dtype), decay), incremental_state=cache)
         return out[:, 0], cache["prev_key_value"]
 
-    def sequence_flops(self, length: int, form: str) -> int:
-        return self.num_heads * decayed_attention_flops(length, self.key_width, self.value_width, form, self.chunk_size)
+    def sequence_flops(self, length: int, context: ForwardContext) -> int:
+        return self.num_heads * decayed_attention_flops(length, self.key_width, self.value_width, context.form,
+                                                        context.chunk_size)

@@ -23,15 +23,15 @@ def depth_ratios(layer_index: int, num_layers: int) -> tuple[float, float]:
     return (layer_index / (num_layers - 1) if num_layers > 1 else 0.0), 1.0 - layer_index / num_layers
 
 
-def token_shift(x: torch.Tensor, last: torch.Tensor | None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+def token_shift(x: torch.Tensor, last: torch.Tensor | None, starts: torch.Tensor | None = None) -> torch.Tensor:
     """``x_{t-1}`` for every position of ``x [B, N, D]``: ``last`` (the token before the
     chunk, zeros at the start of a sequence) then ``x`` without its last token; zeros at each
-    document's start too, given ``position_ids`` (documents apart)."""
+    document's start too, given ``starts`` ``[B, N]`` (documents apart: a context's)."""
     first = torch.zeros_like(x[:, :1]) if last is None else last[:, None].to(x.dtype)
     # The first row, then x without its last: cut after the concatenation, so that no slice of
     # N - 1 rows is made (torch.export would guard N != 2, and an ONNX prefill miss prompts of two).
     shifted = torch.cat([first, x], dim=1).narrow(1, 0, x.shape[1])
-    return shifted if position_ids is None else shifted.masked_fill((position_ids == 0)[..., None], 0.0)
+    return shifted if starts is None else shifted.masked_fill(starts[..., None], 0.0)
 
 
 def mixing_coefficients(perspectives: int, width: int, count: int) -> list[nn.Parameter]:
@@ -51,7 +51,7 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         super().__init__()
         width = config.hidden_size
         self.layer_index, self.num_layers = layer_index, config.num_layers
-        self.init_std, self.chunk_size, self.kernels = config.init_std, config.chunk_size, config.kernels
+        self.init_std = config.init_std
         self.time_decay = nn.Parameter(torch.empty(width))
         self.time_first = nn.Parameter(torch.empty(width))
         self.mix_k, self.mix_v, self.mix_r = mixing_coefficients(config.perspectives, width, 3)
@@ -78,23 +78,22 @@ class TimeMix(PerspectiveMixes, TokenMixer):
 
     sequence_products = False  # the WKV's sums are elementwise (log-space weights times values)
 
-    def sequence_flops(self, length: int, form: str) -> int:
+    def sequence_flops(self, length: int, context: ForwardContext) -> int:
         """The WKV over every channel; the token shift's blend of two neighbours is elementwise."""
-        return wkv_flops(length, self.time_decay.numel(), form, self.chunk_size)
+        return wkv_flops(length, self.time_decay.numel(), context.form, context.chunk_size)
 
     separates_documents = True  # the token shift and the WKV restart at each document
 
-    def forward(self, x: torch.Tensor, state, position: int, form: str, position_ids: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, state, position: int, context: ForwardContext):
         last, wkv_state = state if state is not None else (None, None)
-        shifted = token_shift(x, last, position_ids)
+        shifted = token_shift(x, last, context.starts)
         k = self.key(mix(shifted, x, self.mix_k))
         v = self.value(mix(shifted, x, self.mix_v))
         r = self.receptance(mix(shifted, x, self.mix_r))
-        mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state,
-                               ForwardContext.of(form, self.kernels, self.chunk_size, position_ids))
+        mixed, wkv_state = wkv(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, context)
         return self.output(torch.sigmoid(r) * mixed), (x[:, -1].to(state_dtype(x)), wkv_state)
 
-    def step(self, x: torch.Tensor, state, position: int | torch.Tensor):
+    def step(self, x: torch.Tensor, state, position: int | torch.Tensor, context: ForwardContext):
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
         last, wkv_state = state if state is not None else (None, None)
         shifted = torch.zeros_like(x) if last is None else last.to(x.dtype)
@@ -103,8 +102,7 @@ class TimeMix(PerspectiveMixes, TokenMixer):
         r = self.receptance(mix(shifted, x, self.mix_r))
         if wkv_state is None:
             wkv_state = empty_wkv_state(x.shape[0], x.shape[1], x.device, state_dtype(v))
-        mixed, wkv_state = wkv_step(torch.exp(self.time_decay), self.time_first, k, v, wkv_state,
-                                    ForwardContext.step(self.kernels))
+        mixed, wkv_state = wkv_step(torch.exp(self.time_decay), self.time_first, k, v, wkv_state, context)
         return self.output(torch.sigmoid(r) * mixed), (x.to(state_dtype(x)), wkv_state)
 
 
@@ -135,19 +133,19 @@ class ChannelMix(PerspectiveMixes, TokenMixer):
     def residual_weights(self) -> list[nn.Parameter]:
         return [self.value.weight]
 
-    def sequence_flops(self, length: int, form: str) -> int:
+    def sequence_flops(self, length: int, context: ForwardContext) -> int:
         """None: an MLP whose only tie between positions is the token shift (elementwise)."""
         return 0
 
     separates_documents = True  # its token shift restarts at each document
 
-    def forward(self, x: torch.Tensor, state, position: int, form: str, position_ids: torch.Tensor | None = None):
-        shifted = token_shift(x, state, position_ids)
+    def forward(self, x: torch.Tensor, state, position: int, context: ForwardContext):
+        shifted = token_shift(x, state, context.starts)
         k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()
         r = torch.sigmoid(self.receptance(mix(shifted, x, self.mix_r)))
         return r * self.value(k), x[:, -1].to(state_dtype(x))
 
-    def step(self, x: torch.Tensor, state, position: int | torch.Tensor):
+    def step(self, x: torch.Tensor, state, position: int | torch.Tensor, context: ForwardContext):
         """One token per row, ``x`` ``[B, D]``."""
         shifted = torch.zeros_like(x) if state is None else state.to(x.dtype)
         k = torch.relu(self.key(mix(shifted, x, self.mix_k))).square()

@@ -40,8 +40,6 @@ class StateSpaceDuality(TokenMixer):
         self.inner_width = config.ssd_expand * config.hidden_size
         self.head_width = self.inner_width // self.num_heads
         self.state_size = config.state_size
-        self.chunk_size = config.chunk_size
-        self.kernels = config.kernels
         self.rope_base = config.rope_base
         self.init_std = config.init_std
         self.dt_range = (config.dt_min, config.dt_max)
@@ -73,12 +71,11 @@ class StateSpaceDuality(TokenMixer):
     separates_documents = True  # -inf log-decay at each start (the op), rotary from it
 
     def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int, form: str,
-        position_ids: torch.Tensor | None = None,
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int, context: ForwardContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, length, _ = x.shape
         gate, inner, keys, queries, dt = self.in_proj(x).split(self.split_widths, dim=-1)
-        positions = position if position_ids is None else position_ids
+        positions = position if context.position_ids is None else context.position_ids
         keys = rotary(keys[:, None], positions, self.rope_base).expand(-1, self.num_heads, -1, -1)  # B
         queries = rotary(queries[:, None], positions, self.rope_base).expand(-1, self.num_heads, -1, -1)  # C
         accumulate = state_dtype(dt)  # fp32 (fp64 for an fp64 model)
@@ -86,19 +83,19 @@ class StateSpaceDuality(TokenMixer):
         log_decay = dt * -torch.exp(self.A_log.to(accumulate))[:, None]  # dt A
         inner = inner.view(batch, length, self.num_heads, self.head_width).transpose(1, 2)  # [B, H, N, P]
         values = inner * dt[..., None].to(inner.dtype)
-        context = ForwardContext.of(form, self.kernels, self.chunk_size, position_ids)
         mixed, state = decayed_attention(queries, keys, values, log_decay, state, context)
         mixed = mixed + self.skip[:, None, None].to(inner.dtype) * inner
         gated = self.gated_norm(mixed.transpose(1, 2).reshape(batch, length, self.inner_width), gate)
         return self.out_proj(gated), state
 
-    def sequence_flops(self, length: int, form: str) -> int:
+    def sequence_flops(self, length: int, context: ForwardContext) -> int:
         """Decayed attention per head: the shared ``B`` and ``C`` (``state_size``) as keys and
         queries, the head's ``P`` features as values; the skip term is elementwise."""
-        return self.num_heads * decayed_attention_flops(length, self.state_size, self.head_width, form, self.chunk_size)
+        return self.num_heads * decayed_attention_flops(length, self.state_size, self.head_width, context.form,
+                                                        context.chunk_size)
 
     def step(
-        self, x: torch.Tensor, state: torch.Tensor | None, position: int | torch.Tensor
+        self, x: torch.Tensor, state: torch.Tensor | None, position: int | torch.Tensor, context: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form's numbers without its sequence axis."""
         batch, _ = x.shape
@@ -112,7 +109,7 @@ class StateSpaceDuality(TokenMixer):
         if state is None:
             state = x.new_zeros(batch, self.num_heads, self.state_size, self.head_width, dtype=accumulate)
         mixed, state = decayed_attention_step(queries, keys, inner * dt[..., None].to(inner.dtype), log_decay, state,
-                                              ForwardContext.step(self.kernels))
+                                              context)
         mixed = mixed + self.skip[:, None].to(inner.dtype) * inner
         return self.out_proj(self.gated_norm(mixed.reshape(batch, self.inner_width), gate)), state
 
