@@ -16,7 +16,7 @@ from mcsd.bench.load import SPREAD_LIMIT, spread
 from mcsd.bench.measure import build, compiled_graphs, no_eager_fallback, peak_memory_bytes, timed, weights_bytes
 from mcsd.deploy.quantize import quantize_weights, stored_bytes, weights_dtype
 from mcsd.models.modeling import CausalLM
-from mcsd.models.modules.attention import KVCache
+from mcsd.ops.attention import KVCache
 from mcsd.models.cuda_graphs import StaticStep, capacity_bucket
 from mcsd.precision import DTYPES
 

@@ -83,9 +83,9 @@ def _size_label(cfg: DictConfig, name: str, arch: str) -> str:
 
 def kernels_of(cfg: DictConfig, arch: str) -> list[str]:
     """The ``kernels`` an entry of architecture ``arch`` is measured with: each of the list where
-    its mixers run ops that fla serves (:attr:`Architecture.ops`), else the first alone (the
+    its mixers run ops that fla serves (:attr:`Architecture.fla_ops`), else the first alone (the
     Transformer computes the same whatever it says)."""
-    return list(cfg.kernels) if registry.get(arch).ops else list(cfg.kernels)[:1]
+    return list(cfg.kernels) if registry.get(arch).fla_ops else list(cfg.kernels)[:1]
 
 
 def plan(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:

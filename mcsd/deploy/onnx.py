@@ -10,7 +10,7 @@ format=onnx``; the runner is :mod:`mcsd.deploy.onnx_runner`).
   (fp32, as in PyTorch), and for a KV cache (in the model's dtype) the token's entries alone,
   ``[B, H, 1, ..]``, which the runner writes at ``position`` in place. The step reads each KV cache
   over its whole capacity, the positions from ``position`` on masked, and attends to its own key
-  and value beside them (:class:`~mcsd.models.modules.attention.ReadOnlyKVCache`): a graph that
+  and value beside them (:class:`~mcsd.ops.attention.ReadOnlyKVCache`): a graph that
   wrote the token into its input would copy every cache at every step (ONNX has no in-place
   update of an input), which made an export of format 1 decode the Transformer slower than eager
   PyTorch.
@@ -46,7 +46,7 @@ from mcsd.deploy.onnx_runner import MANIFEST_FILE, PREFILL_FILE, STEP_FILE
 from mcsd.deploy.quantize import weight_format
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, registry
-from mcsd.models.modules.attention import KVCache, ReadOnlyKVCache
+from mcsd.ops.attention import KVCache, ReadOnlyKVCache
 from mcsd.models.modules.state import CapacityState, LayerState, map_tensors, tensors_of
 
 FORMAT_VERSION = 2  # 2: the step returns a KV cache's entries of the token alone (1: the whole cache)

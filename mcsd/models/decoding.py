@@ -143,7 +143,7 @@ class DecodingMixin:
         self, token_ids: torch.Tensor, layers: list[LayerState], position: torch.Tensor
     ) -> tuple[torch.Tensor, list[LayerState]]:
         """One token per row at the 0-d tensor ``position`` on ``layers`` whose KV caches are
-        read-only (:class:`~mcsd.models.modules.attention.ReadOnlyKVCache`): the logits ``[B, vocab]``
+        read-only (:class:`~mcsd.ops.attention.ReadOnlyKVCache`): the logits ``[B, vocab]``
         and each layer's state after the token, where a KV cache's is the token's entries alone
         (one position) for the caller to write at ``position``. What an ONNX export's step
         computes (:mod:`mcsd.deploy.onnx`), whose runner writes those entries in place."""

@@ -19,6 +19,7 @@ from omegaconf import ListConfig
 
 from mcsd.models.config import ConfigError, LMConfig, class_path
 from mcsd.models.modeling import CausalLM
+from mcsd.ops import OPS
 from mcsd.ops.common import FORMS
 from mcsd.ops.kernels import FLA_KERNELS
 
@@ -47,9 +48,9 @@ class Architecture:
       slope and decay weights), which bounds how closely its forms agree in an fp64 model;
       otherwise every computation follows the input's dtype and its forms agree to fp64
       round-off (the conformance tests check it).
-    - ``ops``: the ops of :mod:`mcsd.ops` its mixers run over positions, which ``model.kernels``
-      hands to flash-linear-attention's kernels (:data:`mcsd.ops.kernels.FLA_KERNELS`); none for
-      attention alone (SDPA's fused kernel runs it whatever ``kernels`` says).
+    - ``ops``: the ops of :mod:`mcsd.ops` its mixers run over positions (:data:`mcsd.ops.OPS`);
+      ``model.kernels`` hands those of them that fla has kernels for to flash-linear-attention
+      (:attr:`fla_ops`); attention runs SDPA's fused kernels whatever ``kernels`` says.
     """
 
     name: str
@@ -68,14 +69,19 @@ class Architecture:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ConfigError(f"architecture {self.name}: role={self.role!r} is unknown: use one of {', '.join(ROLES)}")
-        unknown_ops = sorted(set(self.ops) - {op for op, _ in FLA_KERNELS})
+        unknown_ops = sorted(set(self.ops) - set(OPS))
         if unknown_ops:
             raise ConfigError(f"architecture {self.name}: ops {unknown_ops} are not ops of mcsd.ops: use some of "
-                              f"{', '.join(sorted({op for op, _ in FLA_KERNELS}))}")
+                              f"{', '.join(OPS)}")
         unknown = [form for form in (*self.forms, self.train_form) if form not in FORMS]
         if unknown or self.train_form not in self.forms:
             raise ConfigError(f"architecture {self.name}: forms {self.forms} / train_form {self.train_form!r} "
                               f"must be among {', '.join(FORMS)} (train_form one of its forms)")
+
+    @property
+    def fla_ops(self) -> tuple[str, ...]:
+        """Those of :attr:`ops` that ``model.kernels`` can hand to fla's kernels."""
+        return tuple(op for op in self.ops if op in {op for op, _ in FLA_KERNELS})
 
     def variant_of(self, values: Mapping[str, Any]) -> str:
         """The name of the variant a model node (or config dict) is, by the fields variants set,

@@ -27,10 +27,10 @@ def test_a_saved_model_runs_the_kernels_of_the_machine_that_loads_it(tmp_path: P
     """model.kernels is a choice of the run: a model trained with kernels=fla is saved as auto
     (fla on a GPU where it imports, PyTorch elsewhere), and a config of before the setting loads as auto."""
     model = mcsd.build_model(tiny_config("retnet", kernels="fla"))
-    assert model.config.kernels == "fla" and model.layers[0].mixer.kernels == "fla"
+    assert model.config.kernels == "fla" and model.context("chunk").kernels == "fla"
     mcsd.save(model, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["kernels"] == "auto"
-    assert mcsd.load(tmp_path).layers[0].mixer.kernels == "auto"
+    assert mcsd.load(tmp_path).context("chunk").kernels == "auto"
     legacy = {key: value for key, value in tiny_config("retnet").items() if key != "kernels"}
     assert mcsd.build_model(legacy).config.kernels == "auto"
 

@@ -196,7 +196,7 @@ def test_documents_apart_attend_through_flex_attention_as_through_the_mask(with_
     are the unfused path's (SDPA over each document's span) in fp32 (within 1e-4 and 1e-3 relative), at 4,096 tokens packed
     with documents of lengths 1..1,500 (its CPU test compares the values alone: FlexAttention
     has no backward on a CPU)."""
-    from mcsd.models.modules.attention import document_attention
+    from mcsd.ops.attention import document_attention
     from mcsd.ops.common import document_index
 
     generator = torch.Generator().manual_seed(0)

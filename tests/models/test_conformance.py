@@ -281,7 +281,7 @@ def test_every_attention_call_at_the_paper_size_has_a_fused_kernel_width(name: s
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from mcsd.models.modules.attention import FUSED_WIDTH_MULTIPLE
+    from mcsd.ops.attention import FUSED_WIDTH_MULTIPLE
 
     with initialize_config_module("mcsd.conf", version_base="1.3"):
         node = OmegaConf.to_container(compose("build", overrides=[f"model={name}", "size=1.6b"]).model, resolve=True)
@@ -403,7 +403,7 @@ def test_document_attention_over_spans_is_the_block_diagonal_mask(with_bias: boo
     127/128/129-token documents at the edge of sharing a span, of many one-token documents, and a
     row that begins inside a document (no start at position 0); the spans are the ones
     :func:`document_spans` says."""
-    from mcsd.models.modules.attention import attend_document_spans, document_spans
+    from mcsd.ops.attention import attend_document_spans, document_spans
     from mcsd.ops.common import document_index
 
     rows = [[540], [127, 1, 128, 129, 2, 63, 90], [1] * 300 + [240], DOCUMENT_LENGTHS + [540 - sum(DOCUMENT_LENGTHS)]]
@@ -433,7 +433,7 @@ def test_fused_document_attention_is_the_block_diagonal_mask(with_bias: bool) ->
     to round-off, for documents of lengths 1..365 that start inside and at the edges of its
     128-position blocks, with and without a bias per key (the hybrid's dynamic mask). FlexAttention
     has no backward on a CPU: the gradients are compared on a GPU (tests/gpu/test_gpu.py)."""
-    from mcsd.models.modules.attention import document_attention
+    from mcsd.ops.attention import document_attention
     from mcsd.ops.common import document_index
 
     position_ids = torch.cat([document_position_ids(DOCUMENT_LENGTHS), document_position_ids([128, 3, 365])])

@@ -16,7 +16,8 @@ from helpers.models import decode_all, relative_rms_error, tiny_config, tiny_mod
 from mcsd import build_model
 from mcsd.models.config import ConfigError
 from mcsd.models.mcsd.block import MCSDBlock
-from mcsd.models.modules.attention import CausalSelfAttention, KVCache
+from mcsd.models.modules.attention import CausalSelfAttention
+from mcsd.ops.attention import KVCache
 from mcsd.models.modules.conv import ShortConvolution
 
 

@@ -18,7 +18,7 @@ from helpers.models import (
 
 from mcsd.deploy.onnx import prefilled, read_only_caches
 from mcsd.models import CausalLM, DecodingState, registry
-from mcsd.models.modules.attention import KVCache
+from mcsd.ops.attention import KVCache
 from mcsd.models.modules.state import LayerState, tensors_of
 
 PROMPT, LENGTH = 3, 20

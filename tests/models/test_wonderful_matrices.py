@@ -20,7 +20,8 @@ import mcsd
 from mcsd.ops.context import ForwardContext
 from mcsd import ConfigError, build_model, count_parameters
 from mcsd.bench.decoding import state_bytes
-from mcsd.models.modules.attention import CausalSelfAttention, KVCache, biased_mask, causal_attention
+from mcsd.models.modules.attention import CausalSelfAttention
+from mcsd.ops.attention import KVCache, biased_mask, causal_attention
 from mcsd.models.modules.rotary import rotary
 from mcsd.models.wonderful_matrices import CrossDomainMoE, DynamicMaskAttention, StateSpaceDuality
 from mcsd.ops.decayed_attention import decayed_attention

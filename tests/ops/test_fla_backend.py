@@ -334,7 +334,7 @@ def test_every_architecture_with_fla_kernels_is_itself(name: str, fla_on_the_cpu
         for form, logits in expected.items():
             assert relative_rms_error(model(tokens, form=form), logits) < TOLERANCE, form
         assert torch.equal(model.generate(tokens[:, :9], max_new_tokens=6), expected_decoded)
-    assert {op for op, _ in fla_on_the_cpu} == set(model.architecture.ops)  # the ops it says it runs
+    assert {op for op, _ in fla_on_the_cpu} == set(model.architecture.fla_ops)  # the ops it says it runs
 
 
 @pytest.mark.parametrize("name", registry.architectures())
@@ -364,7 +364,7 @@ def test_every_architecture_with_fla_kernels_keeps_documents_apart(name: str, fl
             for form, logits in expected.items():
                 assert relative_rms_error(model(tokens, form=form, position_ids=position_ids), logits) < TOLERANCE, form
     served = {op for op, _ in fla_on_the_cpu}
-    assert served == set(model.architecture.ops) - {"wkv"}
+    assert served == set(model.architecture.fla_ops) - {"wkv"}
     assert ("fla's RWKV-4 kernel cannot keep documents apart" in caplog.text) == ("wkv" in model.architecture.ops)
 
 
@@ -387,7 +387,7 @@ def test_the_step_at_fixed_addresses_runs_through_fla(name: str, fla_on_the_cpu:
         logits, state = step(tokens[:, position].clone(), state)
         outputs.append(logits)
     assert relative_rms_error(torch.stack(outputs, dim=1), expected) < TOLERANCE
-    assert {op for op, _ in fla_on_the_cpu} == set(model.architecture.ops)
+    assert {op for op, _ in fla_on_the_cpu} == set(model.architecture.fla_ops)
 
 
 @pytest.mark.slow

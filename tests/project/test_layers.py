@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mcsd
-from helpers.models import TINY, tiny_model
+from helpers.models import TINY, tiny_model, tiny_model_to_compile
 from mcsd.models import ARCHITECTURE_FOLDERS, ForwardContext, registry
 from mcsd.ops.dispatch import dispatch
 
@@ -220,8 +220,9 @@ def ops_reached(call: Callable[[], object]) -> set[str]:
 @torch.no_grad()
 def test_every_form_and_the_step_run_through_the_architectures_ops(name: str) -> None:
     """Each architecture computes every form, and its decoding step, through exactly the ops the
-    registry names for it (no mixer keeps a recurrence of its own beside its op)."""
-    model = tiny_model(name)
+    registry names for it (no mixer keeps a recurrence of its own beside its op), with a layer of
+    each kind it has (the hybrid's attention too)."""
+    model = tiny_model_to_compile(name)
     tokens = torch.randint(0, TINY["vocab_size"], (2, 20))
     expected = set(model.architecture.ops)
     for form in model.architecture.forms:
@@ -246,7 +247,7 @@ def contexts_dispatched(call: Callable[[], object]) -> list[ForwardContext]:
     return contexts
 
 
-@pytest.mark.parametrize("name", [name for name in registry.architectures() if registry.get(name).ops])
+@pytest.mark.parametrize("name", [name for name in registry.architectures() if registry.get(name).fla_ops])
 @torch.no_grad()
 def test_the_ops_get_the_calls_context_and_no_mixer_keeps_a_copy(name: str) -> None:
     """Form, kernels, chunk size and documents reach the ops in the one context each call builds

@@ -1,6 +1,6 @@
 """The Transformer baseline: MCSD's skeleton with RoPE multi-head causal attention."""
 
-from mcsd.models.modules.attention import CausalSelfAttention, KVCache
+from mcsd.models.modules.attention import CausalSelfAttention
 from mcsd.models.modules.rotary import rotary
 from mcsd.models.registry import Architecture, register
 from mcsd.models.transformer.configuration_transformer import TransformerConfig
@@ -13,6 +13,7 @@ register(Architecture(
     label="Transformer",
     role="anchor",
     train_form="parallel",  # one causal SDPA call: the flash kernels on a GPU
+    ops=("attention",),
 ))
 
-__all__ = ["CausalSelfAttention", "KVCache", "TransformerConfig", "TransformerForCausalLM", "rotary"]
+__all__ = ["CausalSelfAttention", "TransformerConfig", "TransformerForCausalLM", "rotary"]

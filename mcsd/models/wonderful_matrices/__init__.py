@@ -14,7 +14,7 @@ register(Architecture(
     model_class=WonderfulMatricesForCausalLM,
     label="Wonderful Matrices",
     train_form="chunk",
-    ops=("decayed_attention",),  # model.kernels: its chunk and recurrent forms through fla's kernels
+    ops=("decayed_attention", "attention"),  # model.kernels: decayed attention's chunk and recurrent forms through fla's
     setting_cases=({"attention_every": 2}, {"attention_every": 2, "dynamic_mask": False},
                    {"attention_every": 2, "mlp": "cdmoe"}, {"attention_every": 2, "ssd_norm": "gate_first"}),
 ))

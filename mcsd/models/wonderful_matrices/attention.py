@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mcsd.models.modules.attention import CausalSelfAttention, KVCache
+from mcsd.models.modules.attention import CausalSelfAttention
+from mcsd.ops.attention import KVCache
 from mcsd.models.wonderful_matrices.configuration_wonderful_matrices import WonderfulMatricesConfig
 
 
