@@ -6,7 +6,6 @@ the bytes a step reads.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from typing import Any
 
@@ -16,7 +15,7 @@ from mcsd.bench.load import SPREAD_LIMIT, spread
 from mcsd.bench.measure import build, compiled_graphs, no_eager_fallback, peak_memory_bytes, timed, weights_bytes
 from mcsd.deploy.quantize import quantize_weights, stored_bytes, weights_dtype
 from mcsd.models.modeling import CausalLM
-from mcsd.ops.attention import KVCache
+from mcsd.models.modules.state import CapacityState, parts_of, tensors_of
 from mcsd.models.cuda_graphs import StaticStep, capacity_bucket
 from mcsd.precision import DTYPES
 
@@ -25,20 +24,11 @@ def state_bytes(state: Any, kv_positions: float | None = None) -> int | float:
     """Bytes of every tensor a decoding state holds (a KV cache's whole allocation); with
     ``kv_positions``, of each KV cache only its first ``kv_positions`` entries (what a decoding
     step reads there; the rest of its allocation is not read)."""
-    if isinstance(state, KVCache) and kv_positions is not None:
-        return state_bytes(state) * kv_positions / state.capacity
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, (list, tuple)):
-        return sum(state_bytes(item, kv_positions) for item in state)
-    if isinstance(state, dict):
-        return sum(state_bytes(item, kv_positions) for item in state.values())
-    if dataclasses.is_dataclass(state):
-        return sum(state_bytes(getattr(state, field.name), kv_positions) for field in dataclasses.fields(state))
-    if state is None or isinstance(state, (bool, int, float, str)):
-        return 0
-    raise TypeError(f"cannot count the bytes of a {type(state).__qualname__} in a decoding state: make it a "
-                    "dataclass, tuple, list or dict of tensors")
+    total: int | float = 0
+    for part in parts_of(state):
+        size = sum(tensor.numel() * tensor.element_size() for tensor in tensors_of(part))
+        total += size * kv_positions / part.capacity if kv_positions is not None and isinstance(part, CapacityState) else size
+    return total
 
 
 def kv_positions_read(step: Any, batch_size: int, prompt_len: int, length: int) -> float:

@@ -47,14 +47,10 @@ from mcsd.deploy.quantize import weight_format
 from mcsd.errors import MCSDError
 from mcsd.models import CausalLM, registry
 from mcsd.ops.attention import KVCache, ReadOnlyKVCache
-from mcsd.models.modules.state import CapacityState, LayerState, map_tensors, tensors_of
+from mcsd.models.modules.state import CapacityState, LayerState, map_parts, map_tensors, parts_of, tensors_of
 
 FORMAT_VERSION = 2  # 2: the step returns a KV cache's entries of the token alone (1: the whole cache)
 INSTALL_HINT = "pip install 'mcsd[edge]' (onnx, onnxscript, onnxruntime)"
-
-
-def _layer_parts(layers: list[LayerState]) -> list[Any]:
-    return [part for layer in layers for part in (layer.mixer, layer.mlp)]
 
 
 def prefilled(model: CausalLM, input_ids: torch.Tensor, capacity: int) -> tuple[torch.Tensor, list[LayerState]]:
@@ -62,7 +58,7 @@ def prefilled(model: CausalLM, input_ids: torch.Tensor, capacity: int) -> tuple[
     every layer's state after it, each KV cache ``capacity`` positions, zeros past the prompt (an
     entry the step reads before it is written must be finite: the mask multiplies it by 0)."""
     state = model.init_state(input_ids.shape[0], capacity)
-    for part in _layer_parts(state.layers):
+    for part in parts_of(state.layers):
         if isinstance(part, CapacityState):
             part.zero_positions_from_(0)
     hidden, state = model.run(input_ids, state, "parallel")
@@ -85,17 +81,12 @@ def read_only_caches(value: Any) -> Any:
     """A layer state as the exported step takes it: each KV cache read-only (the step returns the
     token's entries), every other tensor a copy (a recurrent step may advance its state in place,
     and ONNX has no in-place update of an input)."""
-    if value is None:
-        return None
-    if isinstance(value, KVCache):
-        return ReadOnlyKVCache(**{field.name: getattr(value, field.name) for field in dataclasses.fields(value)})
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        items = [read_only_caches(item) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: an ONNX step knows tensors, KV caches, "
-                    "tuples and lists")
+    def read_only(part: Any) -> Any:
+        if isinstance(part, KVCache):
+            return ReadOnlyKVCache(**{field.name: getattr(part, field.name) for field in dataclasses.fields(part)})
+        return part.clone()
+
+    return map_parts(value, read_only)
 
 
 class StepGraph(nn.Module):
@@ -116,7 +107,7 @@ class StepGraph(nn.Module):
 def written_at_position(layers: list[LayerState]) -> list[bool]:
     """For each tensor of ``layers`` (in :func:`tensors_of`' order): whether it is a KV cache's,
     whose step output is the token's entries to write at the position, not the whole state."""
-    return [isinstance(part, KVCache) for part in _layer_parts(layers) for _ in tensors_of(part)]
+    return [isinstance(part, KVCache) for part in parts_of(layers) for _ in tensors_of(part)]
 
 
 def check_onnx_installed() -> None:
@@ -276,7 +267,7 @@ def write_onnx_export(model: CausalLM, folder: Path, capacity: int, eos_token_id
         "format": "mcsd-onnx", "format_version": FORMAT_VERSION,
         "architecture": architecture.name, "config": model.config.to_dict(),
         "vocab_size": model.config.vocab_size, "capacity": capacity,
-        "has_kv_cache": any(isinstance(part, CapacityState) for part in _layer_parts(state)),
+        "has_kv_cache": any(isinstance(part, CapacityState) for part in parts_of(state)),
         "state": [{"name": name, "dtype": str(tensor.dtype).removeprefix("torch."),
                    "step_output": "entries" if entries else "state"}
                   for name, tensor, entries in zip(names, flat, written_at_position(state))],

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import torch
 
 from mcsd.models.modules.compiled import compiled_method
-from mcsd.models.modules.state import CapacityState, DecodingState, LayerState
+from mcsd.models.modules.state import CapacityState, DecodingState, LayerState, map_parts, parts_of
 
 if TYPE_CHECKING:
     from mcsd.models.modeling import CausalLM
@@ -45,30 +45,6 @@ _COMPILED_STATIC_STEPS: weakref.WeakKeyDictionary[CausalLM, Callable] = weakref.
 def capacity_bucket(positions: int, min_capacity: int) -> int:
     """The smallest power of two of at least ``min_capacity`` that holds ``positions`` positions."""
     return max(min_capacity, 1 << max(positions - 1, 0).bit_length())
-
-
-def _parts(value: Any) -> list[Any]:
-    """The parts of a layer state: its :class:`CapacityState` parts (KV caches) and its other tensors."""
-    if value is None:
-        return []
-    if isinstance(value, (torch.Tensor, CapacityState)):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [part for item in value for part in _parts(item)]
-    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: a static step knows tensors, KV caches, "
-                    "tuples and lists")
-
-
-def _rebuilt(value: Any, function: Callable[[Any], Any]) -> Any:
-    """``value`` with ``function`` applied to each of its :func:`_parts`."""
-    if value is None:
-        return None
-    if isinstance(value, (torch.Tensor, CapacityState)):
-        return function(value)
-    items = [_rebuilt(item, function) for item in value]
-    if isinstance(value, list):
-        return items
-    return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
 
 
 class _Recording(NamedTuple):
@@ -94,7 +70,7 @@ class _Buffers:
             return fresh
 
         self.capacity = capacity
-        self.layers = _rebuilt(state.layers, allocate)
+        self.layers = map_parts(state.layers, allocate)
         self.tokens: torch.Tensor | None = None
         self.position = torch.zeros((), dtype=torch.long, device=device)
         self.views: dict[int, list[Any]] = {}
@@ -103,7 +79,7 @@ class _Buffers:
     def load(self, state: DecodingState) -> None:
         """Copy a state that is not these buffers' own (a new sequence) into them; a KV cache
         that is the buffers' own (read into by :meth:`StaticStep.prefill`) stays."""
-        for mine, theirs in zip(_parts(self.layers), _parts(state.layers), strict=True):
+        for mine, theirs in zip(parts_of(self.layers), parts_of(state.layers), strict=True):
             if mine is theirs:
                 continue
             if isinstance(mine, CapacityState):
@@ -122,14 +98,14 @@ class _Buffers:
     def view(self, bucket: int) -> list[Any]:
         """The state with each KV cache viewed at its first ``bucket`` positions (all of it at bucket 0)."""
         if bucket not in self.views:
-            self.views[bucket] = _rebuilt(self.layers, lambda part: part.prefix(bucket)
+            self.views[bucket] = map_parts(self.layers, lambda part: part.prefix(bucket)
                                           if bucket and isinstance(part, CapacityState) else part)
         return self.views[bucket]
 
     def recurrent_tensors(self) -> list[torch.Tensor]:
         """The state's tensors that a step advances, not only writes at its position (all but the
         KV caches): what a warm-up step must put back."""
-        return [part for part in _parts(self.layers) if isinstance(part, torch.Tensor)]
+        return [part for part in parts_of(self.layers) if isinstance(part, torch.Tensor)]
 
 
 class StaticStep:
@@ -168,7 +144,7 @@ class StaticStep:
         if any(layer_state is None for layer_state in state.layers):
             raise ValueError("a static step needs a state with every layer's state made: prefill the prompt first")
         rows, needed = token_ids.shape[0], state.position + 1
-        caches = [part for part in _parts(state.layers) if isinstance(part, CapacityState)]
+        caches = [part for part in parts_of(state.layers) if isinstance(part, CapacityState)]
         buffers = self.buffers.get(rows)
         if buffers is None or (caches and buffers.capacity < needed):
             # Room for what the state was given room for (prefill's max_new_tokens) at least: one

@@ -626,7 +626,7 @@ def test_the_short_paper_grid_is_the_paper_configuration_in_a_few_points() -> No
     assert {(arguments["compile"], arguments["cuda_graphs"]) for _, arguments in inference} == {(True, True)}
     # Each pair the figures compare side by side, the shortest lengths first (a run cut short has compared some).
     def backends(name: str) -> list[str]:
-        return ["torch", "fla"] if registry.get(name).ops else ["torch"]
+        return ["torch", "fla"] if registry.get(name).fla_ops else ["torch"]
 
     assert [(labels["model"], labels["kernels"], labels["batch"], labels["gen_len"]) for labels, _ in inference] == [
         (model, kernels, batch, length) for length in (1024, 8192) for batch in (1, 16, 64)

@@ -19,7 +19,8 @@ from helpers.models import (
 
 from mcsd.models import CausalLM, ConfigError, DecodingState, registry
 from mcsd.models.modules.state import CapacityState, tensors_of
-from mcsd.models.cuda_graphs import StaticStep, _parts, capacity_bucket
+from mcsd.models.cuda_graphs import StaticStep, capacity_bucket
+from mcsd.models.modules.state import parts_of
 
 PROMPT, LENGTH = 3, 23  # 20 steps, at positions 3..22: KV-cache buckets 4, 8, 16 and 32 with min_capacity=4
 
@@ -172,7 +173,7 @@ def test_an_error_while_recording_leaves_the_step_as_it_was(case: str) -> None:
     assert step.recorded == 0 and len(calls) == 2
     buffers = step.buffers[2]
     assert not buffers.recordings
-    given = [part for part in _parts(state.layers) if isinstance(part, torch.Tensor)]  # as recurrent_tensors
+    given = [part for part in parts_of(state.layers) if isinstance(part, torch.Tensor)]  # as recurrent_tensors
     assert len(given) == len(buffers.recurrent_tensors())
     for kept, value in zip(buffers.recurrent_tensors(), given):
         assert torch.equal(kept, value)  # put back after the warm-up step that ran

@@ -69,27 +69,49 @@ class CapacityState(Protocol):
         ...
 
 
-def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """``value`` (a layer state: tensors in tuples, named tuples, lists and dataclasses) with
-    ``function`` applied to each tensor."""
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
+def map_state(value: Any, function: Callable[[Any], Any], parts: bool = False) -> Any:
+    """``value`` (a decoding state or a piece of one: tensors in tuples, named tuples, lists and
+    dataclasses; numbers such as a position pass through) with ``function`` applied to each of its
+    leaves: each tensor, or with ``parts`` each part (a tensor, or a :class:`CapacityState` whole:
+    a KV cache). The one walker of a state: the static step, the ONNX export, the bench's bytes and
+    the Hugging Face cache all go through it."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor) or (parts and isinstance(value, CapacityState)):
         return function(value)
     if isinstance(value, list):
-        return [map_tensors(item, function) for item in value]
+        return [map_state(item, function, parts) for item in value]
     if isinstance(value, tuple):
-        items = [map_tensors(item, function) for item in value]
+        items = [map_state(item, function, parts) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     if dataclasses.is_dataclass(value):
-        return dataclasses.replace(value, **{field.name: map_tensors(getattr(value, field.name), function)
+        return dataclasses.replace(value, **{field.name: map_state(getattr(value, field.name), function, parts)
                                             for field in dataclasses.fields(value) if field.init})
-    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: map_tensors knows tensors, tuples, "
+    raise TypeError(f"a decoding state holds a {type(value).__qualname__}: its walker knows tensors, tuples, "
                     "lists and dataclasses")
 
 
+def map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` (a layer state) with ``function`` applied to each tensor (:func:`map_state`)."""
+    return map_state(value, function)
+
+
 def tensors_of(value: Any) -> list[torch.Tensor]:
-    """Every tensor of ``value`` (a layer state), in :func:`map_tensors`' order."""
+    """Every tensor of ``value`` (a layer state), in :func:`map_state`'s order."""
     found: list[torch.Tensor] = []
-    map_tensors(value, lambda tensor: found.append(tensor) or tensor)
+    map_state(value, lambda tensor: found.append(tensor) or tensor)
+    return found
+
+
+def map_parts(value: Any, function: Callable[[Any], Any]) -> Any:
+    """``value`` with ``function`` applied to each part: each KV cache (a :class:`CapacityState`)
+    whole, each other tensor (:func:`map_state`)."""
+    return map_state(value, function, parts=True)
+
+
+def parts_of(value: Any) -> list[Any]:
+    """Every part of ``value`` (a KV cache whole, or a tensor), in :func:`map_state`'s order: the
+    tensors of the parts one after another are :func:`tensors_of`'s."""
+    found: list[Any] = []
+    map_state(value, lambda part: found.append(part) or part, parts=True)
     return found
