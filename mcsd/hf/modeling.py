@@ -12,7 +12,8 @@ and ``MCSDHFForCausalLM`` (logits, loss and ``generate``), both holding the proj
   so that its tokens end at the last column, its padding one document before them), and with a
   cache each row decodes on at its own position (``DecodingState.positions``).
 - Beam search reorders the decoding state; assisted decoding needs a cache crop, which only an
-  attention-only model has (``transformers`` refuses it for the others, ``_is_stateful``).
+  attention-only model has: ``generate`` refuses it for the others in one line, before ``transformers``
+  would (``_is_stateful`` up to 5.24, the cache's ``is_croppable`` after the prefill from 5.25).
 - Activation checkpointing (``gradient_checkpointing_enable``, ``Trainer(gradient_checkpointing=True)``)
   is the project's own, per layer; ``resize_token_embeddings`` resizes the wrapped model's config too.
 """
@@ -34,6 +35,9 @@ from mcsd.models import CausalLM
 from mcsd.models.build import build_model
 from mcsd.models.decoding import PREFILL_FORM
 from mcsd.models.modules.state import DecodingState
+
+# generate()'s arguments that start assisted decoding (a draft model, prompt lookup, early exit).
+ASSISTED_DECODING = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 
 
 @dataclasses.dataclass
@@ -320,7 +324,20 @@ class MCSDHFForCausalLM(MCSDHFPreTrainedModel, GenerationMixin):
         the rows as given, then their new tokens."""
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         self._check_unmasked_batch(input_ids, kwargs.get("attention_mask"), kwargs)
+        self._check_assisted(kwargs)
         return super().generate(inputs, **kwargs)
+
+    def _check_assisted(self, kwargs: dict[str, Any]) -> None:
+        """Assisted decoding asked of a model whose recurrent state cannot be cropped back."""
+        if self.rewinds:
+            return
+        config = kwargs.get("generation_config") or self.generation_config
+        asked = [name for name in ASSISTED_DECODING
+                 if kwargs.get(name) is not None or getattr(config, name, None) is not None]
+        if asked:
+            raise MCSDError(f"generate({asked[0]}=...): assisted decoding takes rejected draft tokens back by "
+                            f"cropping the cache, and {self.config.architecture}'s recurrent state cannot be "
+                            "cropped; decode without it")
 
     def _check_unmasked_batch(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
                               kwargs: dict[str, Any]) -> None:

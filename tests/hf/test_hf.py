@@ -219,8 +219,10 @@ def test_assisted_decoding_crops_attention_caches_and_is_refused_for_recurrent_s
                                          eos_token_id=None)
             assert torch.equal(assisted, greedy)
         else:
-            with pytest.raises(ValueError, match="assisted generation is not supported with stateful models"):
-                hf_model.generate(ids, assistant_model=assistant, max_new_tokens=12, do_sample=False)
+            for assisted in ({"assistant_model": assistant}, {"prompt_lookup_num_tokens": 3}):
+                with pytest.raises(MCSDError, match=rf"generate\({next(iter(assisted))}=\.\.\.\): assisted decoding "
+                                   "takes rejected draft tokens back by cropping the cache, and mcsd's recurrent"):
+                    hf_model.generate(ids, **assisted, max_new_tokens=12, do_sample=False)
             cache = getattr(hf_model(ids), CACHE_KEY)
             with pytest.raises(MCSDError, match="a recurrent decoding state cannot be cropped"):
                 cache.crop(-1)
