@@ -35,7 +35,11 @@ class WandbLogger(LightningWandbLogger):
     the first group's (``lr-AdamW/pg2``: weight decay is a group's only difference).
 
     ``log_model``: the run's final model folder as an artifact (:meth:`log_model_folder`), online
-    and offline; Lightning's own ``log_model`` (checkpoints, refused offline) is not used."""
+    and offline; Lightning's own ``log_model`` (checkpoints, refused offline) is not used.
+
+    ``offline`` reaches ``wandb.init`` as its ``mode``: Lightning says it through ``WANDB_MODE``
+    alone, which W&B reads once per process, so a process whose W&B was set up online before (a
+    notebook that logged in, an earlier job of a sweep run in one process) would log in instead."""
 
     def __init__(self, *args: Any, log_model: bool = True, **kwargs: Any) -> None:
         if not isinstance(log_model, bool):
@@ -43,6 +47,8 @@ class WandbLogger(LightningWandbLogger):
                             "of type model, offline too) or false (none); every checkpoint as an artifact is not offered")
         super().__init__(*args, log_model=False, **kwargs)  # Lightning's own (checkpoints, online only): never
         self._wandb_init.pop("anonymous", None)
+        if self._offline:
+            self._wandb_init["mode"] = "offline"
         self.tokens: Callable[[], float] | None = None
         self.model_artifact = log_model
 

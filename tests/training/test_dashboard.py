@@ -235,3 +235,24 @@ def test_the_throughput_monitor_hands_that_peak_to_lightnings_meters(tmp_path: P
 def test_a_run_ends_in_wandb_with_the_status_its_process_ends_with(error: BaseException, code: int) -> None:
     """As :func:`mcsd.commands.app.run_or_exit` ends the process: refused 2, Ctrl-C 130, a crash 1."""
     assert exit_code_of(error) == code
+
+
+def test_an_offline_run_stays_offline_where_wandb_was_set_up_online(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B reads ``WANDB_MODE`` once per process: after a setup online (a notebook's, an earlier
+    job's in one process), an offline run still writes its offline run folder, with no API key."""
+    import wandb
+
+    from mcsd.training.loggers import WandbLogger
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    wandb.teardown()
+    wandb.setup()  # online: the mode W&B takes when nothing says otherwise
+    try:
+        run = WandbLogger(offline=True, save_dir=str(tmp_path), project="mcsd").experiment
+        run.finish()
+        assert len(find_wandb_runs(tmp_path)) == 1
+    finally:
+        wandb.teardown()  # later tests in this process set W&B up as they need
