@@ -8,7 +8,7 @@ corpus_path() {
       [ -f "$1" ] || { echo "run.sh: error: corpus $1 does not exist: give a text file, or a corpus by name" \
         "(tinyshakespeare)" >&2; exit 2; }
       realpath "$1" ;;
-    *) python -m mcsd.commands.download "$1" --to "$(dirname "${BASH_SOURCE[0]}")/data" ;;
+    *) python -m mcsd.commands.download "$1" to="$(dirname "${BASH_SOURCE[0]}")/data" ;;
   esac
 }
 corpus_usage() {

@@ -100,5 +100,5 @@ for job in "$sweep"*/; do
   mkdir -p "$copy"
   cp "$logs/metrics.csv" "$logs/hparams.yaml" "$copy/"
 done
-mcsd-plot experiment "$out" --name "$experiment"
+mcsd-plot experiment source="$out" name="$experiment"
 exit "$status"

@@ -33,12 +33,18 @@ def give_default_permissions(*paths: Path) -> None:
 
 
 def replace_earlier_results(folder: Path, names: list[str], command: str, overwrite: bool,
-                            resume: str | None = None) -> None:
+                            resume: str | None = None, resuming: bool = False) -> None:
     """Before ``command`` writes its results (the files ``names``) into ``folder`` (its
     ``output_dir``): refuse a folder that holds an earlier run's results, naming them and the
-    settings that go on (``resume``, where the command can keep them) or replace them
+    settings that go on (``resume``: how the command keeps them, where it can) or replace them
     (``overwrite=true``, which removes them first, so that none of the old run stays beside the
-    new one's). A new or empty folder, or one without those files, is left as it is."""
+    new one's). A new or empty folder, or one without those files, is left as it is; so is the
+    folder of a run ``resuming`` (``resume=true``: the command goes on with what it holds), which
+    ``overwrite=true`` contradicts."""
+    if resuming and overwrite:
+        raise MCSDError("resume=true keeps the results in output_dir and overwrite=true replaces them: give one of them")
+    if resuming:
+        return
     found = [name for name in names if (folder / name).exists()]
     if not found:
         return

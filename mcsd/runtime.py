@@ -1,5 +1,5 @@
 """What a long piece of work shares with the command that runs it, without the command's plumbing:
-Ctrl-C that stops after the item under way (:class:`StopAfterCurrent`, :func:`interrupted`), the
+the end of an app that Ctrl-C stopped (:func:`interrupted`; the loop it stops is :mod:`mcsd.jobs`), the
 torch threads a ``threads`` setting asks for, the jobs of a sweep side by side, an online W&B
 login checked before it is needed, and the commit of the checkout."""
 
@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlparse
@@ -19,42 +18,6 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, open_dict
 
 from mcsd.errors import MCSDError
-
-
-class StopAfterCurrent:
-    """Ctrl-C during a command's loop over points, tasks or lengths: the first asks it to stop
-    after the one under way (the loop reads ``requested``; ``on_request`` may say so on its
-    progress bar), the second stops at once (KeyboardInterrupt, the one under way dropped).
-    Once stopped, further Ctrl-Cs are ignored while what was finished is written
-    (:func:`interrupted` ends the app). A terminal sends Ctrl-C to the whole process group,
-    child processes included."""
-
-    def __init__(self, on_request: Callable[[], object] | None = None) -> None:
-        self.requested = False
-        self.on_request = on_request
-        self._looping = False
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if not self._looping:
-            return  # stopped: what was finished is being written
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        if self.on_request is not None:
-            self.on_request()
-
-    def __enter__(self) -> StopAfterCurrent:
-        self._previous = signal.signal(signal.SIGINT, self._handle)
-        self._looping = True
-        return self
-
-    def __exit__(self, *exception: object) -> bool:
-        self._looping = False
-        if exception[0] is KeyboardInterrupt:  # the second Ctrl-C: the loop ends, what it finished is kept
-            self.requested = True
-        if not self.requested:
-            signal.signal(signal.SIGINT, self._previous)
-        return exception[0] is KeyboardInterrupt
 
 
 def quiet_torchao_import() -> None:

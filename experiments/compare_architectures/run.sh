@@ -39,4 +39,4 @@ for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \
     output_dir="$out/bench_$mode" wandb.enabled=false
 done
-mcsd-plot experiment "$out" --name compare_architectures  # the table and figure, MQAR from ../mqar_converge/cpu
+mcsd-plot experiment source="$out" name=compare_architectures  # the table and figure, MQAR from ../mqar_converge/cpu

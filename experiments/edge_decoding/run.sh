@@ -16,5 +16,5 @@ grid=(mode=inference bench=cpu_quick model_size=base "models=[mcsd,transformer]"
 mcsd-bench "${grid[@]}" "runtimes=[torch,onnx]" output_dir="$results/eager" "$@"
 mcsd-bench "${grid[@]}" "runtimes=[torch]" compile=true output_dir="$results/compiled" "$@"
 for run in eager compiled; do
-  mcsd-plot experiment "$results/$run" --name edge_decoding
+  mcsd-plot experiment source="$results/$run" name=edge_decoding
 done

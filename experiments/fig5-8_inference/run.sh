@@ -8,4 +8,4 @@ cd "$(dirname "$0")"
 results=trial; if [ "${1:-}" = --replace ]; then results=.; shift; fi
 bench="${1:-cpu_quick}"
 mcsd-bench bench="$bench" output_dir="$results/$bench" "${@:2}"
-mcsd-plot experiment "$results/$bench" --name fig5-8_inference
+mcsd-plot experiment source="$results/$bench" name=fig5-8_inference

@@ -64,7 +64,7 @@ step "training (bench=paper_quick mode=train)" "$train_s" "$results/train/log.tx
     wandb.enabled=false output_dir="$results/train" time_budget_s=$((train_s - 15))
 for mode in inference train; do
     if [ -f "$results/$mode/results.csv" ]; then
-        step "figures ($mode)" 15 "$results/$mode/plot_log.txt" mcsd-plot "$mode" "$results/$mode/results.csv"
+        step "figures ($mode)" 15 "$results/$mode/plot_log.txt" mcsd-plot "$mode" source="$results/$mode/results.csv"
     fi
 done
 exit $status

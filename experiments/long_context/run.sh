@@ -34,4 +34,4 @@ for job in $(result_jobs "$compared"); do [ -d "$out/$job" ] || echo "$job $(res
   mcsd-probe context ckpt="$model" data=text_files "data.paths=[$held]" length=4096 num_documents=8 num_positions=16 \
     paths.log_dir="$here/logs/$name" output_dir="$out/$job" wandb.enabled=false "${@:5:$#-6}" > "$here/logs/$name/probe-$job.log" 2>&1' \
   _ "$trained/split/held_out.txt" "$here" "$name" "$out" "$@"  # then each line's job number and model
-mcsd-plot experiment "$out" --name long_context  # context_probe (the main curves) and context_probe_all
+mcsd-plot experiment source="$out" name=long_context  # context_probe (the main curves) and context_probe_all

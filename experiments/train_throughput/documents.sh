@@ -18,5 +18,5 @@ for size in small base; do
 done
 wait
 for size in small base; do
-  mcsd-plot experiment "$results/documents_$size" --name train_throughput
+  mcsd-plot experiment source="$results/documents_$size" name=train_throughput
 done

@@ -9,4 +9,4 @@ cd "$(dirname "$0")"
 results=trial; if [ "${1:-}" = --replace ]; then results=.; shift; fi
 bench="${1:-cpu_quick}"
 mcsd-bench mode=train bench="$bench" output_dir="$results/$bench" "${@:2}"
-mcsd-plot experiment "$results/$bench" --name train_throughput
+mcsd-plot experiment source="$results/$bench" name=train_throughput

@@ -17,7 +17,7 @@ from mcsd.deploy.quantize import quantize_weights, stored_bytes, weights_dtype
 from mcsd.models.modeling import CausalLM
 from mcsd.models.modules.state import CapacityState, parts_of, tensors_of
 from mcsd.models.cuda_graphs import StaticStep, capacity_bucket
-from mcsd.precision import DTYPES
+from mcsd.precision import DTYPES, Precision
 
 
 def state_bytes(state: Any, kv_positions: float | None = None) -> int | float:
@@ -118,6 +118,7 @@ def decoding_numbers(model: CausalLM, runs: list[tuple[float, float, float, floa
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "dtype": str(model.embed.weight.dtype).removeprefix("torch."),  # int4, and int8 on a CPU: bfloat16
+        "precision": Precision.cast(model.embed.weight.dtype).name,  # the model cast to its dtype
         "prefill_s": statistics.median(r[0] for r in runs),
         "decode_s_per_token": statistics.median(r[1] for r in runs) / gen_len,
         "decode_s_per_token_min": min(decode_per_token),

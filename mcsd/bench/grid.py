@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from mcsd.bench.limits import matmul_peak_flops, read_bandwidth_bytes_per_s
 from mcsd.bench.load import BUSY_MACHINE, SPREAD_LIMIT, check_machine, other_cores, read_clock
@@ -33,9 +32,10 @@ from mcsd.bench.runner import run_point
 from mcsd.checkpoint import bench_results
 from mcsd.errors import MCSDError
 from mcsd.files import replace_earlier_results
+from mcsd.jobs import CTRL_C, run_jobs
 from mcsd.models import registry
 from mcsd.precision import DTYPES, auto_dtype, dtype_name
-from mcsd.runtime import StopAfterCurrent, apply_threads, git_commit, interrupted, require_wandb_login
+from mcsd.runtime import apply_threads, git_commit, interrupted, require_wandb_login
 
 log = logging.getLogger("mcsd.bench")
 MODES = bench_results.MODES
@@ -49,8 +49,6 @@ def _check(cfg: DictConfig) -> None:
     problems = grid_problems(cfg)  # imports fla's kernels (seconds) where the grid asks for them
     if problems:
         raise MCSDError("\n".join(problems))
-    if cfg.get("resume") and cfg.get("overwrite"):
-        raise MCSDError("resume=true keeps the results in output_dir and overwrite=true replaces them: give one of them")
     if cfg.busy_machine not in BUSY_MACHINE:
         raise MCSDError(f"busy_machine={cfg.busy_machine!r} is unknown: use {', '.join(BUSY_MACHINE)}")
     budget = cfg.get("time_budget_s")
@@ -84,44 +82,45 @@ def _measure(cfg: DictConfig, head: dict[str, Any], points: list, to_measure: li
     ``wandb_run``, a :class:`~mcsd.training.dashboard.MeasurementRun`, with ``wandb.enabled``); the
     result files and whether Ctrl-C stopped it."""
     budget = PointBudget(cfg.time_budget_s)
-    bar = tqdm(to_measure, desc=f"mcsd-bench {cfg.mode}", unit="point")
-    # Ctrl-C: stop after the point under way (again: at once); the points measured are kept.
-    with StopAfterCurrent(lambda: bar.set_description(f"mcsd-bench {cfg.mode} (Ctrl-C: stopping after this point)")
-                          ) as stop:
-        for labels, arguments in bar:
-            if not budget.allows(arguments):
-                log.warning("time_budget_s=%s: the next point (%s) would end past it (about %.0f s more after %.0f s): "
-                            "the grid stops here, %d of %d points measured (complete=false)", cfg.time_budget_s,
-                            " ".join(f"{key}={value}" for key, value in labels.items()), budget.estimate(arguments),
-                            budget.elapsed(), measured(rows, points), len(points))
-                head["stopped_by"] = f"time_budget_s={cfg.time_budget_s}"
-                break
-            # The machine's limit right before each point (this process is idle while a point runs):
-            # on a shared machine it moves by a third between minutes, so each point has its own.
-            limit = (matmul_peak_flops(cfg.device, cfg.dtype, cfg.train.peak_matmul_size) if cfg.mode == "train"
-                     else read_bandwidth_bytes_per_s(cfg.device))
-            start = read_clock()
-            began = time.monotonic()
-            result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
-            result = {**result, "point_s": time.monotonic() - began, "git_commit": head["git_commit"],
-                      "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-            budget.record(arguments, result["point_s"])
-            others = other_cores(start, read_clock())  # the point's own process and its children left out
-            if others is not None:
-                result = {**result, "other_cores": others, "shared": others > cfg.busy_cores}
-            peak = mfu_peak(cfg.device.split(":")[0], device_name(cfg.device), cfg.dtype, limit) if cfg.mode == "train" else None
-            rows.append(_row(cfg.mode, labels, result, limit, peak))
-            bench_results.write(output_dir, head, rows)  # after every point: a crash or a kill loses none measured
-            if cfg.wandb.enabled:
-                point = "/".join(f"{key}={value}" for key, value in labels.items())
-                wandb_run.record(rows[-1], {f"tokens_per_s/{point}": rows[-1].get("tokens_per_s")})
-            if stop.requested:
-                head["stopped_by"] = "Ctrl-C"
-                break
-    bar.close()
+
+    def may_start(point: tuple[dict[str, Any], dict[str, Any]]) -> str | None:
+        labels, arguments = point
+        if budget.allows(arguments):
+            return None
+        log.warning("time_budget_s=%s: the next point (%s) would end past it (about %.0f s more after %.0f s): "
+                    "the grid stops here, %d of %d points measured (complete=false)", cfg.time_budget_s,
+                    " ".join(f"{key}={value}" for key, value in labels.items()), budget.estimate(arguments),
+                    budget.elapsed(), measured(rows, points), len(points))
+        return f"time_budget_s={cfg.time_budget_s}"
+
+    def measure_one(point: tuple[dict[str, Any], dict[str, Any]], bar: Any) -> None:
+        labels, arguments = point
+        # The machine's limit right before each point (this process is idle while a point runs):
+        # on a shared machine it moves by a third between minutes, so each point has its own.
+        limit = (matmul_peak_flops(cfg.device, cfg.dtype, cfg.train.peak_matmul_size) if cfg.mode == "train"
+                 else read_bandwidth_bytes_per_s(cfg.device))
+        start = read_clock()
+        began = time.monotonic()
+        result = run_point(cfg.mode, arguments, isolate, cfg.memory_limit_mb, cfg.threads)
+        result = {**result, "point_s": time.monotonic() - began, "git_commit": head["git_commit"],
+                  "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        budget.record(arguments, result["point_s"])
+        others = other_cores(start, read_clock())  # the point's own process and its children left out
+        if others is not None:
+            result = {**result, "other_cores": others, "shared": others > cfg.busy_cores}
+        peak = mfu_peak(cfg.device.split(":")[0], device_name(cfg.device), cfg.dtype, limit) if cfg.mode == "train" else None
+        rows.append(_row(cfg.mode, labels, result, limit, peak))
+        bench_results.write(output_dir, head, rows)  # after every point: a crash or a kill loses none measured
+        if cfg.wandb.enabled:
+            point_name = "/".join(f"{key}={value}" for key, value in labels.items())
+            wandb_run.record(rows[-1], {f"tokens_per_s/{point_name}": rows[-1].get("tokens_per_s")})
+
+    outcome = run_jobs(to_measure, measure_one, desc=f"mcsd-bench {cfg.mode}", each="point", unit="point",
+                       done=len(points) - len(to_measure), may_start=may_start)
+    head["stopped_by"] = outcome.stopped_by
     head["complete"] = measured(rows, points) == len(points)
     json_path, csv_path = bench_results.write(output_dir, head, rows)
-    return json_path, csv_path, stop.requested
+    return json_path, csv_path, outcome.stopped_by == CTRL_C
 
 
 def bench(cfg: DictConfig) -> Path:
@@ -137,9 +136,9 @@ def bench(cfg: DictConfig) -> Path:
     points = plan(cfg)
     output_dir = Path(cfg.output_dir)
     head = {**header(cfg), "complete": False, "points_planned": len(points), "stopped_by": None}
-    if not cfg.get("resume"):
-        replace_earlier_results(output_dir, list(bench_results.RESULT_FILES), "mcsd-bench", cfg.get("overwrite", False),
-                                resume="resume=true to keep its rows and measure only the points they lack")
+    replace_earlier_results(output_dir, list(bench_results.RESULT_FILES), "mcsd-bench", cfg.get("overwrite", False),
+                            resume="resume=true to keep its rows and measure only the points they lack",
+                            resuming=bool(cfg.get("resume")))
     rows = bench_results.resumed_rows(output_dir, head) if cfg.get("resume") else []
     to_measure = [(labels, arguments) for labels, arguments in points if not any(bench_results.is_row_of(row, labels) for row in rows)]
     if rows:
@@ -172,7 +171,7 @@ def bench(cfg: DictConfig) -> Path:
     if unsteady:
         log.warning("%d of %d points' repeats spread by more than %.0f%% of their median (column unsteady): measure "
                     "them again", len(unsteady), len(rows), 100 * SPREAD_LIMIT)
-    print(f"results: {csv_path} and {json_path}\nplot: mcsd-plot {cfg.mode} {csv_path}", flush=True)
+    print(f"results: {csv_path} and {json_path}\nplot: mcsd-plot {cfg.mode} source={csv_path}", flush=True)
     return csv_path
 
 

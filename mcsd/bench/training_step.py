@@ -15,7 +15,7 @@ from mcsd.bench.load import SPREAD_LIMIT, spread
 from mcsd.bench.measure import build, compiled_graphs, no_eager_fallback, peak_memory_bytes, timed, weights_bytes
 from mcsd.models.build import build_model
 from mcsd.models.modeling import CausalLM
-from mcsd.precision import DTYPES
+from mcsd.precision import DTYPES, Precision
 
 
 def counted_training_flops(model: CausalLM, batch_size: int, seq_len: int, form: str) -> int:
@@ -65,8 +65,8 @@ def train_point(
     (the FLOPs counted are the same either way). ``documents``: ``joined``, or ``apart``: each
     sequence packed with documents of ``document_tokens`` tokens on average
     (:func:`document_positions`), none of which sees another (``data.documents=apart``)."""
-    device_, dtype_ = torch.device(device), DTYPES[dtype]
-    model = build(model_cfg, device_, torch.float32, seed).train()
+    device_, precision = torch.device(device), Precision.mixed(DTYPES[dtype])  # as mcsd-train trains
+    model = build(model_cfg, device_, precision.weights, seed).train()
     model.use_kernels(kernels)
     for layer in model.layers:
         layer.activation_checkpointing = activation_checkpointing
@@ -75,12 +75,11 @@ def train_point(
     ids = torch.randint(0, model.config.vocab_size, (batch_size, seq_len + 1), generator=generator).to(device_)
     position_ids = (document_positions(batch_size, seq_len, document_tokens, generator).to(device_)
                     if documents == "apart" else None)
-    autocast = torch.autocast(device_.type, dtype=dtype_, enabled=dtype_ != torch.float32)
 
     loss_function = model.loss_function(compile)
 
     def step() -> None:
-        with autocast:
+        with precision.autocast(device_):
             loss, _ = loss_function(ids[:, :-1], ids[:, 1:], form=form, position_ids=position_ids)
         loss.backward()
         optimizer.step()
@@ -97,6 +96,7 @@ def train_point(
     weights = weights_bytes(model)
     return {
         "params": sum(p.numel() for p in model.parameters()),
+        "precision": precision.name,
         "model_flops": model.training_flops(batch_size, seq_len, form),
         "counted_flops": counted_training_flops(model, batch_size, seq_len, form),
         "step_s": step_s,

@@ -23,13 +23,13 @@ LABELS = {  # the columns that name a point (the plan's axes), in each mode
               "activation_checkpointing"),
 }
 COLUMNS = {  # every column of results.csv but the header's, in order: the labels, then the measurement
-    "inference": [*LABELS["inference"][:7], "params", *LABELS["inference"][7:], "prefill_s", "decode_s_per_token",
+    "inference": [*LABELS["inference"][:7], "params", "precision", *LABELS["inference"][7:], "prefill_s", "decode_s_per_token",
                   "latency_s", "tokens_per_s", "peak_mem_bytes", "weights_bytes", "peak_mem_minus_weights_bytes",
                   "state_bytes_per_sequence", "step_weight_bytes", "step_state_bytes_per_sequence", "step_read_bytes",
                   "read_bandwidth_bytes_per_s", "limit_ratio", "decode_s_per_token_min", "decode_s_per_token_max",
                   "unsteady", "threads", "other_cores", "shared", "compiled", "graphs_recorded_timed", "point_s",
                   "measured_at", "status", "reason"],
-    "train": [*LABELS["train"][:7], "params", *LABELS["train"][7:], "model_flops", "counted_flops", "step_s",
+    "train": [*LABELS["train"][:7], "params", "precision", *LABELS["train"][7:], "model_flops", "counted_flops", "step_s",
               "first_step_s", "tokens_per_s", "matmul_peak_flops", "peak_flops", "peak_source", "mfu", "peak_mem_bytes",
               "weights_bytes", "peak_mem_minus_weights_bytes", "step_s_min", "step_s_max", "unsteady", "threads",
               "other_cores", "shared", "compiled", "point_s", "measured_at", "status", "reason"],

@@ -1,5 +1,7 @@
-"""The command-line apps, one module each, thin: each composes its config, checks it and hands the
-work to the layer that does it. ``app`` is what they share (Hydra app plumbing, config resolvers,
+"""The command-line apps, one module each, thin: each a Hydra app (one argument style: key=value
+settings on ``conf/<name>.yaml``; ``mcsd-plot``, ``mcsd-probe`` and the download take a first word,
+what to draw, which probe, which corpus) that composes its config, checks it and hands the work
+to the layer that does it. ``app`` is what they share (Hydra app plumbing, config resolvers,
 the sweeper and launcher plugins, the bad-input rules); nothing below this package imports it.
 
 ========================  =====================  ==============================================

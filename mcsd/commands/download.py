@@ -1,21 +1,24 @@
 """Public corpora that the experiments train on, fetched once into a folder of the user's:
 
     python -m mcsd.commands.download tinyshakespeare            # -> data/tinyshakespeare.txt
-    python -m mcsd.commands.download tinyshakespeare --to DIR
+    python -m mcsd.commands.download tinyshakespeare to=DIR
 
 Each is checked against its SHA-256, so that every user trains on the same bytes. Where there is
 no internet, the error says so in one line and where to put a copy fetched elsewhere."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
+import sys
 import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import DictConfig
+
+from mcsd.commands.app import fail, hydra_app
 from mcsd.errors import MCSDError
 
 
@@ -71,16 +74,21 @@ def fetch(name: str, folder: str | Path = "data", url: str | None = None) -> Pat
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m mcsd.commands.download NAME [--to DIR]``: prints the corpus's path."""
-    from mcsd.commands.app import run_or_exit
+@hydra_app("mcsd.commands.download", "download")
+def _download_main(cfg: DictConfig) -> None:
+    print(fetch(cfg.name, cfg.to, cfg.url))
 
-    parser = argparse.ArgumentParser(prog="python -m mcsd.commands.download", description="Fetch a public corpus once.")
-    parser.add_argument("name", help="; ".join(f"{k}: {c.about}" for k, c in CORPORA.items()))
-    parser.add_argument("--to", default="data", help="the folder to keep it in (default: ./data)")
-    parser.add_argument("--url", default=None, help="fetch the same bytes from elsewhere (a mirror, a file:// copy)")
-    args = parser.parse_args(argv)
-    print(run_or_exit("mcsd.commands.download", lambda: fetch(args.name, args.to, args.url)))
+
+def main() -> None:
+    """``python -m mcsd.commands.download NAME [to=DIR] [url=URL]``: prints the corpus's path (a
+    Hydra app as every command: the first argument is ``name``)."""
+    if len(sys.argv) > 1 and "=" not in sys.argv[1] and not sys.argv[1].startswith("-"):
+        sys.argv[1] = f"name={sys.argv[1]}"
+    old_style = [argument for argument in sys.argv[1:] if argument in ("--to", "--url")]
+    if old_style:
+        fail("mcsd.commands.download", f"{old_style[0]}: the download takes settings as key=value, as every command: "
+                                       f"{old_style[0][2:]}=...")
+    _download_main()
 
 
 if __name__ == "__main__":

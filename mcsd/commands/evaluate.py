@@ -22,17 +22,17 @@ from unittest import mock
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from mcsd.checkpoint import eval_results
 from mcsd.checkpoint.eval_results import RESULT_FILES, RESULTS_FILE, TABLE_FILE
 from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate
 from mcsd.commands.app import hydra_app, refuse_onnx_export
-from mcsd.runtime import StopAfterCurrent, git_commit, interrupted, require_wandb_login
+from mcsd.runtime import git_commit, interrupted, require_wandb_login
 from mcsd.data.corpus import hub_is_reachable
 from mcsd.data.tokenizer import eos_id
 from mcsd.errors import MCSDError
 from mcsd.files import replace_earlier_results
+from mcsd.jobs import CTRL_C, run_jobs
 from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import TABLE2_TASKS, table2_markdown
 from mcsd.hf import as_hf_model, as_hf_tokenizer
@@ -159,11 +159,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     saved = locate(cfg.ckpt)
     decoding_dtype(cfg.dtype, cfg.get("weights", "full"), cfg.device)  # refused before anything is written
     output_dir = Path(cfg.output_dir)
-    if cfg.get("resume") and cfg.get("overwrite"):
-        raise MCSDError("resume=true keeps the results in output_dir and overwrite=true replaces them: give one of them")
-    if not cfg.get("resume"):
-        replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-eval", cfg.get("overwrite", False),
-                                resume="resume=true to keep its tasks finished and run only the rest")
+    replace_earlier_results(output_dir, list(RESULT_FILES), "mcsd-eval", cfg.get("overwrite", False),
+                            resume="resume=true to keep its tasks finished and run only the rest",
+                            resuming=bool(cfg.get("resume")))
     lm = language_model(saved, cfg)  # a checkpoint it cannot read is refused before the run folder holds anything
     output_dir.mkdir(parents=True, exist_ok=True)
     tasks, include_path, num_fewshot = resolve_tasks(cfg, output_dir)
@@ -196,37 +194,35 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
                        "limit": cfg.limit, "results": results, "n-shot": shots, "versions": versions,
                        "config": OmegaConf.to_container(cfg, resolve=True)}
             eval_results.write(output_dir, summary, table2_markdown([(label, params, results)]))
+
+        def score(task: str, bar: Any) -> None:
+            outcome = simple_evaluate(model=lm, tasks=[task], num_fewshot=num_fewshot, limit=cfg.limit,
+                                      task_manager=manager, log_samples=True, random_seed=cfg.seed,
+                                      numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
+                                      fewshot_random_seed=cfg.seed)
+            for name, samples in outcome.get("samples", {}).items():
+                scores = outcome["results"].get(name, {})
+                if manager.task_index.get(name) and samples and "word_perplexity,none" in scores:
+                    scores["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
+            results.update(outcome["results"])
+            shots.update(outcome.get("n-shot") or {})
+            versions.update(outcome.get("versions") or {})
+            finished.append(task)
+            write()
+            if cfg.wandb.enabled:  # each task's numbers as it finishes: an interrupted run keeps them
+                wandb_run.record({}, {f"eval/{row[0]}/{row[1]}": row[2] for row in _score_rows(outcome["results"])})
+
         # lm-eval asks git for the hash of the working folder, whose "fatal: not a git repository"
         # outside a checkout reaches the user's terminal: it records this package's commit instead.
-        with (StopAfterCurrent() as stop, tqdm(total=len(tasks), desc="mcsd-eval", unit="task") as bar,
-              mock.patch("lm_eval.evaluator.get_git_commit_hash", git_commit)):
-            bar.update(len(kept))
-            for task in (task for task in tasks if task not in kept):  # one at a time: Ctrl-C keeps those finished
-                bar.set_postfix_str(task)
-                outcome = simple_evaluate(model=lm, tasks=[task], num_fewshot=num_fewshot, limit=cfg.limit,
-                                          task_manager=manager, log_samples=True, random_seed=cfg.seed,
-                                          numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed,
-                                          fewshot_random_seed=cfg.seed)
-                for name, samples in outcome.get("samples", {}).items():
-                    scores = outcome["results"].get(name, {})
-                    if manager.task_index.get(name) and samples and "word_perplexity,none" in scores:
-                        scores["token_perplexity,none"] = token_perplexity(samples, lm.tokenizer)
-                results.update(outcome["results"])
-                shots.update(outcome.get("n-shot") or {})
-                versions.update(outcome.get("versions") or {})
-                finished.append(task)
-                write()
-                if cfg.wandb.enabled:  # each task's numbers as it finishes: an interrupted run keeps them
-                    wandb_run.record({}, {f"eval/{row[0]}/{row[1]}": row[2] for row in _score_rows(outcome["results"])})
-                bar.update(1)
-                if stop.requested:
-                    break
+        with mock.patch("lm_eval.evaluator.get_git_commit_hash", git_commit):  # one task at a time: Ctrl-C keeps those finished
+            stopped = run_jobs([task for task in tasks if task not in kept], score, desc="mcsd-eval", each="task",
+                               unit="task", done=len(kept), postfix=str).stopped_by == CTRL_C
         if not finished:
             interrupted("mcsd-eval", "stopped before the first task was finished: nothing written")
         write()
         if cfg.wandb.enabled:
             wandb_run.table("eval/results", pd.DataFrame(_score_rows(results), columns=["task", "metric", "value"]))
-        if stop.requested:
+        if stopped:
             interrupted("mcsd-eval", f"kept the results of the {len(finished)} of {len(tasks)} tasks finished "
                         f"({', '.join(finished)}) in {output_dir / RESULTS_FILE} (complete: false) and {TABLE_FILE}")
     lines = [f"{task}: " + ", ".join(f"{key.split(',')[0]}={value:.4f}" for key, value in metrics.items()

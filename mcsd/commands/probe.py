@@ -2,10 +2,12 @@
 
     mcsd-probe context ckpt=logs/train/runs/<run> data=text_files data.paths=[held_out.txt]
     mcsd-probe context ckpt=... data=wikitext103 length=8192 windows=[64,256,1024,4096]
+    mcsd-probe context ckpt=... paths.output_dir=<an interrupted probe> resume=true   # only the documents it left
 
 ``context`` writes ``context_curve.csv`` (loss by position), ``context_delta.csv`` (Delta_N and
-the swapped control per N) and ``context_probe.png/pdf`` to its run folder
-(``logs/probe_context/runs/<time>/``); ``mcsd-plot context DIR`` draws several side by side.
+the swapped control per N), ``context_losses.safetensors`` (the losses of the documents read,
+after every batch: what ``resume=true`` goes on from) and ``context_probe.png/pdf`` to its run
+folder (``logs/probe_context/runs/<time>/``); ``mcsd-plot context source=DIR`` draws several side by side.
 """
 
 from __future__ import annotations
@@ -25,17 +27,18 @@ from mcsd.checkpoint import probe_results
 from mcsd.checkpoint.run_folder import RunFolder
 from mcsd.checkpoint.saved_model import SavedModel, load, load_tokenizer, locate
 from mcsd.commands.app import fail, hydra_app, refuse_onnx_export
-from mcsd.runtime import StopAfterCurrent, interrupted, require_wandb_login
+from mcsd.runtime import interrupted, require_wandb_login
 from mcsd.data.corpus import DataError
 from mcsd.data.datamodule import corpus_sources
 from mcsd.data.tokenizer import EOS_TOKEN
 from mcsd.errors import MCSDError
 from mcsd.files import replace_earlier_results
+from mcsd.jobs import CTRL_C, run_jobs
 from mcsd.models import CausalLM
 from mcsd.plots.context import markdown_context_table, plot_context
 from mcsd.plots.runs import curve_key, curve_label
 from mcsd.precision import check_device, model_dtype
-from mcsd.probes.context import ContextProbe, probe_context
+from mcsd.probes.context import ContextLosses, ContextProbe, ContextProbePlan
 from mcsd.training.dashboard import EXIT_INTERRUPTED, MeasurementRun
 
 
@@ -144,15 +147,18 @@ def write_context_probe(result: ContextProbe, source: dict[str, str], output_dir
 
 
 def context(cfg: DictConfig) -> ContextProbe:
-    """Probe ``cfg.ckpt`` on ``cfg.data``'s documents; write the CSVs and the figure. Ctrl-C
-    stops after the batch of documents under way (again: at once) and writes the probe of the
-    documents finished."""
+    """Probe ``cfg.ckpt`` on ``cfg.data``'s documents, a batch of them at a time (each batch's
+    losses written as it finishes); write the CSVs and the figure. Ctrl-C stops after the batch
+    under way (again: at once) and writes the probe of the documents finished; ``resume=true``
+    reads only the documents an earlier probe in ``output_dir`` left unread."""
     if cfg.wandb.enabled and not cfg.wandb.offline:
         require_wandb_login("wandb")
     check_device(cfg.device)
     refuse_onnx_export("mcsd-probe context", cfg.ckpt, "give the model folder or run it was exported from")
-    replace_earlier_results(Path(cfg.output_dir), list(probe_results.RESULT_FILES), "mcsd-probe context",
-                            cfg.get("overwrite", False))
+    output_dir = Path(cfg.output_dir)
+    replace_earlier_results(output_dir, list(probe_results.RESULT_FILES), "mcsd-probe context",
+                            cfg.get("overwrite", False), resume="resume=true to read only the documents it left unread",
+                            resuming=bool(cfg.get("resume")))
     windows = sorted(int(window) for window in cfg.windows)
     if not windows or windows[0] < 1:
         raise MCSDError(f"windows={list(cfg.windows)} must be positive token counts, e.g. windows=[64,256,1024]")
@@ -164,24 +170,36 @@ def context(cfg: DictConfig) -> ContextProbe:
     identity = model_identity(model)
     read = probe_documents(cfg.data, load_tokenizer(saved), int(cfg.length), int(cfg.num_documents),
                            cfg.paths.cache_dir, trained_data(saved))
-    documents = read.pieces.to(cfg.device)
-    print(f"probing {identity['label']} on {len(documents)} pieces of {documents.shape[1]} tokens: {read.what}",
-          flush=True)
-    result = None  # a second Ctrl-C stops at once, in the middle of the probe
-    with StopAfterCurrent() as stop:
-        result = probe_context(model, documents, windows, num_positions=cfg.num_positions,
-                               batch_size=cfg.batch_size, form=cfg.form, bootstrap=cfg.bootstrap, seed=cfg.seed,
-                               max_tokens=cfg.max_tokens, should_stop=lambda: stop.requested)
-    if result is None:
+    plan = ContextProbePlan(model, read.pieces.to(cfg.device), windows, cfg.num_positions, cfg.batch_size, cfg.form,
+                            cfg.max_tokens)
+    source = {**identity, "ckpt": str(Path(cfg.ckpt).resolve()), "form": plan.form}
+    settings = {"ckpt": source["ckpt"], "form": plan.form, "windows": plan.windows, "positions": plan.positions,
+                "documents": probe_results.documents_digest(read.pieces)}
+    earlier = probe_results.resumed_losses(output_dir, settings) if cfg.get("resume") else None
+    losses = ContextLosses(**earlier) if earlier is not None else None
+    done = losses.documents if losses is not None else 0
+    print(f"probing {identity['label']} on {len(read.pieces)} pieces of {plan.length} tokens: {read.what}"
+          + (f" ({done} read by the run resumed)" if earlier is not None else ""), flush=True)
+
+    def read_batch(start: int, bar: Any) -> None:
+        nonlocal losses
+        batch = plan.losses(start, bar)
+        losses = batch if losses is None else losses.then(batch)
+        probe_results.write_losses(output_dir, losses.tensors(), settings)  # a run killed keeps the batches read
+
+    outcome = run_jobs(plan.batches(done), read_batch, desc="context probe", each="batch of documents", unit="token",
+                       work=plan.tokens, done=plan.read_tokens(done))
+    if losses is None:
         interrupted("mcsd-probe context", "stopped before the probe had read a batch of documents: nothing written")
-    source = {**identity, "ckpt": str(Path(cfg.ckpt).resolve()), "form": cfg.form or model.default_form}
-    paths = write_context_probe(result, source, Path(cfg.output_dir))
+    result = plan.summary(losses, cfg.bootstrap, cfg.seed)
+    paths = write_context_probe(result, source, output_dir)
+    stopped = outcome.stopped_by == CTRL_C
     if cfg.wandb.enabled:  # before an interruption's exit too: the documents probed are kept there as here
-        _log_to_wandb(cfg, result, paths[2], stop.requested)
-    if stop.requested:
-        finished = int(result.deltas["documents"].iloc[0])
-        interrupted("mcsd-probe context", f"kept the probe of the {finished} of {len(documents)} documents finished "
-                    f"in {Path(cfg.output_dir)} (documents={finished} in {probe_results.DELTA_FILE})")
+        _log_to_wandb(cfg, result, paths[2], stopped)
+    if stopped:
+        interrupted("mcsd-probe context", f"kept the probe of the {losses.documents} of {len(read.pieces)} documents "
+                    f"finished in {output_dir} (documents={losses.documents} in {probe_results.DELTA_FILE}; "
+                    f"resume=true paths.output_dir={output_dir} reads the rest)")
     print(markdown_context_table(result.deltas.assign(**source)))
     print("\n".join(str(path) for path in paths))
     return result

@@ -35,9 +35,9 @@ from mcsd.runtime import parallel_jobs, require_wandb_login
 from mcsd.data.datamodule import tokens_per_step as data_tokens_per_step
 from mcsd.data.tokenizer import load_tokenizer as load_tokenizer_file
 from mcsd.errors import MCSDError
-from mcsd.models.build import make_config
-from mcsd.models.config import LMConfig
-from mcsd.precision import mixed_precision_dtype, trainer_compute_dtype
+from mcsd.models.build import build_model, make_config
+from mcsd.models.modeling import CausalLM
+from mcsd.precision import Precision, mixed_precision_dtype
 from mcsd.training.callbacks import DivergedError, SaveFinalModel, StopOnDivergence
 from mcsd.training.checks import check_run
 from mcsd.training.dashboard import (BestValidation, RememberIdentity, RunIdentity, exit_code_of, finish_wandb,
@@ -106,17 +106,17 @@ def _tokenizer_of_weights(cfg: DictConfig) -> Tokenizer | None:
     return tokenizer
 
 
-def _memory_plan(cfg: DictConfig, model_config: LMConfig) -> MemoryPlan:
+def _memory_plan(cfg: DictConfig, meta_model: CausalLM) -> MemoryPlan:
     """This process's memory plan for the composed run (:mod:`mcsd.training.memory`)."""
     trainer = cfg.trainer
     gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and torch.cuda.is_available())
     devices = trainer.devices if isinstance(trainer.devices, int) else (torch.cuda.device_count() if gpu else 1)
     sharded = "FSDP2Strategy" in str(OmegaConf.select(cfg, "trainer.strategy._target_", default=""))
     mixed = OmegaConf.select(cfg, "trainer.strategy.mixed_precision", default="fp32")
-    trained, sharded_dtype = trainer_compute_dtype(trainer.precision), mixed_precision_dtype(mixed, "cuda" if gpu else "cpu")
+    trained, sharded_dtype = Precision.of_trainer(trainer.precision).compute, mixed_precision_dtype(mixed, "cuda" if gpu else "cpu")
     compute = torch.bfloat16 if torch.bfloat16 in (trained, sharded_dtype) else trained
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    return plan_memory(model_config, cfg.data.batch_size, cfg.data.seq_len, devices * trainer.get("num_nodes", 1), devices,
+    return plan_memory(meta_model, cfg.data.batch_size, cfg.data.seq_len, devices * trainer.get("num_nodes", 1), devices,
                        sharded, compute, f"cuda:{local_rank}" if gpu else "cpu")
 
 
@@ -158,9 +158,12 @@ def _choices() -> dict[str, Any]:
 def train(cfg: DictConfig) -> float:
     """Build data, model, loggers, callbacks and trainer from ``cfg``; fit; return val/loss."""
     _length_as_typed(cfg)
-    check_run(cfg)
-    model_config = make_config(cfg.model)  # resolved once (equal-size widths): the plan and the module share it
-    plan = _memory_plan(cfg, model_config)  # before anything is allocated
+    # The model resolved once (equal-size widths) and built once on the meta device: the checks,
+    # the memory plan and the module share them.
+    model_config = make_config(cfg.model)
+    meta_model = build_model(model_config, device="meta")
+    check_run(cfg, meta_model)
+    plan = _memory_plan(cfg, meta_model)  # before anything is allocated
     log.info(plan.line())
     L.seed_everything(cfg.seed, workers=True)
     _hold_out_only_what_is_run(cfg)

@@ -32,7 +32,6 @@ toolchain, a step this harness cannot test on its CPU.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import warnings
@@ -83,7 +82,7 @@ def read_only_caches(value: Any) -> Any:
     and ONNX has no in-place update of an input)."""
     def read_only(part: Any) -> Any:
         if isinstance(part, KVCache):
-            return ReadOnlyKVCache(**{field.name: getattr(part, field.name) for field in dataclasses.fields(part)})
+            return ReadOnlyKVCache.of(part)  # the same tensors
         return part.clone()
 
     return map_parts(value, read_only)

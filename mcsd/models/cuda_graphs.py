@@ -5,7 +5,8 @@ Python, the GPU waits on the launches. A CUDA graph records them once and replay
 launch, on the same memory each time. So the step it records (:meth:`CausalLM.static_step`)
 takes its position from device memory, not as a Python int, and keeps every state at a fixed
 address: recurrent states are written in place, and a KV cache is allocated with room for a
-capacity, written at the position and read whole, the positions after it masked.
+capacity, written at the position and read whole, the positions after it masked (a
+:class:`~mcsd.ops.attention.StaticKVCache`, whose own step that is).
 
 :class:`StaticStep` keeps, per batch size, the buffers of one sequence's state (KV caches
 allocated at a *capacity bucket*: a power of two of at least ``min_capacity``), of the input
@@ -32,6 +33,7 @@ import torch
 
 from mcsd.models.modules.compiled import compiled_method
 from mcsd.models.modules.state import CapacityState, DecodingState, LayerState, map_parts, parts_of
+from mcsd.ops.attention import StaticKVCache
 
 if TYPE_CHECKING:
     from mcsd.models.modeling import CausalLM
@@ -62,10 +64,10 @@ class _Buffers:
         def allocate(part: Any) -> Any:
             if not isinstance(part, CapacityState):
                 return part.clone(memory_format=torch.contiguous_format)
-            if part.capacity == capacity:  # the state's own cache has the room: kept, no second copy
+            if part.capacity == capacity:  # the state's own cache has the room: its tensors kept, no second copy
                 part.zero_positions_from_(state.position)
-                return part
-            fresh = part.with_capacity(capacity)
+                return StaticKVCache.of(part)
+            fresh = StaticKVCache.of(part.with_capacity(capacity))
             fresh.copy_positions_(part, state.position)
             return fresh
 

@@ -300,6 +300,15 @@ class CausalLM(DecodingMixin, nn.Module):
         """Whether every layer keeps the documents of a packed batch apart (``position_ids``)."""
         return all(layer.separates_documents for layer in self.layers)
 
+    def documents_apart_problem(self) -> str | None:
+        """Why this model cannot keep the documents of a packed batch apart, in one line with the
+        fix (``None``: it can): what a forward with ``position_ids`` and ``mcsd-train
+        data.documents=apart`` refuse."""
+        if self.separates_documents:
+            return None
+        return (f"{self.architecture.name} cannot keep the documents of a packed batch apart yet: use "
+                "data.documents=joined")
+
     def run(
         self, input_ids: torch.Tensor | None, state: DecodingState, form: str, position_ids: torch.Tensor | None = None,
         *, inputs_embeds: torch.Tensor | None = None, layer_inputs: list[torch.Tensor] | None = None,
@@ -326,9 +335,8 @@ class CausalLM(DecodingMixin, nn.Module):
             raise ValueError(f"inputs_embeds has shape {tuple(inputs_embeds.shape)}: expected [batch, length, "
                              f"{self.config.hidden_size}]")
         if position_ids is not None:
-            if not self.separates_documents:
-                raise ConfigError(f"{self.architecture.name} cannot keep the documents of a packed batch apart yet: "
-                                  "use data.documents=joined")
+            if (problem := self.documents_apart_problem()) is not None:
+                raise ConfigError(problem)
             if position_ids.shape != embedded.shape[:2]:
                 raise ValueError(f"position_ids has shape {tuple(position_ids.shape)}: expected the tokens' "
                                  f"{tuple(embedded.shape[:2])}")

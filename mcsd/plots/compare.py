@@ -1,4 +1,4 @@
-"""The architecture comparison's headline table and figure (``mcsd-plot compare DIR``): one
+"""The architecture comparison's headline table and figure (``mcsd-plot compare source=DIR``): one
 row per registered architecture (and each variant with results), gathered from what the
 other commands wrote under DIR:
 
@@ -7,7 +7,7 @@ other commands wrote under DIR:
   rows differ most, and every row's curve over N);
 - ``bench_inference/results.csv``, ``bench_train/results.csv``: ``mcsd-bench`` (decode tokens/s
   at the smallest and largest batch, training tokens/s, decoding-state bytes per sequence);
-- an MQAR sweep folder (``--mqar``, default ``DIR/mqar``): accuracy at the hardest setting
+- an MQAR sweep folder (``mqar=``, default ``DIR/mqar``): accuracy at the hardest setting
   where the anchor (the Transformer) still solves the task.
 
 Rows come from the registry, so an architecture enters the table by registering; a missing

@@ -28,7 +28,7 @@ def load_context_results(root: str | Path, labels: list[str] | None = None) -> t
     if labels is not None:
         unknown = sorted(set(labels) - set(deltas["label"]))
         if unknown:
-            raise MCSDError(f"--curves: no probe of {unknown[0]!r} under {root}: use some of "
+            raise MCSDError(f"curves: no probe of {unknown[0]!r} under {root}: use some of "
                             f"{', '.join(dict.fromkeys(deltas['label']))}")
         curves, deltas = curves[curves["label"].isin(labels)], deltas[deltas["label"].isin(labels)]
     return curves, deltas

@@ -42,7 +42,7 @@ def _sweep(kind: str, name: str, reference: str | None = None,
            notes: str | None = None, fit: bool = False) -> Callable[[Path], Drawn]:
     """A training sweep's loss curves and tables (``plot_sweep``); ``notes`` names a markdown file
     of the folder shown below the tables when present; ``fit``: the scaling laws fitted too
-    (``mcsd-plot scaling --fit``)."""
+    (``mcsd-plot scaling fit=true``)."""
     def draw_sweep(folder: Path) -> Drawn:
         rows = load_csv_runs(folder)
         figure = plot_sweep(kind, rows, folder, name, reference)

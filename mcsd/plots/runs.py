@@ -123,7 +123,7 @@ def load_wandb_runs(path: str, group: str) -> pd.DataFrame:
     frames = [_run_rows(run.id, dict(run.config), _wandb_history(list(run.scan_history())))
               for run in wandb.Api().runs(path, filters={"group": group, "state": "finished"})]
     if not frames:
-        raise MCSDError(f"W&B project {path} has no finished runs in group {group!r}: check --wandb and --group "
+        raise MCSDError(f"W&B project {path} has no finished runs in group {group!r}: check wandb= and group= "
                         "(a sweep's group is <experiment_name>/<its folder under logs/train/multiruns>)")
     return pd.concat(frames, ignore_index=True)
 
@@ -134,8 +134,8 @@ def load_offline_wandb_runs(folder: str | Path) -> pd.DataFrame:
     lives of a resumed run (one file each, the same id) are one run."""
     paths = find_wandb_runs(folder)
     if not paths:
-        raise MCSDError(f"--wandb {folder} holds no W&B runs (wandb/offline-run-*/run-*.wandb): give the folder of a "
-                        "sweep or run that logged to W&B (logger=wandb), or ENTITY/PROJECT --group GROUP")
+        raise MCSDError(f"wandb={folder} holds no W&B runs (wandb/offline-run-*/run-*.wandb): give the folder of a "
+                        "sweep or run that logged to W&B (logger=wandb), or wandb=ENTITY/PROJECT group=GROUP")
     lives: dict[str, list] = {}
     for path in paths:
         run = read_wandb_run(path)
@@ -148,7 +148,7 @@ def load_offline_wandb_runs(folder: str | Path) -> pd.DataFrame:
         history = history.drop_duplicates(subset=[column for column in history if column not in ("_timestamp", "_runtime")])
         frames.append(_run_rows(run_id, runs[-1].config, history))
     if not frames:
-        raise MCSDError(f"--wandb {folder}: none of its {len(lives)} W&B runs finished (each ended with a nonzero exit "
+        raise MCSDError(f"wandb={folder}: none of its {len(lives)} W&B runs finished (each ended with a nonzero exit "
                         "code): plot a sweep whose runs finished")
     return pd.concat(frames, ignore_index=True)
 
@@ -262,7 +262,7 @@ def seed_table(kind: str, rows: pd.DataFrame, reference: str | None = None) -> p
         references = [reference if reference in table.index else f"{reference}{DOCUMENTS_MARK}{curve.partition(DOCUMENTS_MARK)[2]}"
                       for curve in table.index]
         if any(name not in table.index for name in references):
-            raise MCSDError(f"--reference {reference!r} is not a curve of this sweep: use one of {', '.join(table.index)}")
+            raise MCSDError(f"reference={reference!r} is not a curve of this sweep: use one of {', '.join(table.index)}")
         seeds = table.filter(like="seed ")
         ratios = seeds / seeds.loc[references].to_numpy()
         table["ratio"], table["ratio_min"], table["ratio_max"] = ratios.mean(axis=1), ratios.min(axis=1), ratios.max(axis=1)
@@ -310,7 +310,7 @@ def plot_sweep(kind: str, rows: pd.DataFrame, output_dir: str | Path, name: str 
         if len(values) > 1:
             raise MCSDError(f"mcsd-plot {kind}: the runs differ in their {column} ({', '.join(v or 'none' for v in values)}), "
                             f"and a curve averages its runs as seeds of one {column}: draw a sweep of tasks with "
-                            "mcsd-plot tasks DIR, or give a folder of runs of one task on one corpus")
+                            "mcsd-plot tasks source=DIR, or give a folder of runs of one task on one corpus")
     rows = rows.assign(curve=_curve_key(kind, rows))
     keys = sorted(rows["curve"].unique(), key=lambda key: curve_order(kind, key))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

@@ -22,7 +22,6 @@ control continues the other document's decoding state, so its prefix is read onc
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,52 +112,105 @@ def _bootstrap(per_document: np.ndarray, draws: int, rng: np.random.Generator) -
     return mean, float(low), float(high)
 
 
+@dataclass
+class ContextLosses:
+    """The probe's losses of the documents read so far, per document in order: the full past's
+    per-token losses ``full`` ``[D, length - 1]``, and ``last`` and ``swapped`` ``[D, windows,
+    positions]`` (what :func:`_losses` gives a batch). The part of a probe that resumes."""
+
+    full: torch.Tensor
+    last: torch.Tensor
+    swapped: torch.Tensor
+
+    @property
+    def documents(self) -> int:
+        return len(self.full)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The losses by name, as :mod:`mcsd.checkpoint.probe_results` keeps them."""
+        return {"full": self.full, "last": self.last, "swapped": self.swapped}
+
+    def then(self, more: ContextLosses) -> ContextLosses:
+        """These documents' losses followed by ``more``'s."""
+        return ContextLosses(*(torch.cat([mine, theirs]) for mine, theirs in
+                               zip((self.full, self.last, self.swapped), (more.full, more.last, more.swapped))))
+
+
+class ContextProbePlan:
+    """The probe of ``documents`` ``[D, length]`` (token ids; D >= 2, each document's swap partner
+    is the previous one, cyclically) in batches of ``batch_size`` documents (:meth:`batches`,
+    each read by :meth:`losses`), at most ``max_tokens`` tokens in one call of the model for the
+    last-N windows, and what its losses give (:meth:`summary`)."""
+
+    def __init__(self, model: CausalLM, documents: torch.Tensor, windows: list[int], num_positions: int = 16,
+                 batch_size: int = 4, form: str | None = None, max_tokens: int = 16384) -> None:
+        if documents.dim() != 2 or documents.shape[0] < 2:
+            raise MCSDError(f"the probe needs at least 2 documents of equal length (got shape "
+                            f"{tuple(documents.shape)}): give more or longer documents")
+        self.model, self.documents, self.windows = model, documents, sorted(windows)
+        self.length = documents.shape[1]
+        self.positions = evaluation_positions(self.length, self.windows, num_positions)
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+        self.form = form or model.default_form
+        self.others = documents.roll(1, dims=0)
+
+    def batches(self, first: int = 0) -> list[int]:
+        """The first document of each batch, from document ``first`` on (those before it read)."""
+        return list(range(first, len(self.documents), self.batch_size))
+
+    def read_tokens(self, documents: int) -> int:
+        """The tokens the probe of ``documents`` documents feeds the model."""
+        return _probe_tokens(documents, self.length, self.windows, self.positions)
+
+    def tokens(self, start: int) -> int:
+        """The tokens the batch from document ``start`` feeds the model."""
+        return self.read_tokens(len(self.documents[start:start + self.batch_size]))
+
+    def losses(self, start: int, progress: tqdm) -> ContextLosses:
+        """The losses of the batch from document ``start`` (``progress`` moves by its tokens), on
+        the CPU whatever the model's device: what the summary reads with NumPy and a resumed
+        probe's earlier losses (read from their file) are joined to."""
+        end = start + self.batch_size
+        full, windowed = _losses(self.model, self.documents[start:end], self.others[start:end], self.windows,
+                                 self.positions, self.form, self.max_tokens, progress)
+        return ContextLosses(full.cpu(), windowed["last"].cpu(), windowed["swapped"].cpu())
+
+    def summary(self, losses: ContextLosses, bootstrap: int = 1000, seed: int = 0) -> ContextProbe:
+        """The loss by position and ``Delta_N`` of the documents ``losses`` holds (the first ones,
+        where a probe stopped early), with ``bootstrap`` draws for the intervals."""
+        full, last, swapped = losses.full.numpy(), losses.last.numpy(), losses.swapped.numpy()
+        rng = np.random.default_rng(seed)
+        length, positions = self.length, self.positions
+        edges = sorted({0, *(2**k for k in range(int(np.log2(length)) + 1) if 2**k < length - 1), length - 1})
+        curve = []
+        for low, high in zip(edges[:-1], edges[1:]):
+            loss, loss_low, loss_high = _bootstrap(full[:, low:high].mean(axis=1), bootstrap, rng)
+            curve.append({"bin_start": low, "bin_end": high, "loss": loss, "loss_low": loss_low,
+                          "loss_high": loss_high})
+        at_positions = full[:, positions]
+        deltas = []
+        for w, window in enumerate(self.windows):
+            delta = _bootstrap((last[:, w] - at_positions).mean(axis=1), bootstrap, rng)
+            control = _bootstrap((swapped[:, w] - at_positions).mean(axis=1), bootstrap, rng)
+            deltas.append({"window": window, "delta": delta[0], "delta_low": delta[1], "delta_high": delta[2],
+                           "swapped": control[0], "swapped_low": control[1], "swapped_high": control[2],
+                           "loss_full": float(at_positions.mean()), "loss_last": float(last[:, w].mean()),
+                           "documents": len(full), "documents_planned": len(self.documents),
+                           "positions": len(positions), "first_position": positions[0]})
+        return ContextProbe(curve=pd.DataFrame(curve), deltas=pd.DataFrame(deltas))
+
+
 def probe_context(model: CausalLM, documents: torch.Tensor, windows: list[int], num_positions: int = 16,
                   batch_size: int = 4, form: str | None = None, bootstrap: int = 1000, seed: int = 0,
-                  max_tokens: int = 16384, should_stop: Callable[[], bool] = lambda: False) -> ContextProbe | None:
-    """Run the probe on ``documents`` ``[D, length]`` (token ids; D >= 2, each document's swap
-    partner is the previous one, cyclically); ``batch_size`` documents at a time, and at most
-    ``max_tokens`` tokens in one call of the model for the last-N windows. ``should_stop`` is
-    asked after each batch: the probe then reads the documents finished (None if none were)."""
-    if documents.dim() != 2 or documents.shape[0] < 2:
-        raise MCSDError(f"the probe needs at least 2 documents of equal length (got shape {tuple(documents.shape)}): "
-                        "give more or longer documents")
-    windows = sorted(windows)
-    length = documents.shape[1]
-    positions = evaluation_positions(length, windows, num_positions)
-    form = form or model.default_form
-    others = documents.roll(1, dims=0)
-    full, last, swapped = [], [], []
-    batches = range(0, len(documents), batch_size)
-    total = sum(_probe_tokens(len(documents[start:start + batch_size]), length, windows, positions) for start in batches)
-    with tqdm(total=total, desc="context probe", unit="token", unit_scale=True) as progress:
-        for start in batches:
-            f, windowed = _losses(model, documents[start:start + batch_size], others[start:start + batch_size],
-                                  windows, positions, form, max_tokens, progress)
-            full.append(f)
-            last.append(windowed["last"])
-            swapped.append(windowed["swapped"])
-            if should_stop():
-                break
-    if not full:
-        return None
-    full, last, swapped = torch.cat(full).numpy(), torch.cat(last).numpy(), torch.cat(swapped).numpy()
-    rng = np.random.default_rng(seed)
-
-    edges = sorted({0, *(2**k for k in range(int(np.log2(length)) + 1) if 2**k < length - 1), length - 1})
-    curve = []
-    for low, high in zip(edges[:-1], edges[1:]):
-        loss, loss_low, loss_high = _bootstrap(full[:, low:high].mean(axis=1), bootstrap, rng)
-        curve.append({"bin_start": low, "bin_end": high, "loss": loss, "loss_low": loss_low, "loss_high": loss_high})
-
-    at_positions = full[:, positions]
-    deltas = []
-    for w, window in enumerate(windows):
-        delta = _bootstrap((last[:, w] - at_positions).mean(axis=1), bootstrap, rng)
-        control = _bootstrap((swapped[:, w] - at_positions).mean(axis=1), bootstrap, rng)
-        deltas.append({"window": window, "delta": delta[0], "delta_low": delta[1], "delta_high": delta[2],
-                       "swapped": control[0], "swapped_low": control[1], "swapped_high": control[2],
-                       "loss_full": float(at_positions.mean()), "loss_last": float(last[:, w].mean()),
-                       "documents": len(full), "documents_planned": len(documents), "positions": len(positions),
-                       "first_position": positions[0]})
-    return ContextProbe(curve=pd.DataFrame(curve), deltas=pd.DataFrame(deltas))
+                  max_tokens: int = 16384) -> ContextProbe:
+    """The probe of ``documents`` ``[D, length]`` (:class:`ContextProbePlan`), every batch read
+    under one progress bar of the tokens the model reads. ``mcsd-probe context`` runs the same
+    batches as jobs that Ctrl-C stops and ``resume=true`` goes on with."""
+    plan = ContextProbePlan(model, documents, windows, num_positions, batch_size, form, max_tokens)
+    with tqdm(total=sum(plan.tokens(start) for start in plan.batches()), desc="context probe", unit="token",
+              unit_scale=True) as progress:
+        parts = [plan.losses(start, progress) for start in plan.batches()]
+    losses = parts[0]
+    for part in parts[1:]:
+        losses = losses.then(part)
+    return plan.summary(losses, bootstrap, seed)

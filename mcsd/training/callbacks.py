@@ -18,7 +18,7 @@ from mcsd.checkpoint import saved_model
 from mcsd.checkpoint.sharded import full_state_dict, is_sharded
 from mcsd.errors import MCSDError
 from mcsd.models.config import ConfigError
-from mcsd.precision import dtype_name, trainer_compute_dtype
+from mcsd.precision import Precision, dtype_name
 
 
 def batch_size(batch: dict[str, torch.Tensor]) -> int:
@@ -39,7 +39,7 @@ def dense_peak_flops(device: torch.device, device_name: str, precision: str) -> 
     gpu = known_gpu(device_name) if device.type == "cuda" else None
     if gpu is None:
         return None
-    return gpu.flops[dtype_name(trainer_compute_dtype(precision))]
+    return gpu.flops[dtype_name(Precision.of_trainer(precision).compute)]
 
 
 class Throughput(ThroughputMonitor):
@@ -142,7 +142,7 @@ class StopOnDivergence(L.Callback):
         fixes = ["lower optimizer.lr" + (f" (now {self.lr:g})" if self.lr is not None else "")]
         if trainer.gradient_clip_val is None:
             fixes.append("clip gradients (trainer.gradient_clip_val=1.0)")
-        if trainer_compute_dtype(trainer.precision) == torch.float16:
+        if Precision.of_trainer(trainer.precision).compute == torch.float16:
             fixes.append("train in bf16 (fp16 overflows)")
         raise DivergedError(f"{what} at step {step}: training diverged; {', or '.join(fixes)}; {kept}", step)
 

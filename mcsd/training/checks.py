@@ -1,4 +1,4 @@
-"""What ``mcsd-train`` refuses before anything is built or written: every setting of a composed
+"""What ``mcsd-train`` refuses before anything is allocated or written: every setting of a composed
 config that cannot work, a line each (not one mistake per try)."""
 
 from __future__ import annotations
@@ -13,20 +13,22 @@ from omegaconf import DictConfig, OmegaConf
 from mcsd.checkpoint.run_folder import RunFolder
 from mcsd.data.tokens import DOCUMENTS
 from mcsd.errors import MCSDError
-from mcsd.models import build_model
+from mcsd.models import CausalLM
 from mcsd.ops.kernels import KERNELS, kernels_problem
 
 
-def check_run(cfg: DictConfig) -> None:
-    """Refuse settings that cannot work before anything is built or written: every one found,
-    a line each (not one mistake per try)."""
-    problems = list(run_problems(cfg))
+def check_run(cfg: DictConfig, model: CausalLM | None = None) -> None:
+    """Refuse settings that cannot work before anything is allocated or written: every one found,
+    a line each (not one mistake per try). ``model``: the run's model, built once on the meta
+    device (what it can do; ``None``: settings that need it are not checked)."""
+    problems = list(run_problems(cfg, model))
     if problems:
         raise MCSDError("\n".join(problems))
 
 
-def run_problems(cfg: DictConfig) -> Iterator[str]:
-    """Each setting of a composed ``mcsd-train`` config that cannot work, in one line naming it and the fix."""
+def run_problems(cfg: DictConfig, model: CausalLM | None = None) -> Iterator[str]:
+    """Each setting of a composed ``mcsd-train`` config (its ``model``, on the meta device) that
+    cannot work, in one line naming it and the fix."""
     yield from output_folder_problems(cfg)
     if cfg.get("trainable") is not None and cfg.get("init_from") is None and cfg.get("ckpt_path") is None:
         yield (f"trainable={list(cfg.trainable)} trains part of a model that starts from scratch: "
@@ -56,7 +58,7 @@ def run_problems(cfg: DictConfig) -> Iterator[str]:
         if not by_epochs and (not isinstance(max_steps, int) or max_steps < 1):
             yield (f"trainer.max_steps={max_steps} must be a positive number of steps "
                    "(or set data.token_budget=TOKENS, or trainer.max_steps=-1 with trainer.max_epochs=N)")
-    yield from documents_problems(cfg)
+    yield from documents_problems(cfg, model)
     yield from task_problems(cfg)
     yield from optimization_problems(cfg.get("optimizer"), cfg.get("scheduler"),
                                       max_steps if cfg.data.get("token_budget") is None else None)
@@ -118,18 +120,14 @@ def task_problems(cfg: DictConfig) -> Iterator[str]:
         yield COMPRESSION_UNDER_FSDP
 
 
-def documents_problems(cfg: DictConfig) -> Iterator[str]:
-    """``data.documents``: one of :data:`DOCUMENTS`; ``apart`` only for a model whose every layer
-    keeps the documents of a packed batch apart (built on the meta device to ask it)."""
+def documents_problems(cfg: DictConfig, model: CausalLM | None) -> Iterator[str]:
+    """``data.documents``: one of :data:`DOCUMENTS`; ``apart`` only for a model (the run's, on the
+    meta device) whose every layer keeps the documents of a packed batch apart."""
     documents = cfg.data.get("documents", "joined")
     if documents not in DOCUMENTS:
         yield f"data.documents={documents} is unknown: use one of {', '.join(DOCUMENTS)}"
-    elif documents == "apart" and cfg.get("model") is not None:
-        with torch.device("meta"):
-            model = build_model(cfg.model)
-        if not model.separates_documents:
-            yield (f"data.documents=apart: {model.architecture.name} cannot keep the documents of a packed batch apart "
-                   "yet: use data.documents=joined")
+    elif documents == "apart" and model is not None and (problem := model.documents_apart_problem()) is not None:
+        yield f"data.documents=apart: {problem}"
 
 
 # Where a process of a multi-process run learns its rank (Lightning's launcher, torchrun, SLURM).

@@ -19,8 +19,6 @@ import psutil
 import torch
 
 from mcsd.errors import MCSDError
-from mcsd.models.build import build_model
-from mcsd.models.config import LMConfig
 from mcsd.models.modeling import CausalLM
 
 GIB = 2**30
@@ -106,14 +104,12 @@ class MemoryPlan:
                 f"{gib(self.available)} GiB per process")
 
 
-def plan_memory(config: LMConfig, batch: int, length: int, processes: int, processes_per_node: int,
+def plan_memory(model: CausalLM, batch: int, length: int, processes: int, processes_per_node: int,
                 sharded: bool, compute_dtype: torch.dtype, device: str) -> MemoryPlan:
-    """The plan of one process of a run training the model of ``config`` on ``batch`` x ``length``
-    tokens per process, over ``processes`` processes (``sharded``: FSDP, else whole copies), with
-    fp32 parameters and optimizer state and activations in ``compute_dtype``. The model is built
-    once, on the meta device."""
-    with torch.device("meta"):
-        model = build_model(config)
+    """The plan of one process of a run training ``model`` (built on the meta device: no memory,
+    any size) on ``batch`` x ``length`` tokens per process, over ``processes`` processes
+    (``sharded``: FSDP, else whole copies), with fp32 parameters and optimizer state and
+    activations in ``compute_dtype``."""
     count = sum(parameter.numel() for parameter in model.parameters())
     largest_layer = max(sum(parameter.numel() for parameter in layer.parameters()) for layer in model.layers)
     root = count - sum(parameter.numel() for parameter in model.layers.parameters())
@@ -127,11 +123,13 @@ def plan_memory(config: LMConfig, batch: int, length: int, processes: int, proce
     else:  # DDP copies the gradients into its buckets
         gathered = 4 * count if processes > 1 else 0
     activations = saved_activation_bytes(model, batch, length)
-    if config.activation_checkpointing:  # the backward recomputes one layer at a time
+    if model.config.activation_checkpointing:  # the backward recomputes one layer at a time
         for layer in model.layers:
             layer.activation_checkpointing = False
         whole = saved_activation_bytes(model, batch, length)
-        activations += (whole - activations) // config.num_layers
+        for layer in model.layers:
+            layer.activation_checkpointing = True
+        activations += (whole - activations) // model.config.num_layers
     # Autocast does not reach the meta device: 16-bit compute is taken to halve what is saved
     # (its matmul outputs; the states and carries stay fp32: an estimate).
     activations = activations * width // 4

@@ -56,10 +56,10 @@ def _plot_command(sweep_dir: Path, overrides: dict[Path, list[str]]) -> str:
     corpus as an ablation or a scaling law."""
     choices = [RunFolder(job).choices() or {} for job in overrides]
     if any(choice.get("data") == "mqar" for choice in choices):
-        return f"plot: mcsd-plot mqar {sweep_dir} (accuracy by model width)"
+        return f"plot: mcsd-plot mqar source={sweep_dir} (accuracy by model width)"
     if any(len({choice.get(group) for choice in choices}) > 1 for group in _TASK_SETTINGS):
-        return f"plot: mcsd-plot tasks {sweep_dir} (each task's result by architecture)"
-    return f"plot: mcsd-plot ablation {sweep_dir} (or mcsd-plot scaling {sweep_dir} for a sweep of sizes)"
+        return f"plot: mcsd-plot tasks source={sweep_dir} (each task's result by architecture)"
+    return f"plot: mcsd-plot ablation source={sweep_dir} (or mcsd-plot scaling source={sweep_dir} for a sweep of sizes)"
 
 
 def summary(sweep_dir: Path, task_name: str) -> str:

@@ -214,16 +214,21 @@ def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path, compile
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_every_architecture_benches_cast_to_16_bits(tmp_path: Path, dtype: str) -> None:
     """``dtype=bfloat16 / float16``: every architecture's model, built in that dtype, decodes (the
-    weights' bytes are 2 a parameter) and trains under autocast."""
+    weights' bytes are 2 a parameter) and trains under autocast with fp32 weights, as mcsd-train
+    trains: each row names its precision as Lightning does (``bf16-true``, ``bf16-mixed``)."""
     csv_path = run_bench(tmp_path / "inference", *TINY_INFERENCE, "inference.batch_sizes=[2]", "inference.gen_lengths=[4]",
                          f"dtype={dtype}", "isolate=false")
     frame = pd.read_csv(csv_path)
     assert list(frame["model"]) == registry.architectures() and (frame["status"] == "ok").all()
     assert (frame["weights_bytes"] == 2 * frame["params"]).all() and not frame["compiled"].any()
+    short = {"bfloat16": "bf16", "float16": "16"}[dtype]
+    assert set(frame["precision"]) == {f"{short}-true"}
     csv_path = run_bench(tmp_path / "train", "mode=train", "model_size=tiny", "train.seq_lens=[32]", "train.repeats=1",
                          "train.peak_matmul_size=64",
                          "train.warmup=0", "train.forms=[training]", f"dtype={dtype}", "isolate=false")
-    assert (pd.read_csv(csv_path)["status"] == "ok").all()
+    frame = pd.read_csv(csv_path)
+    assert (frame["status"] == "ok").all() and set(frame["precision"]) == {f"{short}-mixed"}
+    assert (frame["weights_bytes"] == 4 * frame["params"]).all()  # fp32 weights under autocast
 
 
 @pytest.mark.slow
@@ -457,7 +462,7 @@ def test_cli_runs_under_paths_log_dir_and_plot_cli_names_a_missing_file(tmp_path
     assert sorted(value for key, value in logged.summary.items() if key.startswith("tokens_per_s/")) == sorted(speeds)
     assert (logged.summary["points_measured"], logged.summary["complete"]) == (2, True)
     assert logged.config["git_commit"] == git_commit() and logged.config["trained_runs"] == []
-    missing = run_here("mcsd-plot", "inference", "nothing.csv", cwd=tmp_path)
+    missing = run_here("mcsd-plot", "inference", "source=nothing.csv", cwd=tmp_path)
     assert missing.returncode == 2 and "mcsd-plot: error: nothing.csv does not exist" in missing.stderr
 
 
@@ -478,7 +483,7 @@ def test_dtype_auto_benches_in_the_dtype_every_command_chooses(tmp_path: Path) -
     the header and every row record the dtype it chose."""
     csv_path = run_bench(tmp_path, *TINY_INFERENCE, "models=[mcsd]", "inference.batch_sizes=[1]",
                          "inference.gen_lengths=[4]", "isolate=false", "dtype=auto")
-    assert list(pd.read_csv(csv_path)["dtype"]) == ["float32"]
+    assert list(pd.read_csv(csv_path)[["dtype", "precision"]].itertuples(index=False, name=None)) == [("float32", "32-true")]
     assert json.loads((tmp_path / "results.json").read_text())["header"]["dtype"] == "float32"
 
 
@@ -556,7 +561,7 @@ def test_experiment_script_writes_a_trial_unless_asked_to_replace(tmp_path: Path
     assert result.returncode == 0, result.stderr[-2000:]
     assert calls.read_text().splitlines() == [
         f"{script.parent} mcsd-bench bench=cpu_quick output_dir=./cpu_quick models=[mcsd]",
-        f"{script.parent} mcsd-plot experiment ./cpu_quick --name fig5-8_inference"]
+        f"{script.parent} mcsd-plot experiment source=./cpu_quick name=fig5-8_inference"]
 
 
 @pytest.mark.slow

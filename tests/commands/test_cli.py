@@ -51,7 +51,7 @@ def test_multirun_gives_every_job_its_own_run(tmp_path: Path) -> None:
         f"  job 0: model=mcsd: val ppl {results[0]['val_ppl']:.2f}",
         f"  job 1: model=transformer: val ppl {results[1]['val_ppl']:.2f}",
         f"W&B: 2 offline run folders: upload them with `wandb sync {sweeps[0]}/*/wandb/offline-run-*`",
-        f"plot: mcsd-plot ablation {sweeps[0]} (or mcsd-plot scaling {sweeps[0]} for a sweep of sizes)"]
+        f"plot: mcsd-plot ablation source={sweeps[0]} (or mcsd-plot scaling source={sweeps[0]} for a sweep of sizes)"]
 
 
 @pytest.mark.slow
@@ -314,9 +314,17 @@ BAD_INPUTS = [
         "device=cuda needs a CUDA GPU, and none is visible here: use device=cpu"),
        ("mcsd-probe", ["context", "ckpt=EARLIER", "device=cuda"], {}, "mcsd-probe context",
         "device=cuda needs a CUDA GPU, and none is visible here: use device=cpu")] if not torch.cuda.is_available() else []),
-    ("mcsd-plot", ["scaling", "logs", "--fit", "--samples", "0"], {}, None,
-     "--samples 0 must be a positive number of bootstrap samples (e.g. --samples 1000)"),
-    ("mcsd-plot", ["ablation", "logs", "--fit"], {}, None, "--fit fits scaling laws: use it with mcsd-plot scaling"),
+    ("mcsd-plot", ["scaling", "source=logs", "fit=true", "samples=0"], {}, None,
+     "samples=0 must be a positive number of bootstrap samples (e.g. samples=1000)"),
+    ("mcsd-plot", ["ablation", "source=logs", "fit=true"], {}, None, "fit=true fits scaling laws: use it with mcsd-plot scaling"),
+    # mcsd-plot is a Hydra app as every command: its old --options and a bare source are refused with the new spelling.
+    ("mcsd-plot", ["ablation", "logs"], {}, None, "logs: mcsd-plot takes the folder or file to draw as a setting: source=logs"),
+    ("mcsd-plot", ["ablation", "source=logs", "--name", "x"], {}, None,
+     "--name: mcsd-plot takes settings as key=value, as every command: name=... (mcsd-plot --help lists them)"),
+    ("mcsd-plot", [], {}, None, "name the figures first: mcsd-plot {inference,train,scaling,ablation,mqar,tasks,context,"
+     "compare,experiment} source=..."),
+    ("mcsd-plot", ["figures", "source=logs"], {}, None, "kind=figures is not a kind of figure: use one of inference, "),
+    ("mcsd-plot", ["ablation", "source=logs", "nmae=x"], {}, None, "nmae=x: nmae is not a setting or group of mcsd-plot"),
     # Each of these said something else than what was wrong.
     ("mcsd-train", ["task=passkey"], {}, None, "task=passkey is a task of data=retrieval, and this run's data is a text "
      "corpus: add data=retrieval (or experiment=retrieval: every architecture on every task)"),
@@ -339,13 +347,13 @@ BAD_INPUTS = [
     ("mcsd-bench", ["models=[]"], {}, None, "models=[] names no model: list some (models=[mcsd,transformer]) or "
      "models=null for every registered architecture"),
     ("mcsd-bench", ["mode=train", "train.seq_lens=[0,512]"], {}, None, "train.seq_lens=[0, 512] must be whole numbers"),
-    ("mcsd-plot", ["inference", "neither.csv"], {}, None,
+    ("mcsd-plot", ["inference", "source=neither.csv"], {}, None,
      "neither.csv is not an mcsd-bench inference results file: it lacks the columns model, batch, gen_len, status"),
-    ("mcsd-plot", ["train", "neither.csv"], {}, None,
+    ("mcsd-plot", ["train", "source=neither.csv"], {}, None,
      "neither.csv is not an mcsd-bench train results file: it lacks the columns model, form, batch, seq_len, status"),
-    ("mcsd-plot", ["inference", "errors.csv"], {}, None,
+    ("mcsd-plot", ["inference", "source=errors.csv"], {}, None,
      "errors.csv has no measured point (status ok; it has 2 error): nothing to draw"),
-    ("mcsd-plot", ["inference", "negative.csv"], {}, None, "negative.csv holds impossible points (gen_len=-128 in 1 of them)"),
+    ("mcsd-plot", ["inference", "source=negative.csv"], {}, None, "negative.csv holds impossible points (gen_len=-128 in 1 of them)"),
     ("mcsd-bench", ["paths.log_dir=afile/logs"], {}, None, "paths.log_dir=afile/logs is not writable: "),
     ("mcsd-generate", [], {}, None, "ckpt is missing: give it on the command line"),
     ("mcsd-generate", ["ckpt=EARLIER", "dtype=float64"], {}, None,
@@ -356,14 +364,14 @@ BAD_INPUTS = [
      "task arc_challenge downloads its data from the Hugging Face Hub, which is unreachable from here: evaluate "
      "local task YAMLs with include_path=DIR"),
     ("mcsd-eval", ["ckpt=EARLIER", "tasks=[no_such_task]"], {}, None, "tasks: no_such_task is not an lm-eval task"),
-    ("mcsd-plot", ["inference", "nothing.csv"], {}, None, "nothing.csv does not exist"),
-    ("mcsd-plot", ["inference", "logs"], {}, None, "logs is a folder without a results.csv: give the results.csv "
+    ("mcsd-plot", ["inference", "source=nothing.csv"], {}, None, "nothing.csv does not exist"),
+    ("mcsd-plot", ["inference", "source=logs"], {}, None, "logs is a folder without a results.csv: give the results.csv "
      "(or the output_dir) of an mcsd-bench run; a training sweep's folder is drawn by mcsd-plot scaling|ablation"),
-    ("mcsd-plot", ["experiment", "logs"], {}, None, "is not a result folder of a known experiment: give "
+    ("mcsd-plot", ["experiment", "source=logs"], {}, None, "is not a result folder of a known experiment: give "
      "experiments/<experiment>/<name> with <experiment> one of fig4_scaling, "),
-    ("mcsd-plot", ["ablation", "logs", "--out", "afile/figures"], {}, None, "--out afile/figures is not writable: "),
-    ("mcsd-plot", ["ablation", "--wandb", "me/mcsd", "--group", "g"], NO_WANDB_KEY, None,
-     "--wandb uses W&B online but no W&B API key is set"),
+    ("mcsd-plot", ["ablation", "source=logs", "out=afile/figures"], {}, None, "out=afile/figures is not writable: "),
+    ("mcsd-plot", ["ablation", "wandb=me/mcsd", "group=g"], NO_WANDB_KEY, None,
+     "wandb uses W&B online but no W&B API key is set"),
     ("mcsd-export", ["ckpt=EARLIER", "out=afile/exported"], {}, None, "out=afile/exported is not writable: "),
     # Each of these deleted files before: the working folder, every run, a user's notes.
     ("mcsd-export", ["ckpt=EARLIER", "out=.", "overwrite=true"], {}, None, "out=. holds the model being exported ("),

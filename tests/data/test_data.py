@@ -423,7 +423,7 @@ def test_vocabulary_larger_than_the_model_is_refused(tmp_path: Path) -> None:
 
 def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    """``python -m mcsd.commands.download NAME``: fetched into the folder (here from a file:// copy
+    """``python -m mcsd.commands.download NAME to=DIR``: fetched into the folder (here from a file:// copy
     the test makes), checked by its SHA-256, kept; a damaged copy, an address that gives other
     bytes and no internet each end in one line, leaving no partial file."""
     import hashlib
@@ -437,7 +437,8 @@ def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
                                    file="plays.txt", about="a test corpus")
     monkeypatch.setitem(download.CORPORA, "plays", corpus)
     kept = tmp_path / "data"
-    download.main(["plays", "--to", str(kept)])
+    monkeypatch.setattr(sys, "argv", ["download", "plays", f"to={kept}"])
+    download.main()
     assert capsys.readouterr().out == f"{kept / 'plays.txt'}\n" and (kept / "plays.txt").read_text() == text
     source.unlink()  # kept: not fetched again
     assert download.fetch("plays", kept) == kept / "plays.txt"
@@ -450,7 +451,8 @@ def test_a_public_corpus_is_fetched_once_checked_and_refused_when_it_cannot_be(
     with pytest.raises(MCSDError, match="did not give plays \\(its SHA-256 differs"):
         download.fetch("plays", kept, url=other.as_uri())
     with pytest.raises(SystemExit) as exit_info:  # no internet: a closed local port stands in for the address
-        download.main(["plays", "--to", str(kept), "--url", "http://127.0.0.1:9/plays.txt"])
+        monkeypatch.setattr(sys, "argv", ["download", "plays", f"to={kept}", "url=http://127.0.0.1:9/plays.txt"])
+        download.main()
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and error.count("\n") == 1
     assert error.startswith("mcsd.commands.download: error: could not download plays from http://127.0.0.1:9/plays.txt (")

@@ -238,3 +238,17 @@ def test_int8_weights_run_every_form_and_decoding_on_a_gpu(name: str) -> None:
             assert relative_rms_error(model(ids, form=form).float(), reference) < 0.05, form
         decoded, _ = decode_with_state(model, ids, 24)
     assert relative_rms_error(decoded.float(), reference[:, 23:]) < 0.05
+
+
+def test_the_context_probe_runs_on_a_gpu_as_on_the_cpu() -> None:
+    """The long-context probe of a model on CUDA (its losses brought to the CPU batch by batch,
+    as the summary and a resumed probe read them) gives the CPU's Delta_N to fp32 round-off."""
+    from mcsd.probes.context import probe_context
+
+    model = tiny_model("mcsd").eval()
+    documents = torch.randint(0, model.config.vocab_size, (4, 80))
+    on_cpu = probe_context(model, documents, [8, 24], num_positions=3, batch_size=2, bootstrap=0)
+    on_gpu = probe_context(copy.deepcopy(model).to(CUDA), documents.to(CUDA), [8, 24], num_positions=3, batch_size=2,
+                           bootstrap=0)
+    for column in ("delta", "swapped", "loss_full", "loss_last"):
+        assert on_gpu.deltas[column].to_numpy() == pytest.approx(on_cpu.deltas[column].to_numpy(), abs=1e-4), column

@@ -93,11 +93,18 @@ def test_dtype_auto_is_bf16_on_a_gpu_that_supports_it(monkeypatch: pytest.Monkey
 def test_one_vocabulary_names_every_precision(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lightning's precision strings, FSDP2's mixed_precision and the dtype names map to one set of
     dtypes; ``auto`` is the same choice everywhere (bf16 only on a GPU that supports it)."""
-    from mcsd.precision import DTYPES, dtype_name, mixed_precision_dtype, trainer_compute_dtype
+    from mcsd.precision import DTYPES, Precision, dtype_name, mixed_precision_dtype
 
-    expected = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16, "16-true": torch.float16,
-                16: torch.float16, "32-true": torch.float32, 32: torch.float32, "64-true": torch.float32, None: torch.float32}
-    assert {precision: trainer_compute_dtype(precision) for precision in expected} == expected
+    bf16, fp16, fp32 = torch.bfloat16, torch.float16, torch.float32
+    expected = {"bf16-mixed": (fp32, bf16), "bf16-true": (bf16, bf16), "16-mixed": (fp32, fp16), "16-true": (fp16, fp16),
+                16: (fp32, fp16), "32-true": (fp32, fp32), 32: (fp32, fp32), "64-true": (fp32, fp32), None: (fp32, fp32)}
+    read = {given: Precision.of_trainer(given) for given in expected}
+    assert {given: (precision.weights, precision.compute) for given, precision in read.items()} == expected
+    assert [read[name].name for name in ("bf16-mixed", "bf16-true", "16-mixed", "16-true", "32-true")] == [
+        "bf16-mixed", "bf16-true", "16-mixed", "16-true", "32-true"]  # its name is the string it reads
+    assert (Precision.mixed(bf16).name, Precision.cast(bf16).name, Precision.mixed(fp32).name) == (
+        "bf16-mixed", "bf16-true", "32-true")  # the bench's training step and its decoding
+    assert Precision.mixed(bf16).autocast("cpu")._enabled and not Precision.cast(bf16).autocast("cpu")._enabled
     assert [dtype_name(dtype) for dtype in DTYPES.values()] == list(DTYPES)
     assert (mixed_precision_dtype("fp32", "cuda"), mixed_precision_dtype("bf16", "cpu")) == (torch.float32, torch.bfloat16)
     assert mixed_precision_dtype("auto", "cpu") == torch.float32

@@ -286,8 +286,8 @@ def test_ablation_experiment_trains_its_four_arms(tmp_path: Path) -> None:
     assert all(abs(config["model/params"] / reference - 1) < 0.03 for config in configs[:3])
     assert configs[3]["model/params_activated"] < configs[3]["model/params"]
     assert [config["model/params_activated"] == config["model/params"] for config in configs] == [True] * 3 + [False]
-    plotted = run_here("mcsd-plot", "ablation", str(sweep), "--name", "wm_ablation",
-                      "--reference", "Wonderful Matrices default, attention_every=0", cwd=tmp_path)
+    plotted = run_here("mcsd-plot", "ablation", f"source={sweep}", "name=wm_ablation",
+                      "reference='Wonderful Matrices default, attention_every=0'", cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
     table = (sweep / "wm_ablation_by_seed.md").read_text()
     for label in ("Wonderful Matrices default, attention_every=0", "Wonderful Matrices default, dynamic_mask=False",

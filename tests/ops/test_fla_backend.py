@@ -368,26 +368,53 @@ def test_every_architecture_with_fla_kernels_keeps_documents_apart(name: str, fl
     assert ("fla's RWKV-4 kernel cannot keep documents apart" in caplog.text) == ("wkv" in model.architecture.ops)
 
 
+def static_step_logits(model, tokens: torch.Tensor, split: int) -> torch.Tensor:
+    """The logits of the step that CUDA graphs replay (each replay a call: ``record="call"``)
+    after a prefill of ``tokens[:, :split]``, from position ``split - 1`` on."""
+    from mcsd.models.cuda_graphs import StaticStep
+
+    step = StaticStep(model, record="call", min_capacity=4)
+    logits, state = step.prefill(tokens[:, :split], max_new_tokens=tokens.shape[1] - split)
+    outputs = [logits]
+    for position in range(split, tokens.shape[1]):
+        logits, state = step(tokens[:, position].clone(), state)
+        outputs.append(logits)
+    return torch.stack(outputs, dim=1)
+
+
 @pytest.mark.parametrize("name", registry.architectures())
 @torch.no_grad()
 def test_the_step_at_fixed_addresses_runs_through_fla(name: str, fla_on_the_cpu: list) -> None:
     """The step that CUDA graphs replay (here each replay a call: ``record="call"``), with
     ``kernels=fla``, follows the eager step with ``kernels=torch`` along a fixed token path, its
     recurrent states written where the recording reads them."""
-    from mcsd.models.cuda_graphs import StaticStep
-
     model = tiny_model(name, kernels="torch").eval()
     tokens = torch.randint(0, TINY["vocab_size"], (2, 24), generator=generator())
     expected = decode_with_state(model, tokens, split=8)[0]
     model.use_kernels("fla")
-    step = StaticStep(model, record="call", min_capacity=4)
-    logits, state = step.prefill(tokens[:, :8], max_new_tokens=16)
-    outputs = [logits]
-    for position in range(8, 24):
-        logits, state = step(tokens[:, position].clone(), state)
-        outputs.append(logits)
-    assert relative_rms_error(torch.stack(outputs, dim=1), expected) < TOLERANCE
+    assert relative_rms_error(static_step_logits(model, tokens, split=8), expected) < TOLERANCE
     assert {op for op, _ in fla_on_the_cpu} == set(model.architecture.fla_ops)
+
+
+@pytest.mark.parametrize(("case", "ops"), [("mcsd/full+decay_norm=sum", {("exp_filter", "recurrent")}),
+                                         ("mcsd/input_decay", {("exp_filter", "recurrent"),
+                                                               ("decayed_attention", "recurrent")})])
+@torch.no_grad()
+def test_mcsd_recurrent_form_and_step_run_through_fla_in_every_reading(case: str, ops: set, fla_on_the_cpu: list) -> None:
+    """MCSD's recurrent form and decoding step with ``kernels=fla`` (a raw and an averaged output,
+    an averaged state, an input decay) equal ``kernels=torch``: its logits, eager decoding and the
+    step at fixed addresses, every one through fla's fused recurrences."""
+    model = tiny_model(case, kernels="torch").eval()
+    tokens = torch.randint(0, TINY["vocab_size"], (2, 24), generator=generator())
+    expected_logits = model(tokens, form="recurrent")
+    expected = decode_with_state(model, tokens, split=8)[0]
+    model.use_kernels("fla")
+    assert relative_rms_error(model(tokens, form="recurrent"), expected_logits) < TOLERANCE
+    assert set(fla_on_the_cpu) == ops
+    fla_on_the_cpu.clear()
+    assert relative_rms_error(decode_with_state(model, tokens, split=8)[0], expected) < TOLERANCE
+    assert relative_rms_error(static_step_logits(model, tokens, split=8), expected) < TOLERANCE
+    assert {form for _, form in fla_on_the_cpu} >= {"recurrent"} and {op for op, _ in fla_on_the_cpu} == {op for op, _ in ops}
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from helpers.runs import run_here
 from mcsd.models import registry
 from mcsd.models.config import ConfigError
 from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
-from mcsd.plots.runs import curve_label, load_csv_runs
+from mcsd.plots.runs import curve_key, curve_label, load_csv_runs
 from helpers.runs import TINY_SWEEP, sweep_dir
 
 
@@ -30,10 +30,10 @@ def test_the_comparison_trains_every_registered_variant_and_tabulates_it(tmp_pat
     assert {(config["data"]["token_budget"], config["seed"], config["choices"]["size"]) for config in configs} == {
         (384, 0, "tiny")}  # the same data budget, seed and size for every arm
 
-    plotted = run_here("mcsd-plot", "compare", str(sweep), cwd=tmp_path)
+    plotted = run_here("mcsd-plot", "compare", f"source={sweep}", cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
     table = comparison_table(sweep).table
-    assert list(table["label"]) == [curve_label("ablation", f"{name}|{variant}", None) for name, variant in expected]
+    assert list(table["label"]) == [curve_label("ablation", curve_key(name, variant), None) for name, variant in expected]
     rows = load_csv_runs(sweep)
     final = rows[rows["metric"] == "val/ppl"].sort_values("tokens").groupby(["arch", "variant"])["value"].last()
     assert table.set_index(["arch", "variant"])["val_ppl"].to_dict() == final.to_dict()
@@ -42,7 +42,7 @@ def test_the_comparison_trains_every_registered_variant_and_tabulates_it(tmp_pat
 
 def _mqar_runs(points: list[tuple[str, int, int, int, float, float]]) -> pd.DataFrame:
     """Runs as ``load_mqar_runs`` reads them: (arch, T, K, width, lr, final accuracy) each."""
-    return pd.DataFrame([{"run": f"run{index}", "curve": f"{arch}|{next(iter(registry.get(arch).variants))}",
+    return pd.DataFrame([{"run": f"run{index}", "curve": curve_key(arch, next(iter(registry.get(arch).variants))),
                           "width": width, "seq_len": seq_len, "num_pairs": num_pairs, "lr": lr, "seed": 0, "params": 1,
                           "accuracy": accuracy, "state_bytes": width * 4}
                          for index, (arch, seq_len, num_pairs, width, lr, accuracy) in enumerate(points)])
@@ -54,7 +54,7 @@ def _write_probe(folder: Path, arch: str, deltas: dict[int, float]) -> None:
     folder.mkdir(parents=True)
     pd.DataFrame([{"window": window, "delta": delta, "delta_low": delta - 0.01, "delta_high": delta + 0.01,
                    "swapped": 0.0, "swapped_low": -0.01, "swapped_high": 0.01, "documents": 3, "positions": 4,
-                   "arch": arch, "variant": variant, "label": curve_label("ablation", f"{arch}|{variant}", None)}
+                   "arch": arch, "variant": variant, "label": curve_label("ablation", curve_key(arch, variant), None)}
                   for window, delta in deltas.items()]).to_csv(folder / "context_delta.csv", index=False)
     pd.DataFrame({"bin_start": [0], "bin_end": [63], "loss": [5.0], "loss_low": [4.9], "loss_high": [5.1],
                   "arch": [arch]}).to_csv(folder / "context_curve.csv", index=False)

@@ -106,9 +106,16 @@ def test_logs_written_before_the_registry_still_group(tmp_path: Path) -> None:
                              "MCSD double_decay, decay_norm_gain_init=1.0", "Transformer"]
 
 
-def test_plot_cli_takes_options_before_the_sweep_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """As experiments/sweep.sh calls it: ``mcsd-plot ablation --reference CURVE DIR --name NAME``."""
-    plot_main(["ablation", "--reference", "Transformer", str(LEGACY_LOGS), "--name", "study", "--out", str(tmp_path)])
+def plot_here(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
+    """``mcsd-plot ARGV`` in this process (its Hydra app reads ``sys.argv``)."""
+    monkeypatch.setattr(sys, "argv", ["mcsd-plot", *argv])
+    plot_main()
+
+
+def test_plot_cli_takes_its_settings_in_any_order(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """As experiments/sweep.sh calls it: ``mcsd-plot ablation reference=CURVE source=DIR name=NAME``."""
+    plot_here(monkeypatch, "ablation", "reference=Transformer", f"source={LEGACY_LOGS}", "name=study", f"out={tmp_path}")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["study.pdf", "study.png", "study_by_seed.md",
                                                                 "study_table.md"]
     assert "| Transformer | 118.5 | 118.5 | +0.0% (+0.0% to +0.0%) |" in capsys.readouterr().out
@@ -145,7 +152,7 @@ def test_seed_table_pairs_each_curve_with_the_reference_by_seed(tmp_path: Path) 
     assert "| MCSD full | 110.0 | 90.0 | 100.0 | +0.0% (-10.0% to +10.0%) |" in markdown_seed_table(table)
     figure = plot_sweep("ablation", rows, tmp_path, name="study", reference="Transformer")
     assert [path.name for path in figure.paths] == ["study.png", "study.pdf", "study_table.md", "study_by_seed.md"]
-    with pytest.raises(MCSDError, match="--reference 'RWKV' is not a curve of this sweep: use one of MCSD full, "):
+    with pytest.raises(MCSDError, match="reference='RWKV' is not a curve of this sweep: use one of MCSD full, "):
         seed_table("ablation", rows, reference="RWKV")
 
 
@@ -167,7 +174,7 @@ def test_runs_that_differ_in_their_documents_setting_are_curves_of_their_own(tmp
 
 @pytest.mark.slow
 def test_scaling_cli_draws_sizes_and_models_over_seeds(scaling_sweep: Path, tmp_path: Path) -> None:
-    result = run_here("mcsd-plot", "scaling", str(scaling_sweep), "--out", str(tmp_path), cwd=tmp_path)
+    result = run_here("mcsd-plot", "scaling", f"source={scaling_sweep}", f"out={tmp_path}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "fig4_scaling.png").is_file() and (tmp_path / "fig4_scaling_table.md").is_file()
     rows = load_csv_runs(scaling_sweep)
@@ -215,10 +222,10 @@ def test_wandb_source_gives_the_same_curves(scaling_sweep: Path, monkeypatch: py
 
 
 def test_plot_errors_are_one_line(tmp_path: Path) -> None:
-    empty = run_here("mcsd-plot", "ablation", str(tmp_path), cwd=tmp_path)
+    empty = run_here("mcsd-plot", "ablation", f"source={tmp_path}", cwd=tmp_path)
     assert empty.returncode == 2 and "holds no run logs" in empty.stderr
-    no_group = run_here("mcsd-plot", "scaling", "--wandb", "me/mcsd", cwd=tmp_path)
-    assert no_group.returncode == 2 and "--wandb ENTITY/PROJECT needs --group" in no_group.stderr
+    no_group = run_here("mcsd-plot", "scaling", "wandb=me/mcsd", cwd=tmp_path)
+    assert no_group.returncode == 2 and "wandb=ENTITY/PROJECT needs group=" in no_group.stderr
 
 
 def test_committed_notebook_has_no_outputs() -> None:
@@ -285,7 +292,8 @@ def test_notebook_rewrites_the_committed_results_byte_for_byte(tmp_path: Path, m
 
 
 def test_plot_experiment_draws_a_result_folder_or_every_one_as_run_sh_does(tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture) -> None:
+                                                                          capsys: pytest.CaptureFixture,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """``mcsd-plot experiment`` (what every run.sh ends with) given an experiment's folder draws each
     of its result folders, given one result folder that one, the committed files unchanged."""
     experiment = tmp_path / "fig9_ablation"
@@ -293,11 +301,11 @@ def test_plot_experiment_draws_a_result_folder_or_every_one_as_run_sh_does(tmp_p
     tables = sorted(experiment.glob("*/*.md"))
     for table in tables:
         table.unlink()
-    plot_main(["experiment", str(experiment)])
+    plot_here(monkeypatch, "experiment", f"source={experiment}")
     assert [table.read_text() for table in sorted(experiment.glob("*/*.md"))] == [
         (EXPERIMENTS / table.relative_to(tmp_path)).read_text() for table in tables]
     capsys.readouterr()
-    plot_main(["experiment", str(experiment / "tinyshakespeare")])
+    plot_here(monkeypatch, "experiment", f"source={experiment / 'tinyshakespeare'}")
     printed = capsys.readouterr().out
     assert printed.startswith(f"{experiment / 'tinyshakespeare'}\n") and "vs Transformer" in printed
     assert "embedded" not in printed
@@ -346,13 +354,15 @@ def _descendants(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None:
     """SIGTERM to experiments/sweep.sh (as `kill` sends it): each job stops after its step with a
-    checkpoint, its worker ends instead of taking the next job, and no process of the sweep is left."""
+    checkpoint, its worker ends instead of taking the next job, and no process of the sweep is left;
+    ``--resume`` goes on with the stopped jobs and begins the one never started (three of Fig. 9's arms)."""
     (tmp_path / "experiments").mkdir()
     for name in ("sweep.sh", "corpus_path.sh"):
         shutil.copy(EXPERIMENTS / name, tmp_path / "experiments" / name)
     log = (tmp_path / "sweep.out").open("w")
+    arms = 'hydra.sweeper.arms=["model=mcsd ablation=full","model=mcsd ablation=slope_only","model=transformer"]'
     sweep = subprocess.Popen(
-        ["bash", "experiments/sweep.sh", "fig9_ablation", "embedded", "size=tiny", "data.seq_len=32",
+        ["bash", "experiments/sweep.sh", "fig9_ablation", "embedded", arms, "size=tiny", "data.seq_len=32",
          "data.batch_size=2", "data.token_budget=null", "trainer.max_steps=100000", "trainer.val_check_interval=100000",
          "logger=csv", "validate_before_training=false", "callbacks.progress_bar.refresh_rate=0"],
         cwd=tmp_path, env=_sweep_env(), stdout=log, stderr=subprocess.STDOUT)
@@ -377,7 +387,7 @@ def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None
     assert "go on with it: the same command with --resume" in output
     # --resume: the same sweep folder again, each stopped job from its checkpoint, the others begun
     resumed = subprocess.run(
-        ["bash", "experiments/sweep.sh", "fig9_ablation", "--resume", "embedded", "size=tiny", "data.seq_len=32",
+        ["bash", "experiments/sweep.sh", "fig9_ablation", "--resume", "embedded", arms, "size=tiny", "data.seq_len=32",
          "data.batch_size=2", "data.token_budget=null", f"trainer.max_steps={max(stopped_at.values()) + 2}",
          "trainer.val_check_interval=100000", "test_after_training=false", "logger=csv",
          "validate_before_training=false", "callbacks.progress_bar.refresh_rate=0"],
@@ -386,7 +396,7 @@ def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None
     assert f"sweep.sh: going on with {folder}/" in resumed.stderr
     assert [path.name for path in (tmp_path / "experiments" / "fig9_ablation" / "logs" / "embedded" / "train"
                                    / "multiruns").iterdir()] == [folder.name]  # no second sweep folder
-    assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == [str(job) for job in range(6)]
+    assert sorted(path.name for path in folder.iterdir() if path.is_dir()) == ["0", "1", "2"]
     for job, step in stopped_at.items():  # gone on from its checkpoint, logging on into the same CSV log
         assert "going on from it" in (folder / job / "train.log").read_text()
         steps = pd.read_csv(folder / job / "csv" / "version_0" / "metrics.csv")["step"].dropna()
@@ -396,7 +406,7 @@ def test_stopping_a_sweep_stops_every_process_it_started(tmp_path: Path) -> None
         assert sorted(path.name for path in checkpoints.iterdir()) == ["last.ckpt", f"step-{step:06d}.ckpt"]
         assert read_checkpoint(checkpoints / "last.ckpt")["global_step"] == max(stopped_at.values()) + 2
     copied = tmp_path / "experiments" / "fig9_ablation" / "trial" / "embedded"
-    assert sorted(path.name for path in copied.iterdir() if path.is_dir()) == [str(job) for job in range(6)]
+    assert sorted(path.name for path in copied.iterdir() if path.is_dir()) == ["0", "1", "2"]
 
 
 def test_a_runs_variant_is_named_from_its_fields_against_todays_defaults() -> None:
@@ -424,7 +434,7 @@ def test_an_ablation_refuses_runs_of_several_tasks(tmp_path: Path) -> None:
                          "task": ["in_context_recall", "selective_copying"], "data": ["mad"] * 2, "seed": [0, 0]})
     with pytest.raises(MCSDError, match=r"^mcsd-plot ablation: the runs differ in their task \(in_context_recall, "
                                         r"selective_copying\), and a curve averages its runs as seeds of one task: draw "
-                                        r"a sweep of tasks with mcsd-plot tasks DIR"):
+                                        r"a sweep of tasks with mcsd-plot tasks source=DIR"):
         plot_sweep("ablation", rows, tmp_path)
     assert list(tmp_path.iterdir()) == []
 

@@ -1,4 +1,4 @@
-"""``mcsd-plot ... --wandb FOLDER``: the figures and tables of a sweep from its offline W&B runs (read
+"""``mcsd-plot ... wandb=FOLDER``: the figures and tables of a sweep from its offline W&B runs (read
 through W&B's record schema), equal to the CSV route's; a source that mixes sweeps in one curve,
 a folder with no W&B runs and a source that is neither are refused in one line."""
 
@@ -33,8 +33,8 @@ def test_offline_wandb_runs_give_the_csv_routes_rows_and_table(two_sweeps: list[
     from_wandb = load_offline_wandb_runs(sweep).sort_values(key)[key + ["value"]].reset_index(drop=True)
     from_csv = load_csv_runs(sweep).sort_values(key)[key + ["value"]].reset_index(drop=True)
     assert len(from_csv) > 0 and from_wandb.equals(from_csv)
-    tables = [run_here("mcsd-plot", "ablation", *source, "--out", str(tmp_path / name), cwd=tmp_path)
-              for name, source in (("csv", [str(sweep)]), ("wandb", ["--wandb", str(sweep)]))]
+    tables = [run_here("mcsd-plot", "ablation", source, f"out={tmp_path / name}", cwd=tmp_path)
+              for name, source in (("csv", f"source={sweep}"), ("wandb", f"wandb={sweep}"))]
     assert [table.returncode for table in tables] == [0, 0], tables[1].stderr[-2000:]
     assert tables[0].stdout.replace(str(tmp_path / "csv"), "OUT") == tables[1].stdout.replace(str(tmp_path / "wandb"), "OUT")
     assert "| MCSD" in tables[0].stdout
@@ -43,7 +43,7 @@ def test_offline_wandb_runs_give_the_csv_routes_rows_and_table(two_sweeps: list[
 
 def test_a_source_that_mixes_sweeps_in_a_curve_is_refused_in_one_line(two_sweeps: list[Path], tmp_path: Path) -> None:
     both = two_sweeps[0].parent
-    result = run_here("mcsd-plot", "ablation", "--wandb", str(both), "--out", str(tmp_path), cwd=tmp_path)
+    result = run_here("mcsd-plot", "ablation", f"wandb={both}", f"out={tmp_path}", cwd=tmp_path)
     names = ", ".join(sweep.name for sweep in two_sweeps)
     assert result.returncode == 2
     assert f"the runs of curve mcsd|full come from 2 sweeps ({names})" in result.stderr
@@ -52,20 +52,20 @@ def test_a_source_that_mixes_sweeps_in_a_curve_is_refused_in_one_line(two_sweeps
 
 @pytest.mark.parametrize(("source", "message"), [
     ("folder", "holds no W&B runs (wandb/offline-run-*/run-*.wandb)"),
-    ("not a project", "--wandb not a project is neither a folder (of offline W&B runs) nor ENTITY/PROJECT"),
-    ("me/mcsd", "--wandb ENTITY/PROJECT needs --group"),
+    ("'not a project'", "wandb=not a project is neither a folder (of offline W&B runs) nor ENTITY/PROJECT"),
+    ("me/mcsd", "wandb=ENTITY/PROJECT needs group="),
 ])
 def test_a_wandb_source_that_cannot_be_read_is_refused_in_one_line(tmp_path: Path, source: str, message: str) -> None:
     if source == "folder":
         (tmp_path / "folder").mkdir()
-    result = run_here("mcsd-plot", "ablation", "--wandb", source, cwd=tmp_path)
+    result = run_here("mcsd-plot", "ablation", f"wandb={source}", cwd=tmp_path)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_wandb_is_refused_for_a_figure_it_does_not_draw(tmp_path: Path) -> None:
-    result = run_here("mcsd-plot", "mqar", "--wandb", "me/mcsd", "--group", "g", cwd=tmp_path)
-    assert result.returncode == 2 and "--wandb draws training sweeps (mcsd-plot scaling, ablation): mcsd-plot mqar " \
-        "reads its folder (mcsd-plot mqar DIR)" in result.stderr
+    result = run_here("mcsd-plot", "mqar", "wandb=me/mcsd", "group=g", cwd=tmp_path)
+    assert result.returncode == 2 and "wandb draws training sweeps (mcsd-plot scaling, ablation): mcsd-plot mqar " \
+        "reads its folder (mcsd-plot mqar source=DIR)" in result.stderr
 
 
 @pytest.mark.parametrize(("column", "values", "what"), [("data", ["embedded", "text_files: a.txt"], "corpora"),

@@ -206,13 +206,13 @@ def test_mcsd_probe_context_writes_the_probe_of_the_documents_it_cuts(tmp_path: 
     curve = pd.read_csv(run_dir / "context_curve.csv")
     assert curve["bin_end"].iloc[-1] == length - 1 and (run_dir / "context_probe.png").stat().st_size > 0
 
-    plotted = run_here("mcsd-plot", "context", "logs/probe_context", "--name", "side_by_side", "--curves", "MCSD full",
+    plotted = run_here("mcsd-plot", "context", "source=logs/probe_context", "name=side_by_side", 'curves=["MCSD full"]',
                       cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
     assert (tmp_path / "logs" / "probe_context" / "side_by_side.png").is_file() and "MCSD full" in plotted.stdout
-    unknown = run_here("mcsd-plot", "context", "logs/probe_context", "--curves", "Transformer", cwd=tmp_path)
+    unknown = run_here("mcsd-plot", "context", "source=logs/probe_context", "curves=[Transformer]", cwd=tmp_path)
     assert unknown.returncode == 2 and unknown.stderr.strip() == (
-        "mcsd-plot: error: --curves: no probe of 'Transformer' under logs/probe_context: use some of MCSD full")
+        "mcsd-plot: error: curves: no probe of 'Transformer' under logs/probe_context: use some of MCSD full")
 
     refused = run_here("mcsd-probe", "context", *common, "length=100000", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
@@ -221,11 +221,13 @@ def test_mcsd_probe_context_writes_the_probe_of_the_documents_it_cuts(tmp_path: 
     assert len(list((tmp_path / "logs" / "probe_context" / "runs").iterdir())) == 1  # the refused run left nothing
 
 
-def test_ctrl_c_keeps_the_probe_of_the_documents_finished(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_keeps_the_probe_of_the_documents_finished_and_resume_reads_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while mcsd-probe context reads its second batch of 2 documents (of 5): that batch
     finishes, the third never starts; the probe written is that of the 4 documents finished
     (documents=4, documents_planned=5), Delta_N as the uninterrupted probe of those 4 gives it;
-    exit status 130."""
+    exit status 130. ``resume=true`` in its folder reads the fifth document alone and writes what
+    the uninterrupted probe of all 5 writes; with other windows it is refused in one line."""
     from mcsd.data.tokenizer import train_tokenizer
     from mcsd.probes import context as probe_module
     from mcsd.commands.probe import context
@@ -242,12 +244,13 @@ def test_ctrl_c_keeps_the_probe_of_the_documents_finished(tmp_path: Path, monkey
             os.kill(os.getpid(), signal.SIGINT)  # arrives while the batch is read, as a Ctrl-C would
         return real(*arguments, **keywords)
 
-    def probe(count: int, name: str) -> pd.DataFrame:
+    def probe(count: int, name: str, *more: str) -> pd.DataFrame:
         with initialize_config_module("mcsd.conf", version_base="1.3"):
             cfg = compose("probe_context", overrides=[
                 f"ckpt={tmp_path / 'model'}", "data=text_files", f"data.paths=[{tmp_path / 'corpus.txt'}]",
                 "length=64", "windows=[8,16]", "num_positions=4", "batch_size=2", "bootstrap=20",
-                f"num_documents={count}", "wandb.enabled=false", f"paths.output_dir={tmp_path / name}", f"paths.cache_dir={tmp_path / 'cache'}"],
+                f"num_documents={count}", "wandb.enabled=false", f"paths.output_dir={tmp_path / name}",
+                f"paths.cache_dir={tmp_path / 'cache'}", *more],
                 return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)  # as the app has it (data.name reads the choice of data)
         with open_dict(cfg):
@@ -268,6 +271,47 @@ def test_ctrl_c_keeps_the_probe_of_the_documents_finished(tmp_path: Path, monkey
     whole = probe(4, "whole")
     columns = ["window", "delta", "delta_low", "delta_high", "loss_full", "loss_last"]  # not the swap partners
     pd.testing.assert_frame_equal(kept[columns], whole[columns])
+
+    with pytest.raises(MCSDError, match=r"holds the results of an earlier mcsd-probe context run \(context_curve.csv, "
+                                        r"context_delta.csv, context_losses.safetensors\): .*resume=true to read only "
+                                        r"the documents it left unread, or overwrite=true"):
+        probe(5, "stopped")  # a new probe into the stopped one's folder: refused, nothing of it replaced
+    assert pd.read_csv(tmp_path / "stopped" / "context_delta.csv").equals(kept)
+    with pytest.raises(MCSDError, match=r"^resume=true: the probe in .*stopped was read with windows=\[8, 16\] and "
+                                        r"this run has windows=\[8, 24\]: resume with the same settings"):
+        probe(5, "stopped", "resume=true", "windows=[8,24]")
+    batches.clear()
+    monkeypatch.setattr(probe_module, "_losses", lambda *arguments, **keywords: (
+        batches.append(len(arguments[1])), real(*arguments, **keywords))[1])
+    resumed = probe(5, "stopped", "resume=true")
+    assert batches == [1]  # the fifth document alone
+    all_five = probe(5, "all_five")
+    pd.testing.assert_frame_equal(resumed, all_five)
+
+
+def test_a_batchs_losses_are_on_the_cpu_whatever_the_models_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan brings each batch's losses to the CPU (the summary reads them with NumPy, and a
+    resumed probe joins them to losses read from its file; on a GPU both failed). Here the
+    model's losses come back on the meta device, standing in for a GPU's: the plan's copy to the
+    CPU is what the meta device refuses (it has no data), where losses left on their device would
+    pass through. tests/gpu/test_gpu.py runs the probe on CUDA."""
+    from mcsd.probes import context as probe_module
+
+    model = tiny_model("mcsd").eval()
+    documents = torch.randint(0, model.config.vocab_size, (4, 80))
+    plan = probe_module.ContextProbePlan(model, documents, [8, 24], num_positions=3, batch_size=2)
+    real = probe_module._losses
+
+    def on_another_device(*arguments: Any, **keywords: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        full, windowed = real(*arguments, **keywords)
+        return full.to("meta"), {name: tensor.to("meta") for name, tensor in windowed.items()}
+
+    monkeypatch.setattr(probe_module, "_losses", on_another_device)
+    with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):
+        plan.losses(0, tqdm(disable=True))
+    monkeypatch.setattr(probe_module, "_losses", real)
+    losses = plan.losses(0, tqdm(disable=True))
+    assert {tensor.device.type for tensor in losses.tensors().values()} == {"cpu"}
 
 
 def test_the_probes_bar_counts_every_token_the_model_reads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -262,7 +262,7 @@ def test_a_sweeps_summary_says_how_each_job_ended(tmp_path: Path) -> None:
         "  job 1: optimizer.lr=1e6: diverged at step 2 (no result)",
         "  job 2: optimizer.lr=1e-2: no result (it did not finish)",
         "  job 3: optimizer.lr=-1: refused: optimizer.lr=-1 must be 0 or more",
-        f"plot: mcsd-plot ablation {tmp_path} (or mcsd-plot scaling {tmp_path} for a sweep of sizes)"]
+        f"plot: mcsd-plot ablation source={tmp_path} (or mcsd-plot scaling source={tmp_path} for a sweep of sizes)"]
 
 
 @pytest.mark.parametrize(("choices", "plot"), [
@@ -275,7 +275,7 @@ def test_a_sweeps_summary_suggests_the_plot_that_fits_it(tmp_path: Path, choices
     (mcsd-plot ablation would average six tasks as six seeds)."""
     _write_jobs(tmp_path, [([f"model={model}"], {"val_ppl": 2.0}, chosen)
                            for model, chosen in zip(["mcsd", "transformer"], choices)])
-    assert summary(tmp_path, "train").splitlines()[-1].startswith(f"plot: mcsd-plot {plot} {tmp_path}")
+    assert summary(tmp_path, "train").splitlines()[-1].startswith(f"plot: mcsd-plot {plot} source={tmp_path}")
 
 
 def test_a_sweep_of_another_command_ends_with_status_0_when_its_jobs_finished(tmp_path: Path) -> None:

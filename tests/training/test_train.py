@@ -278,6 +278,34 @@ def test_documents_apart_reach_the_loss_and_an_unknown_setting_is_refused(
         tmp_path / "unknown", *FAST, "data.documents=separate")
 
 
+def test_a_run_resolves_its_model_once_and_builds_it_once_on_the_meta_device(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mcsd-train`` turns its ``model`` node into a config once (equal-size widths) and builds
+    one model on the meta device, which the checks (``data.documents=apart``) and the memory plan
+    both read, before the one it trains."""
+    from mcsd.models import build
+
+    resolved, built = [], []
+    make_config, init = build.make_config, mcsd.CausalLM.__init__
+
+    def counted_make_config(node: object) -> object:
+        if not isinstance(node, mcsd.LMConfig):  # a config already resolved passes through
+            resolved.append(node)
+        return make_config(node)
+
+    def counted_init(model: mcsd.CausalLM, *arguments: object, **keywords: object) -> None:
+        built.append(model)
+        init(model, *arguments, **keywords)
+
+    monkeypatch.setattr(build, "make_config", counted_make_config)
+    monkeypatch.setattr("mcsd.commands.train.make_config", counted_make_config)
+    monkeypatch.setattr(mcsd.CausalLM, "__init__", counted_init)
+    train(compose_train(tmp_path, *FAST, "trainer.max_steps=2", "data.documents=apart", "logger=csv",
+                        "test_after_training=false"))
+    assert len(resolved) == 1 and [next(model.parameters()).device.type for model in built] == ["meta", "cpu"]
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+
+
 def test_bf16_mixed_precision_trains(tmp_path: Path) -> None:
     train(compose_train(tmp_path, *FAST, "trainer.max_steps=3", "trainer.precision=bf16-mixed", "logger=csv"))
     losses = series(read_metrics(tmp_path), "train/loss")

@@ -46,8 +46,8 @@ from mcsd.models.modules.conv import ShortConvolution
 from mcsd.models.modules.decays import decay_rates, log_decay_values, section_log_decay
 from mcsd.models.modules.layers import ChannelRMSNorm, GroupedLinear
 from mcsd.models.modules.mixer import TokenMixer
-from mcsd.ops.context import ForwardContext
-from mcsd.ops.decayed_attention import decayed_attention
+from mcsd.ops.context import STEP, ForwardContext
+from mcsd.ops.decayed_attention import decayed_attention, decayed_attention_step
 from mcsd.ops.exp_filter import History, exp_filter_matrix, filter_histories, history_step, history_weight_sum
 from mcsd.ops.flops import decayed_attention_flops, exp_filter_flops
 
@@ -227,7 +227,8 @@ class MCSDBlock(TokenMixer):
         context: ForwardContext,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One token per row, ``x`` ``[B, D]``: the recurrent form without its sequence axis,
-        the section states advanced in place (no op of it has a kernel to choose)."""
+        the section states advanced in place, each section's step through the dispatcher (fla's
+        fused recurrence where ``context.kernels`` says so)."""
         batch, hidden = x.shape
         section_states, conv_state = self.split_state(layer_state)
         if self.short_conv is not None:
@@ -238,9 +239,9 @@ class MCSDBlock(TokenMixer):
         thetas = []
         for section, (current, history), state in zip(self.sections, self.section_inputs(x), section_states):
             if section.decay_gate is None:
-                mixed = history_step(history, section.history, state, position)
+                mixed = history_step(history, section.history, state, position, context)
             else:
-                mixed = gated_history_step(history, section.log_decay(x), state, position)
+                mixed = gated_history_step(history, section.log_decay(x), state, position, context)
             thetas.append(section.gate(mixed, current))
         states = section_states + ([conv_state] if self.short_conv is not None else [])
         return self.out_proj(self.fuse(thetas, batch, 1, hidden)).view(batch, hidden), states
@@ -254,18 +255,21 @@ class MCSDBlock(TokenMixer):
 
 
 def gated_history_step(
-    value: torch.Tensor, log_decay: torch.Tensor, state: torch.Tensor, position: int | torch.Tensor
+    value: torch.Tensor, log_decay: torch.Tensor, state: torch.Tensor, position: int | torch.Tensor,
+    context: ForwardContext = STEP,
 ) -> torch.Tensor:
     """One token of an input-decay section: ``value`` ``[B, C, Dc]``, its decays' logs ``[B, C]``;
     the mixed history (``alpha_n`` times the sum before it; at position 0 the token itself), with
-    ``state`` ``[B, C, Dc]`` fp32 advanced in place to the sum up to this token."""
-    decay = torch.exp(log_decay)[..., None]
-    earlier = (decay * state).to(value.dtype)
+    ``state`` ``[B, C, Dc]`` fp32 advanced in place to the sum up to this token (decayed attention's
+    step with unit queries and keys, through the dispatcher)."""
+    earlier = (torch.exp(log_decay)[..., None] * state).to(value.dtype)
     if isinstance(position, torch.Tensor):  # 0-d, or [B]: each row at its own position
         output = torch.where((position == 0).view(-1, *([1] * (value.dim() - 1))), value, earlier)
     else:
         output = value if position == 0 else earlier
-    state.mul_(decay).add_(value.to(state.dtype))
+    ones = value.new_ones(*value.shape[:2], 1)
+    _, advanced = decayed_attention_step(ones, ones, value, log_decay, state[:, :, None], context)
+    state.copy_(advanced[:, :, 0])
     return output
 
 

@@ -129,11 +129,12 @@ class CausalSelfAttention(TokenMixer):
     ) -> tuple[torch.Tensor, KVCache]:
         """One token per row, ``x`` ``[B, D]``: its key and value (and key bias) written into the
         cache in place, its query attending to every cached position (none is in its future).
-        With ``position`` a 0-d tensor (the step at fixed addresses), the cache keeps its size:
-        the token is written at ``position`` and the query attends over the whole capacity,
-        the positions after it masked out; a :class:`~mcsd.ops.attention.ReadOnlyKVCache`
-        is read, not written, and the token's entries are returned in its place: each cache's own
-        :meth:`~mcsd.ops.attention.KVCache.step`."""
+        How the token is written and attended is the cache type's own :meth:`~mcsd.ops.attention.KVCache.step`: an eager cache
+        grows at an ``int`` position, a :class:`~mcsd.ops.attention.StaticKVCache` keeps its size
+        at a 0-d tensor one (the step at fixed addresses), a padded batch's
+        (:class:`~mcsd.ops.attention.PaddedKVCache`) steps each row at its own, and a
+        :class:`~mcsd.ops.attention.ReadOnlyKVCache` is read, not written, the token's entries
+        returned in its place."""
         batch, hidden = x.shape
         qkv = self.qkv_proj(x).view(batch, 3, self.num_heads, self.head_width)
         query, key = rotary_step(qkv[:, :2], position, self.rope_base).unbind(1)  # [B, H, Dh] each

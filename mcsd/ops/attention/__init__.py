@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mcsd.ops.attention.cache import KVCache, ReadOnlyKVCache
+from mcsd.ops.attention.cache import KVCache, PaddedKVCache, ReadOnlyKVCache, StaticKVCache
 from mcsd.ops.attention.causal import FUSED_WIDTH_MULTIPLE, biased_mask, causal_attention
 from mcsd.ops.attention.documents import SHARED_SPAN_TOKENS, attend_document_spans, document_attention, document_spans
 from mcsd.ops.common import document_index
@@ -33,7 +33,9 @@ __all__ = [
     "FUSED_WIDTH_MULTIPLE",
     "SHARED_SPAN_TOKENS",
     "KVCache",
+    "PaddedKVCache",
     "ReadOnlyKVCache",
+    "StaticKVCache",
     "attend_document_spans",
     "attention",
     "biased_mask",

@@ -1,17 +1,18 @@
 """The attention op's decoding state, a KV cache, and what each kind of cache does with a token:
-write it and attend over what it holds.
+write it and attend over what it holds. Each decoding runtime is a cache type with its own
+:meth:`~KVCache.step`; the mixer (:class:`mcsd.models.modules.attention.CausalSelfAttention`)
+only projects and rotates.
 
 - :class:`KVCache`: preallocated keys and values (and a per-key bias), written in place; a
-  sequence is written then attended in blocks (:meth:`KVCache.attend`), one token per row at an
-  ``int`` position grows it geometrically (amortised O(1) copies per token), at a 0-d tensor
-  position it keeps its size and attends over its whole capacity masked past the position (the
-  step at fixed addresses that CUDA graphs replay), at ``[B]`` positions each row of a padded
-  batch attends from its own start (:meth:`KVCache.step`);
+  sequence is written then attended in blocks (:meth:`KVCache.attend`, every cache's), and a
+  token per row at an ``int`` position grows it geometrically (amortised O(1) copies per token);
+- :class:`StaticKVCache`: the step at fixed addresses that CUDA graphs replay
+  (:mod:`mcsd.models.cuda_graphs`): at a 0-d tensor position it keeps its size and attends over
+  its whole capacity masked past the position;
+- :class:`PaddedKVCache`: a padded batch's (``starts`` ``[B]``), each row at its own position
+  (``[B]``) attending from its own start;
 - :class:`ReadOnlyKVCache`: read and not written (an ONNX export's step): the token's entries
   are returned for the caller to write.
-
-A new runtime of decoding is a new cache type with its own :meth:`~KVCache.step`; the mixer
-(:class:`mcsd.models.modules.attention.CausalSelfAttention`) only projects and rotates.
 """
 
 from __future__ import annotations
@@ -33,22 +34,23 @@ class KVCache:
     keys: torch.Tensor
     values: torch.Tensor
     key_bias: torch.Tensor | None = None
-    # A padded batch's rows (``[B]``): where each row's own tokens start; the positions before
-    # (its padding, the earlier documents of a packed prompt) are never attended to.
-    starts: torch.Tensor | None = None
 
     @property
     def capacity(self) -> int:
         return self.keys.shape[2]
 
+    def _with_fields(self, fields: list[torch.Tensor | None]) -> KVCache:
+        """This cache's type and settings over other per-position tensors (keys, values, key bias)."""
+        return dataclasses.replace(self, **dict(zip(("keys", "values", "key_bias"), fields)))
+
     def with_capacity(self, capacity: int) -> KVCache:
-        """A zero-filled cache of the same rows, heads and dtype with room for ``capacity`` positions."""
-        return KVCache(*(None if old is None else old.new_zeros(*old.shape[:2], capacity, *old.shape[3:])
-                         for old in self._fields()))
+        """A zero-filled cache of the same type, rows, heads and dtype with room for ``capacity`` positions."""
+        return self._with_fields([None if old is None else old.new_zeros(*old.shape[:2], capacity, *old.shape[3:])
+                                  for old in self._fields()])
 
     def prefix(self, capacity: int) -> KVCache:
         """A view of the first ``capacity`` positions: writes to it land in this cache."""
-        return KVCache(*(None if old is None else old[:, :, :capacity] for old in self._fields()))
+        return self._with_fields([None if old is None else old[:, :, :capacity] for old in self._fields()])
 
     def copy_positions_(self, other: KVCache, count: int) -> None:
         """Copy ``other``'s first ``count`` positions into this cache's."""
@@ -64,7 +66,7 @@ class KVCache:
                 mine[:, :, start:] = 0
 
     def _fields(self) -> list[torch.Tensor | None]:
-        """The tensors with an entry per position (``starts`` has one per row)."""
+        """The tensors with an entry per position."""
         return [self.keys, self.values, self.key_bias]
 
     def reserve(self, end: int, filled: int) -> None:
@@ -81,13 +83,13 @@ class KVCache:
             new[:, :, :filled] = old[:, :, :filled]
             setattr(self, field, new)
 
-
     def last_document(self, length: int | torch.Tensor) -> KVCache:
         """The cache of a packed run's last ``length`` positions (its last document's) at positions
         ``0..length-1``: what decoding that document on reads. Lengths ``[B]`` (a padded batch,
-        each row's own): every position kept, each row's attended from its own start on."""
+        each row's own): a :class:`PaddedKVCache` of every position, each row's attended from its
+        own start on."""
         if isinstance(length, torch.Tensor):
-            return dataclasses.replace(self, starts=self.keys.shape[2] - length)
+            return PaddedKVCache(self.keys, self.values, self.key_bias, starts=self.keys.shape[2] - length)
         return KVCache(*(None if part is None else part[:, :, -length:].clone() for part in self._fields()))
 
     def attend(
@@ -132,16 +134,15 @@ class KVCache:
 
     def step(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
-        position: int | torch.Tensor,
+        position: int,
     ) -> tuple[torch.Tensor, KVCache]:
-        """One token per row (``query``, ``key``, ``value`` ``[B, H, Dh]``, ``bias`` ``[B, H, 1]``):
-        its entries written into the cache in place, its query attending to every cached position
-        (none is in its future); ``([B, H, 1, Dh], the cache)``. ``position``: an ``int`` (the
-        cache grows as needed), a 0-d tensor (the step at fixed addresses: :meth:`_step_static`)
-        or ``[B]`` (a padded batch's rows: :meth:`_step_rows`)."""
+        """One token per row (``query``, ``key``, ``value`` ``[B, H, Dh]``, ``bias`` ``[B, H, 1]``)
+        at the ``int`` ``position``: its entries written into the cache in place (grown as
+        needed), its query attending to every cached position (none is in its future);
+        ``([B, H, 1, Dh], the cache)``."""
         if isinstance(position, torch.Tensor):
-            step = self._step_rows if position.dim() == 1 else self._step_static
-            return step(query, key, value, bias, position), self
+            raise TypeError("a KVCache steps at an int position: a 0-d tensor position is the step at fixed "
+                            "addresses (StaticKVCache.of(cache)), [B] positions a padded batch's (PaddedKVCache)")
         end = position + 1
         self.reserve(end, filled=position)
         # Slices, not integer indices: a compiled step keeps ``position`` symbolic through them.
@@ -155,14 +156,24 @@ class KVCache:
                                                   self.values[:, :, :end].to(query.dtype), attn_mask=mask)
         return attended, self
 
-    def _step_rows(
+
+@dataclasses.dataclass
+class PaddedKVCache(KVCache):
+    """A padded batch's KV cache: ``starts`` ``[B]`` says where each row's own tokens start (the
+    positions before, its padding or the earlier documents of a packed prompt, are never
+    attended to); each row steps at its own position."""
+
+    starts: torch.Tensor | None = None
+
+    def step(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
-        positions: torch.Tensor,
-    ) -> torch.Tensor:
-        """One query per row ``[B, H, Dh]`` of a padded batch, row b at its own ``positions[b]``
-        (its rotary angle): the token written at the cache's next index (``starts + positions``,
-        the same for every row), attending to the row's own keys from ``starts`` on."""
-        index = int(self.starts[0] + positions[0])
+        position: torch.Tensor,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """One query per row ``[B, H, Dh]`` of a padded batch, row b at its own ``position[b]``
+        (its rotary angle): the token written at the cache's next index (``starts + position``,
+        the same for every row), attending to the row's own keys from ``starts`` on;
+        ``([B, H, 1, Dh], the cache)``."""
+        index = int(self.starts[0] + position[0])
         end = index + 1
         self.reserve(end, filled=index)
         self.keys[:, :, index:end] = key[:, :, None].to(self.keys.dtype)
@@ -172,18 +183,34 @@ class KVCache:
         if bias is not None:
             self.key_bias[:, :, index:end] = bias.to(self.key_bias.dtype)
             mask = self.key_bias[:, :, None, :end].to(query.dtype).masked_fill(~mask, float("-inf"))
-        return F.scaled_dot_product_attention(query[:, :, None], self.keys[:, :, :end].to(query.dtype),
-                                              self.values[:, :, :end].to(query.dtype), attn_mask=mask)
+        attended = F.scaled_dot_product_attention(query[:, :, None], self.keys[:, :, :end].to(query.dtype),
+                                                  self.values[:, :, :end].to(query.dtype), attn_mask=mask)
+        return attended, self
 
-    def _step_static(
+
+@dataclasses.dataclass
+class StaticKVCache(KVCache):
+    """A KV cache at fixed addresses (what :class:`~mcsd.models.cuda_graphs.StaticStep`'s buffers
+    hold): a step writes at a 0-d tensor position and attends over the whole capacity, so that
+    no shape or Python branch depends on the position and a CUDA graph replays it anywhere. At
+    an ``int`` position it steps as an eager cache (a state the static step returned, decoded on
+    by :meth:`CausalLM.step`)."""
+
+    @classmethod
+    def of(cls, cache: KVCache) -> StaticKVCache:
+        """``cache``'s tensors (not copied) as a cache at fixed addresses."""
+        return cls(cache.keys, cache.values, cache.key_bias)
+
+    def step(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
         position: torch.Tensor,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, KVCache]:
         """One query per row ``[B, H, Dh]`` at the 0-d tensor ``position``: its key and value (and
         key bias) written at ``position``, attending over the cache's whole capacity with the
         positions after it masked (an entry never written must hold finite numbers:
-        :class:`~mcsd.models.cuda_graphs.StaticStep` allocates zeros). No shape or Python
-        branch depends on the position: what a CUDA graph replays at every position."""
+        :class:`~mcsd.models.cuda_graphs.StaticStep` allocates zeros); ``([B, H, 1, Dh], the cache)``."""
+        if not isinstance(position, torch.Tensor):
+            return super().step(query, key, value, bias, position)
         index = position.reshape(1)
         self.keys.index_copy_(2, index, key[:, :, None].to(self.keys.dtype))
         self.values.index_copy_(2, index, value[:, :, None].to(self.values.dtype))
@@ -193,12 +220,13 @@ class KVCache:
         else:
             self.key_bias.index_copy_(2, index, bias.to(self.key_bias.dtype))
             mask = self.key_bias[:, :, None, :].to(query.dtype).masked_fill(~visible, float("-inf"))
-        return F.scaled_dot_product_attention(query[:, :, None], self.keys.to(query.dtype),
-                                              self.values.to(query.dtype), attn_mask=mask)
+        attended = F.scaled_dot_product_attention(query[:, :, None], self.keys.to(query.dtype),
+                                                  self.values.to(query.dtype), attn_mask=mask)
+        return attended, self
 
 
 @dataclasses.dataclass
-class ReadOnlyKVCache(KVCache):
+class ReadOnlyKVCache(StaticKVCache):
     """A KV cache that a step at a 0-d tensor position reads and does not write: what an ONNX
     export's step is given (:mod:`mcsd.deploy.onnx`). The step attends over the positions before
     its own (the rest masked) and to its own key and value beside them, and returns its token's
@@ -206,14 +234,13 @@ class ReadOnlyKVCache(KVCache):
     graph a write into an input copies the whole cache at every step, where the runner writes the
     one position in place."""
 
-
     def step(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
-        position: int | torch.Tensor,
+        position: torch.Tensor,
     ) -> tuple[torch.Tensor, KVCache]:
         """One query per row ``[B, H, Dh]`` at the 0-d tensor ``position`` attending over the
         positions before it (the rest masked, never written to) and its own entries beside them,
-        in one softmax: :meth:`KVCache._step_static`'s numbers without writing the cache;
+        in one softmax: :meth:`StaticKVCache.step`'s numbers without writing the cache;
         ``([B, H, 1, Dh], the token's entries)``."""
         entries = KVCache(key[:, :, None].to(self.keys.dtype), value[:, :, None].to(self.values.dtype),
                           None if bias is None else bias.to(self.key_bias.dtype))

@@ -16,7 +16,8 @@ stays in the range of its inputs at any length.
 The sequence forms run the exponential filter (:func:`mcsd.ops.exp_filter.exp_filter`, raw sums)
 and convert at the boundaries: an averaged state times its weight sum on the way in, outputs and
 the final state divided on the way out. The recurrent form is the step (:func:`history_step`)
-token by token. Per-position constants come from tables built once per decay (eager calls) or
+token by token, or fla's fused recurrence of the filter where ``kernels`` says so; the step
+itself goes through the dispatcher too. Per-position constants come from tables built once per decay (eager calls) or
 are computed in a compiled graph (a symbolic or tensor position: one graph for every position).
 
 Documents apart in a packed batch (``position_ids`` ``[B, N]``: each token's position in its own
@@ -26,14 +27,17 @@ at the position in the document, and every document's first row is its token its
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from mcsd.ops.common import cached_tensors, constant_tensor
-from mcsd.ops.context import ForwardContext
+from mcsd.ops.context import STEP, ForwardContext
+from mcsd.ops.dispatch import dispatch
 from mcsd.ops.exp_filter.filter import exp_filter
+from mcsd.ops.exp_filter.fla_backend import fla_exp_filter
 from mcsd.ops.exp_filter.recurrent import absorb_average_, absorb_sum_
 
 
@@ -94,17 +98,37 @@ def filter_histories(
     The chunk form filters every group together (one set of batched products over all their
     channels); the parallel form filters each group alone (its ``[C, N+1, N]`` matrices are large
     already: one of twice their size cost more in fresh pages than the shared call saved, 0.7x at
-    1024 tokens); the recurrent form is :func:`history_step` token by token.
+    1024 tokens); the recurrent form is :func:`history_step` token by token in PyTorch, and fla's
+    fused recurrence over every group together where ``context.kernels`` says so.
     """
     states = list(states) if states is not None else [None] * len(groups)
-    form, position_ids = context.form, context.position_ids
-    if form == "recurrent":
-        if position_ids is not None:
-            return [_recurrent_documents(history, group, state, position_ids, context.starts)
-                    for history, group, state in zip(histories, groups, states)]
-        return [_recurrent_history(history, group, state, position) for history, group, state in
-                zip(histories, groups, states)]
-    if form != "chunk" or len(groups) == 1:
+    if context.form != "recurrent":
+        return _filtered_histories(histories, groups, states, position, context)
+    return dispatch(context, histories[0].device,
+                    {"recurrent": functools.partial(_recurrent_histories, histories, groups, states, position, context)},
+                    fla=functools.partial(_filtered_histories, histories, groups, states, position, context))
+
+
+def _recurrent_histories(
+    histories: Sequence[torch.Tensor], groups: Sequence[History], states: list[torch.Tensor | None],
+    position: int, context: ForwardContext,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The recurrent form in PyTorch: each group token by token (:func:`history_step`)."""
+    if context.position_ids is not None:
+        return [_recurrent_documents(history, group, state, context.position_ids, context.starts)
+                for history, group, state in zip(histories, groups, states)]
+    return [_recurrent_history(history, group, state, position) for history, group, state in
+            zip(histories, groups, states)]
+
+
+def _filtered_histories(
+    histories: Sequence[torch.Tensor], groups: Sequence[History], states: list[torch.Tensor | None],
+    position: int, context: ForwardContext,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The groups through the exponential filter in ``context``'s form, converted at the
+    boundaries; every group together but in the parallel form."""
+    position_ids = context.position_ids
+    if context.form == "parallel" or len(groups) == 1:
         parts = [([history], [group], [state]) for history, group, state in zip(histories, groups, states)]
     else:
         parts = [(list(histories), list(groups), states)]
@@ -221,33 +245,68 @@ def _recurrent_history(
     if state is None:
         batch, _, channels, width = history.shape
         state = history.new_zeros(batch, channels, width, dtype=torch.float32)
-    outputs = [history_step(history[:, offset], group, state, position + offset) for offset in range(history.shape[1])]
+    outputs = [_history_step(history[:, offset], group, state, position + offset)
+               for offset in range(history.shape[1])]
     return torch.stack(outputs, dim=1), state
 
 
 def history_step(
-    value: torch.Tensor, group: History, state: torch.Tensor, position: int | torch.Tensor
+    value: torch.Tensor, group: History, state: torch.Tensor, position: int | torch.Tensor,
+    context: ForwardContext = STEP,
 ) -> torch.Tensor:
     """One token ``value`` ``[B, C, D]`` at absolute ``position``: its mixed history, with
-    ``state`` ``[B, C, D]`` fp32 advanced in place. A ``position`` tensor (the step replayed at
-    fixed addresses: 0-d; a padded batch, each row at its own position: ``[B]``) picks row 0
-    without a branch."""
+    ``state`` ``[B, C, D]`` fp32 advanced in place (through fla's fused recurrence where
+    ``context.kernels`` says so). A ``position`` tensor (the step replayed at fixed addresses:
+    0-d; a padded batch, each row at its own position: ``[B]``) picks row 0 without a branch."""
+    return dispatch(context, value.device,
+                    {"recurrent": functools.partial(_history_step, value, group, state, position)},
+                    fla=functools.partial(_fla_history_step, value, group, state, position))
+
+
+def _step_output(value: torch.Tensor, read: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+    """The token itself at position 0, else ``read`` (the state as the history), in ``value``'s
+    dtype and never the state itself (which is about to change in place)."""
     if isinstance(position, torch.Tensor):
         first = position == 0 if position.dim() == 0 else (position == 0)[:, None, None]
-        output = torch.where(first, value, state.to(value.dtype))  # a new tensor
-    else:
-        output = value if position == 0 else state.to(value.dtype)
-        if output is state:  # the state is about to change in place
-            output = state.clone()
+        return torch.where(first, value, read.to(value.dtype))  # a new tensor
+    if position == 0:
+        return value
+    output = read.to(value.dtype)
+    return output.clone() if output is read else output
+
+
+def _weight_sums(group: History, device: torch.device, position: int | torch.Tensor) -> torch.Tensor:
+    """:func:`history_weight_sum` at ``position``, ``[C, 1]`` (or ``[B, C, 1]``), to divide a state."""
+    return position_constants("weight_sum", group, device, position)[..., None]
+
+
+def _history_step(
+    value: torch.Tensor, group: History, state: torch.Tensor, position: int | torch.Tensor
+) -> torch.Tensor:
+    output = _step_output(value, state, position)
     if group.average_state:
         absorb_average_(state, value, position_constants("average_update", group, value.device, position)[..., None])
         return output
     if group.average_output and (isinstance(position, torch.Tensor) or position > 0):
         # The weight sum is 1 at position 0 (history_weight_sum), where a tensor position divides too.
-        divisor = position_constants("weight_sum", group, value.device, position)[..., None]
-        output = (output / divisor).to(value.dtype)
+        output = (output / _weight_sums(group, value.device, position)).to(value.dtype)
     absorb_sum_(state, value, decay_factors(group, value.device)[:, None])
     return output
+
+
+def _fla_history_step(
+    value: torch.Tensor, group: History, state: torch.Tensor, position: int | torch.Tensor
+) -> torch.Tensor:
+    """:func:`history_step` through fla's fused recurrence (one token of the filter): an averaged
+    state as a raw sum on the way in (times the weight sum ``W(n)``) and out (over ``W(n+1)``),
+    so that the running average is exactly Eq. 16's."""
+    raw = state * _weight_sums(group, value.device, position) if group.average_state else state
+    read, final = fla_exp_filter(value[:, :, None], group.log_decay_tensor(value.device), raw, "recurrent")
+    read = read[:, :, 0].float()
+    if group.average_output and (isinstance(position, torch.Tensor) or position > 0):
+        read = read / _weight_sums(group, value.device, position)
+    state.copy_(final / _weight_sums(group, value.device, position + 1) if group.average_state else final)
+    return _step_output(value, read, position)
 
 
 def decay_factors(group: History, device: torch.device) -> torch.Tensor:
