@@ -18,7 +18,7 @@ from hydra import initialize_config_module
 from tqdm import tqdm
 
 import mcsd
-from mcsd.bench.plan import model_source
+from mcsd.checkpoint.model_source import resolve
 from mcsd.hf import as_hf_model
 from mcsd.models import registry
 
@@ -54,7 +54,8 @@ def main() -> None:
     for name in tqdm(registry.architectures(), desc="architectures"):
         torch.manual_seed(0)
         with initialize_config_module("mcsd.conf", version_base="1.3"):
-            _, variant, node = model_source(name, "small", None)
+            source = resolve(name, "small")
+            variant, node = source.variant, source.node
         model = mcsd.build_model(node).eval()
         hf_model = as_hf_model(model, eos_token_id=0).eval()
         hf_model.generation_config.eos_token_id = None  # decode every token, as the project's side does

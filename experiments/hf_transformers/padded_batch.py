@@ -19,7 +19,7 @@ import torch
 from hydra import initialize_config_module
 
 import mcsd
-from mcsd.bench.plan import model_source
+from mcsd.checkpoint.model_source import resolve
 from mcsd.hf import as_hf_model
 from mcsd.models import registry
 
@@ -96,7 +96,8 @@ def main() -> None:
     for name in ARCHITECTURES:
         torch.manual_seed(0)
         with initialize_config_module("mcsd.conf", version_base="1.3"):
-            _, variant, node = model_source(name, args.size, None)
+            source = resolve(name, args.size)
+            variant, node = source.variant, source.node
         model = mcsd.build_model(node).eval()
         hf_model = as_hf_model(model, eos_token_id=0).eval()
         hf_model.generation_config.eos_token_id = None  # every row decodes every token

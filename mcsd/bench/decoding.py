@@ -14,6 +14,7 @@ import torch
 from mcsd.bench.load import SPREAD_LIMIT, spread
 from mcsd.bench.measure import build, compiled_graphs, no_eager_fallback, peak_memory_bytes, timed, weights_bytes
 from mcsd.deploy.quantize import quantize_weights, stored_bytes, weights_dtype
+from mcsd.models.config import LMConfig
 from mcsd.models.modeling import CausalLM
 from mcsd.models.modules.state import CapacityState, parts_of, tensors_of
 from mcsd.models.cuda_graphs import StaticStep, capacity_bucket
@@ -43,7 +44,7 @@ def kv_positions_read(step: Any, batch_size: int, prompt_len: int, length: int) 
 
 
 def inference_point(
-    model_cfg: dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
+    model_cfg: LMConfig | dict[str, Any] | str, batch_size: int, prompt_len: int, gen_len: int, repeats: int, warmup: int,
     device: str, dtype: str, seed: int, compile: bool = False, cuda_graphs: bool = False, kernels: str = "auto",
     weights: str = "full", runtime: str = "torch",
 ) -> dict[str, Any]:
@@ -51,7 +52,8 @@ def inference_point(
     bytes of one sequence's decoding state after ``prompt_len + gen_len`` tokens, and the bytes
     a decoding step must read at least (the weights it uses, the states of its batch); with
     ``compile`` through the compiled step (compiled by the warm-up, which then runs at least
-    once); with ``cuda_graphs`` through the step replayed as CUDA graphs
+    once: ``graphs_compiled_timed`` counts what dynamo compiled while timed, 0 when every step
+    ran a graph compiled before); with ``cuda_graphs`` through the step replayed as CUDA graphs
     (:meth:`CausalLM.decoding`), recorded by a warm-up over the whole length (every KV-cache
     bucket), which then runs at least once: ``graphs_recorded_timed`` counts the recordings
     made while timed (0 when every step replayed). ``kernels``: ``model.kernels`` of the point.
@@ -92,13 +94,14 @@ def inference_point(
     with no_eager_fallback(compile):
         for _ in range(max(warmup, 1 if compile or cuda_graphs else 0)):
             run(gen_len if cuda_graphs else min(gen_len, 16))
-        recorded = getattr(step, "recorded", 0)
+        recorded, warmed = getattr(step, "recorded", 0), compiled_graphs()
         if device_.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device_)
         runs = [run(gen_len) for _ in range(repeats)]
     return {
         **decoding_numbers(model, runs, batch_size, gen_len, peak_memory_bytes(device_)),
-        "compiled": compile and compiled_graphs() > graphs,  # its own graphs, no eager fallback
+        "compiled": compile and warmed > graphs,  # its own graphs, no eager fallback
+        "graphs_compiled_timed": compiled_graphs() - warmed,
         "cuda_graphs": cuda_graphs,
         "graphs_recorded_timed": getattr(step, "recorded", 0) - recorded,
     }
@@ -177,7 +180,7 @@ def onnx_decoding(model: CausalLM, batch_size: int, prompt_len: int, gen_len: in
     runs = [run(gen_len) for _ in range(repeats)]
     return {
         **decoding_numbers(model, runs, batch_size, gen_len, peak_memory_bytes(cpu), stored),
-        "compiled": False, "cuda_graphs": False, "graphs_recorded_timed": 0,
+        "compiled": False, "cuda_graphs": False, "graphs_compiled_timed": 0, "graphs_recorded_timed": 0,
     }
 
 

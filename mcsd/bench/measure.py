@@ -18,6 +18,7 @@ from torch._dynamo.utils import counters
 from mcsd.checkpoint.saved_model import load
 from mcsd.deploy.quantize import stored_bytes
 from mcsd.models.build import build_model
+from mcsd.models.config import LMConfig
 from mcsd.models.modeling import CausalLM
 
 
@@ -66,8 +67,8 @@ def limit_extra_memory(megabytes: float | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def build(model_cfg: dict[str, Any] | str, device: torch.device, dtype: torch.dtype, seed: int) -> CausalLM:
-    """A model node built with seeded random weights, or a saved model (a path) loaded."""
+def build(model_cfg: LMConfig | dict[str, Any] | str, device: torch.device, dtype: torch.dtype, seed: int) -> CausalLM:
+    """A model config (or node) built with seeded random weights, or a saved model (a path) loaded."""
     if isinstance(model_cfg, str):
         return load(model_cfg, device=device, dtype=dtype)
     torch.manual_seed(seed)  # every device's generator: the model is drawn on its own device

@@ -9,22 +9,18 @@ A new grid axis is one change here (its values, in :func:`plan`) and one column 
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 from typing import Any
 
-from hydra import compose
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from mcsd.bench.training_step import DOCUMENT_TOKENS
 from mcsd.checkpoint.bench_results import LABELS
-from mcsd.checkpoint.run_folder import model_node_of
-from mcsd.checkpoint.saved_model import locate
+from mcsd.checkpoint.model_source import ModelSource, resolve
 from mcsd.data.tokens import DOCUMENTS
 from mcsd.deploy.onnx import check_onnx_installed
 from mcsd.deploy.quantize import WEIGHT_FORMATS, check_weight_format
 from mcsd.errors import MCSDError
 from mcsd.models import registry
-from mcsd.models.build import make_config
 from mcsd.ops.kernels import KERNELS, kernels_problem
 RUNTIMES = ("torch", "onnx")
 
@@ -32,35 +28,6 @@ RUNTIMES = ("torch", "onnx")
 def models_of(cfg: DictConfig) -> list[str]:
     """The ``models`` entries to bench: as listed, or (null) every registered architecture."""
     return list(cfg.models) if cfg.models is not None else registry.architectures()
-
-
-def is_run_config(entry: str) -> bool:
-    """Whether a ``models`` entry is a YAML file: a run's logged config (``hparams.yaml``) or a
-    ``model`` node of its own."""
-    return Path(entry).suffix in (".yaml", ".yml")
-
-
-def model_source(entry: str, size: str, variant: str | None = None) -> tuple[str, str, dict[str, Any] | str]:
-    """An entry of ``models``: a registered architecture -> (its name, its variant, the ``model``
-    node that ``mcsd-train model=NAME size=SIZE [variant=VARIANT]`` builds, with ``variant`` where
-    the architecture has it); a run's config YAML ->
-    (its architecture, its variant, its ``model`` node: the trained run's model with seeded
-    random weights, which cost what its trained weights cost); a saved model -> (its
-    architecture, its variant, its path)."""
-    if entry in registry.architectures():
-        has_variant = variant is not None and variant in registry.get(entry).variants
-        overrides = [f"model={entry}", f"size={size}"] + ([f"variant={variant}"] if has_variant else [])
-        node = OmegaConf.to_container(compose("build", overrides=overrides).model, resolve=True)
-        return entry, registry.get(entry).variant_of(node), node
-    if is_run_config(entry):
-        node = model_node_of(entry)
-        if node is None:
-            raise MCSDError(f"models: {entry} holds no model node (a `model:` with its `_target_`): give a run's "
-                            "csv/version_0/hparams.yaml or .hydra/config.yaml")
-        architecture = registry.of_config(make_config(node))
-        return architecture.name, architecture.variant_of(node), node
-    saved = locate(entry)  # its config read once here; the point's process reads the rest (the checkpoint once)
-    return saved.architecture.name, saved.variant, str(saved.path)
 
 
 def train_forms(cfg: DictConfig, arch: str) -> list[str]:
@@ -75,17 +42,17 @@ def train_forms(cfg: DictConfig, arch: str) -> list[str]:
     return forms
 
 
-def _size_label(cfg: DictConfig, name: str, arch: str) -> str:
-    """A row's ``size``: the model_size of a registered architecture, else ``config`` (a run's
-    config, random weights) or ``saved`` (a saved model)."""
-    return cfg.model_size if name == arch else "config" if is_run_config(name) else "saved"
-
-
 def kernels_of(cfg: DictConfig, arch: str) -> list[str]:
     """The ``kernels`` an entry of architecture ``arch`` is measured with: each of the list where
     its mixers run ops that fla serves (:attr:`Architecture.fla_ops`), else the first alone (the
     Transformer computes the same whatever it says)."""
     return list(cfg.kernels) if registry.get(arch).fla_ops else list(cfg.kernels)[:1]
+
+
+def _model_labels(entry: str, source: ModelSource, size: str) -> dict[str, str]:
+    """A row's labels of its model: the entry as given, its architecture, variant and size."""
+    return {"model": entry, "arch": source.architecture.name, "variant": source.variant,
+            "size": source.size_label(size)}
 
 
 def plan(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -95,20 +62,17 @@ def plan(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     figures draw."""
     common = {"device": cfg.device, "dtype": cfg.dtype, "seed": cfg.seed}
     models = models_of(cfg)
-    sources = {entry: model_source(entry, cfg.model_size, cfg.get("model_variant")) for entry in models}
-    with_kernels = [(name, kernels) for name in models for kernels in kernels_of(cfg, sources[name][0])]
+    sources = {entry: resolve(entry, cfg.model_size, cfg.get("model_variant")) for entry in models}
+    with_kernels = [(name, kernels) for name in models for kernels in kernels_of(cfg, sources[name].architecture.name)]
     points = []
     if cfg.mode == "inference":
         grid_cfg = cfg.inference
         formats = [(weights, runtime) for runtime in runtimes_of(cfg) for weights in weights_of(cfg)]
         for gen_len, batch, (name, kernels), (weights, runtime) in itertools.product(
                 sorted(grid_cfg.gen_lengths), grid_cfg.batch_sizes, with_kernels, formats):
-            arch, variant, source = sources[name]
-            labels = {"model": name, "arch": arch, "variant": variant, "kernels": kernels, "weights": weights,
-                      "runtime": runtime,
-                      "size": _size_label(cfg, name, arch), "batch": batch, "prompt_len": grid_cfg.prompt_len,
-                      "gen_len": gen_len}
-            arguments = {"model_cfg": source, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
+            labels = {**_model_labels(name, sources[name], cfg.model_size), "kernels": kernels, "weights": weights,
+                      "runtime": runtime, "batch": batch, "prompt_len": grid_cfg.prompt_len, "gen_len": gen_len}
+            arguments = {"model_cfg": sources[name].spec, "batch_size": batch, "prompt_len": grid_cfg.prompt_len,
                          "gen_len": gen_len, "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup,
                          "compile": cfg.compile, "cuda_graphs": cfg.cuda_graphs, "kernels": kernels,
                          "weights": weights, "runtime": runtime, **common}
@@ -116,14 +80,13 @@ def plan(cfg: DictConfig) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     else:
         grid_cfg = cfg.train
         variants = [(name, kernels, form, documents) for name, kernels in with_kernels
-                    for form in train_forms(cfg, sources[name][0]) for documents in documents_of(grid_cfg)]
+                    for form in train_forms(cfg, sources[name].architecture.name) for documents in documents_of(grid_cfg)]
         for seq_len, (name, kernels, form, documents) in itertools.product(sorted(grid_cfg.seq_lens), variants):
-            arch, variant, source = sources[name]
             for batch, checkpointing in train_batches(grid_cfg, seq_len):
-                labels = {"model": name, "arch": arch, "variant": variant, "kernels": kernels, "form": form,
-                          "documents": documents, "size": _size_label(cfg, name, arch), "batch": batch,
-                          "seq_len": seq_len, "activation_checkpointing": checkpointing}
-                arguments = {"model_cfg": source, "form": form, "batch_size": batch, "seq_len": seq_len,
+                labels = {**_model_labels(name, sources[name], cfg.model_size), "kernels": kernels, "form": form,
+                          "documents": documents, "batch": batch, "seq_len": seq_len,
+                          "activation_checkpointing": checkpointing}
+                arguments = {"model_cfg": sources[name].spec, "form": form, "batch_size": batch, "seq_len": seq_len,
                              "repeats": grid_cfg.repeats, "warmup": grid_cfg.warmup, "compile": cfg.compile,
                              "activation_checkpointing": checkpointing, "kernels": kernels, "documents": documents,
                              "document_tokens": grid_cfg.get("document_tokens", DOCUMENT_TOKENS), **common}

@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mcsd.bench.load import SPREAD_LIMIT, spread
 from mcsd.bench.measure import build, compiled_graphs, no_eager_fallback, peak_memory_bytes, timed, weights_bytes
 from mcsd.models.build import build_model
+from mcsd.models.config import LMConfig
 from mcsd.models.modeling import CausalLM
 from mcsd.precision import DTYPES, Precision
 
@@ -53,7 +54,7 @@ def document_positions(batch_size: int, seq_len: int, mean_tokens: float, genera
 
 
 def train_point(
-    model_cfg: dict[str, Any] | str, form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
+    model_cfg: LMConfig | dict[str, Any] | str, form: str, batch_size: int, seq_len: int, repeats: int, warmup: int, device: str,
     dtype: str, seed: int, compile: bool = False, activation_checkpointing: bool = False, kernels: str = "auto",
     documents: str = "joined", document_tokens: int = DOCUMENT_TOKENS,
 ) -> dict[str, Any]:

@@ -17,5 +17,7 @@ A model's files, from the bottom up, each module calling only the ones before it
   ``tokenizer.json``), exported and Hub folders, and any checkpoint, located and loaded alike;
 - :mod:`~mcsd.checkpoint.run_folder`: the one reader of an ``mcsd-train`` run folder (its
   config, overrides, choices, metrics, logged config, result, latest checkpoint);
+- :mod:`~mcsd.checkpoint.model_source`: a model entry (``mcsd-bench models=[...]``) resolved once:
+  a registered architecture at a size, a run's config YAML or a saved model;
 - :mod:`~mcsd.checkpoint.resume`: what a checkpoint remembers of its run, and resuming it.
 """

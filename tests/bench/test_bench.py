@@ -26,7 +26,7 @@ import mcsd
 from mcsd.bench import decoding, runner, training_step
 from mcsd.bench.load import SPREAD_LIMIT, other_cores, read_clock, sample_other_cores, spread
 from mcsd.bench.decoding import kv_positions_read
-from mcsd.bench.plan import model_source
+from mcsd.checkpoint.model_source import resolve
 from mcsd.checkpoint.bench_results import COLUMNS, LABELS
 from mcsd.bench.runner import run_point
 from mcsd.errors import MCSDError
@@ -113,8 +113,7 @@ def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path, 
     frame = pd.read_csv(csv_path)
     assert list(frame["status"]) == ["ok", "ok"] and frame["compile"].all() and frame["compiled"].all()
     assert json.loads((tmp_path / "results.json").read_text())["header"]["compile"] is True
-    # A compilation inside the timed decode would take seconds: these steps take milliseconds.
-    assert (frame["decode_s_per_token"] < 0.05).all()
+    assert (frame["graphs_compiled_timed"] == 0).all()  # every timed step ran what the warm-up compiled
 
 
 @pytest.mark.parametrize("arch", ["mcsd", "transformer"])
@@ -198,7 +197,7 @@ def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path, compile
     says it ran compiled. Three one-layer MCSD models, each a model node of its own, traced without
     inductor (dynamo's guards and recompile limit are what this checks)."""
     with initialize_config_module("mcsd.conf", version_base="1.3"):
-        node = model_source("mcsd", "tiny", None)[2]
+        node = resolve("mcsd", "tiny").node
     models = [tmp_path / f"mcsd_{index}.yaml" for index in range(3)]
     for model in models:
         model.write_text(yaml.safe_dump({"model": {**node, "num_layers": 1}}))
@@ -294,7 +293,7 @@ def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path, 
     MCSD's tiny model, as a model node of its own (compiling takes time per layer), traced without
     inductor (inductor's loss: tests/training/test_train.py)."""
     with initialize_config_module("mcsd.conf", version_base="1.3"):
-        node = model_source("mcsd", "tiny", None)[2]
+        node = resolve("mcsd", "tiny").node
     one_layer = tmp_path / "one_layer.yaml"
     one_layer.write_text(yaml.safe_dump({"model": {**node, "num_layers": 1}}))
     csv_path = run_bench(tmp_path, "mode=train", "train.seq_lens=[32]", "train.repeats=2", "train.warmup=0",
@@ -351,7 +350,7 @@ def test_a_point_with_documents_apart_trains_on_documents_that_start_where_the_p
 
     monkeypatch.setattr(CausalLM, "loss", recorded)
     with initialize_config_module("mcsd.conf", version_base="1.3"):
-        node = model_source("mcsd", "tiny", None)[2]
+        node = resolve("mcsd", "tiny").node
     for documents in ("joined", "apart"):
         training_step.train_point(node, "chunk", 2, 32, repeats=1, warmup=0, device="cpu", dtype="float32", seed=0,
                             documents=documents, document_tokens=8)

@@ -21,7 +21,7 @@ import mcsd
 from mcsd.files import default_file_mode
 from helpers.models import SIXTEEN_BIT_TOLERANCE, relative_rms_error, tiny_config, variant_cases
 from helpers.runs import FAST, command, run_here
-from mcsd.bench.plan import model_source
+from mcsd.checkpoint.model_source import resolve
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.errors import MCSDError
 from mcsd.commands.evaluate import evaluate
@@ -476,7 +476,8 @@ def test_exported_folders_and_hub_ids_load_in_the_harness(exported: dict[str, tu
     assert all(torch.equal(value, fresh.state_dict()[key]) for key, value in model.state_dict().items())
     assert mcsd.load_tokenizer(folder).encode(TEXT).ids == mcsd.load_tokenizer(saved).encode(TEXT).ids
     assert mcsd.locate(folder).kind == "exported"
-    assert model_source(str(folder), "tiny", None)[:2] == ("mcsd", "full")  # mcsd-bench models=[FOLDER]
+    source = resolve(str(folder), "tiny")  # mcsd-bench models=[FOLDER]
+    assert (source.kind, source.architecture.name, source.variant) == ("saved", "mcsd", "full")
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())

@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("lightning checkpoints", ("mcsd.checkpoint.lightning_checkpoint",)),
     ("saved models", ("mcsd.checkpoint.saved_model",)),
     ("run folders", ("mcsd.checkpoint.run_folder",)),
+    ("model sources", ("mcsd.checkpoint.model_source",)),
     ("resuming", ("mcsd.checkpoint.resume",)),
     ("checkpoints front", ("mcsd.checkpoint",)),
     ("hugging face", ("mcsd.hf",)),
