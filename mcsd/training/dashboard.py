@@ -125,10 +125,14 @@ def update_summary(trainer: L.Trainer, values: Mapping[str, Any]) -> None:
 
 def finish_wandb(exit_code: int, summary: Mapping[str, Any] | None = None) -> None:
     """End this process's W&B run (if one is open) with the process's exit code, ``summary`` in its
-    summary first: a diverged run ends 2, an interrupted one 128 + the signal, a crash 1."""
+    summary first: a diverged run ends 2, an interrupted one 128 + the signal, a crash 1. W&B's
+    service is then shut down, so that the run's file is whole on disk when this returns (the
+    service writes it after ``finish`` returns) and a later run in this process (a sweep's next
+    job, a notebook's) sets W&B up from its own settings."""
     if wandb.run is not None and summary:
         wandb.run.summary.update(dict(summary))
     wandb.finish(exit_code=exit_code)
+    wandb.teardown()
 
 
 def exit_code_of(error: BaseException) -> int:
