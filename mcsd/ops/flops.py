@@ -59,6 +59,21 @@ def decayed_attention_flops(length: int, key_width: int, value_width: int, form:
     return over_chunks(length, chunk_size, lambda size: 2 * size * size * (key_width + value_width) + size * state)
 
 
+def gla_flops(length: int, key_width: int, value_width: int, form: str, chunk_size: int) -> int:
+    """Gated linear attention, one head (``dk``, ``dv``): decayed attention's sums
+    (:func:`decayed_attention_flops`) plus the decays' product with the queries, ``N^2 dk`` in
+    parallel (``L^2 dk`` inside each chunk); a token's decay of the state, ``dk dv``, in the chunk
+    and recurrent forms."""
+    check_form(form)
+    if form == "parallel":
+        return 2 * length * length * (key_width + value_width) + length * length * key_width
+    state = 5 * key_width * value_width
+    if form == "recurrent":
+        return length * state
+    return over_chunks(length, chunk_size, lambda size: 2 * size * size * (key_width + value_width)
+                       + size * size * key_width + size * state)
+
+
 def exp_filter_flops(length: int, width: int, form: str, chunk_size: int) -> int:
     """The exponential filter over ``width`` features (MCSD's section, every channel): parallel
     the ``N x N`` matrix times the values (``2 N^2`` per feature); chunk the ``L x L`` matrix in

@@ -24,6 +24,7 @@ from mcsd.models import registry
 from mcsd.ops.decayed_attention import chunk_decayed_attention, decayed_attention, decayed_attention_step
 from mcsd.ops.decayed_attention.fla_backend import gated_chunk_backward_refused
 from mcsd.ops.exp_filter import chunk_exp_filter, exp_filter
+from mcsd.ops.gla import chunk_gla, gla
 from mcsd.ops.kernels import KernelsUnavailable, fla_import_problem
 from mcsd.ops.wkv import chunk_wkv, wkv, wkv_step
 from mcsd.commands.train import train
@@ -83,6 +84,23 @@ def test_exp_filter_through_hgrn(form: str, length: int, dtype: torch.dtype) -> 
         return exp_filter(x, log_decay, initial, context=ForwardContext(form, "fla"))
 
     _compare(run, [x, log_decay, initial], dtype, cast=1, differentiate=[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_gla_through_fla_gla(form: str, length: int, dtype: torch.dtype) -> None:
+    """Per-key decays of GLA's range (``logsigmoid / 16``: -0.04 to 0)."""
+    q, k, v = (_random(2, 4, length, 64, seed=seed, scale=64 ** -0.25) for seed in (0, 1, 2))
+    log_decay = -torch.rand(2, 4, length, 64, generator=torch.Generator().manual_seed(4)) * 0.05
+    initial = _random(2, 4, 64, 64, seed=3)
+
+    def run(kernels, q, k, v, log_decay, initial):
+        if kernels == "torch":
+            return chunk_gla(q, k, v, log_decay, initial)
+        return gla(q, k, v, log_decay, initial, context=ForwardContext(form, "fla"))
+
+    _compare(run, [q, k, v, log_decay, initial], dtype, cast=3, differentiate=[0, 1, 2, 3])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

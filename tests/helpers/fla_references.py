@@ -3,7 +3,7 @@ which has no naive reference of its own) written out in PyTorch from its Triton 
 conventions (the decay is ``exp(-exp(w))``, the state ``[B, 3, 1, D]`` holds ``(alpha, beta, eps)``;
 the interpreter test checks it against the kernel itself), and its simple GLA references given
 the per-head decay ``g_gamma`` and the variable-length sequences (``cu_seqlens``) that its
-kernels take."""
+kernels take, and its GLA reference given the keywords and the scale its kernels take."""
 
 from __future__ import annotations
 
@@ -45,11 +45,37 @@ def with_head_decay(reference: Callable) -> Callable:
                initial_state: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if g_gamma is not None:
             g = g_gamma.expand(q.shape[0], q.shape[1], -1)
-        if cu_seqlens is None:
-            return reference(q, k, v, g=g, initial_state=initial_state, **kwargs)
-        assert q.shape[0] == 1 and cu_seqlens[0] == 0 and cu_seqlens[-1] == q.shape[1]  # fla's own conditions
-        pieces = [reference(q[:, start:end], k[:, start:end], v[:, start:end], g=g[:, start:end],
-                            initial_state=None if initial_state is None else initial_state[index:index + 1], **kwargs)
-                  for index, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()))]
-        return torch.cat([output for output, _ in pieces], dim=1), torch.cat([final for _, final in pieces])
+        return by_sequence(lambda q, k, v, g, initial: reference(q, k, v, g=g, initial_state=initial, **kwargs),
+                           (q, k, v, g), initial_state, cu_seqlens)
     return kernel
+
+
+def with_gla_keywords(reference: Callable) -> Callable:
+    """fla's GLA reference (``naive_recurrent_gla``: the decay as ``gk``, its own scale
+    ``K ** -0.5``, no ``cu_seqlens``) called as its kernels are: the decay as ``g``
+    (``chunk_gla``) or ``gk`` (``fused_recurrent_gla``), a ``scale`` of the caller's, and
+    variable-length sequences (one call per sequence)."""
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
+               gk: torch.Tensor | None = None, scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
+               initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if scale is not None:
+            q = q * (scale * q.shape[-1] ** 0.5)  # the reference multiplies by K ** -0.5 itself
+        return by_sequence(lambda q, k, v, decay, initial: reference(
+            q, k, v, decay, initial_state=initial, output_final_state=output_final_state),
+            (q, k, v, g if g is not None else gk), initial_state, cu_seqlens)
+    return kernel
+
+
+def by_sequence(call: Callable, tensors: tuple[torch.Tensor, ...], initial_state: torch.Tensor | None,
+                cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``call(*tensors, initial_state)``, or with ``cu_seqlens`` (one row ``[1, T, ...]`` of
+    sequences end to end, as fla's kernels take them) once per sequence from its own initial
+    state: the outputs end to end and the final states stacked."""
+    if cu_seqlens is None:
+        return call(*tensors, initial_state)
+    assert tensors[0].shape[0] == 1 and cu_seqlens[0] == 0 and cu_seqlens[-1] == tensors[0].shape[1]  # fla's own
+    pieces = [call(*(tensor[:, start:end] for tensor in tensors),
+                   None if initial_state is None else initial_state[index:index + 1])
+              for index, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist()))]
+    return torch.cat([output for output, _ in pieces], dim=1), torch.cat([final for _, final in pieces])

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from helpers.documents import packed_starts
-from helpers.fla_references import naive_recurrent_rwkv4, with_head_decay
+from helpers.fla_references import naive_recurrent_rwkv4, with_gla_keywords, with_head_decay
 from helpers.models import TINY, decode_with_state, relative_rms_error, tiny_model
 from mcsd.ops.context import ForwardContext
 from mcsd.models import registry
@@ -30,12 +30,15 @@ from mcsd.ops import kernels
 from mcsd.ops.decayed_attention import decayed_attention_step, fla_decayed_attention, parallel_decayed_attention
 from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention_step
 from mcsd.ops.exp_filter import fla_exp_filter, parallel_exp_filter
+from mcsd.ops.gla import fla_gla, gla_step, parallel_gla
+from mcsd.ops.gla.fla_backend import DECAY_KEYWORD, fla_gla_step
 from mcsd.ops.kernels import FLA_KERNELS, KernelsUnavailable, uses_fla
 from mcsd.ops.wkv import fla_wkv, parallel_wkv, wkv_step
 from mcsd.ops.wkv.fla_backend import fla_wkv_step
 
 hgrn_naive = pytest.importorskip("fla.ops.hgrn.naive", reason="flash-linear-attention (fla-core: the dev extra)")
 simple_gla_naive = pytest.importorskip("fla.ops.simple_gla.naive")
+naive_recurrent_gla = pytest.importorskip("fla.ops.gla.naive").naive_recurrent_gla
 naive_recurrent_hgrn = hgrn_naive.naive_recurrent_hgrn
 naive_chunk_simple_gla, naive_recurrent_simple_gla = (simple_gla_naive.naive_chunk_simple_gla,
                                                       simple_gla_naive.naive_recurrent_simple_gla)
@@ -210,6 +213,54 @@ def test_decayed_attention_over_simple_gla_keeps_documents_apart(per_token: bool
     assert_close(gradients(got, leaves), gradients(expected, leaves64))
 
 
+# Gated linear attention through GLA
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("with_initial_state", [False, True])
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_gla_over_fla_gla_is_the_parallel_form(length: int, with_initial_state: bool, form: str) -> None:
+    """Outputs, final states and gradients (of q, k, v, the per-key decays and the initial state)
+    through fla's GLA reference (``naive_recurrent_gla``, called as ``chunk_gla`` and
+    ``fused_recurrent_gla`` are) equal the parallel form in fp64."""
+    q, k = (torch.randn(2, 3, length, 4, generator=generator(seed)).requires_grad_() for seed in (0, 1))
+    v = torch.randn(2, 3, length, 5, generator=generator(2)).requires_grad_()
+    log_decay = (-torch.rand(2, 3, length, 4, generator=generator(3)) * 0.5).requires_grad_()
+    initial = torch.randn(2, 3, 4, 5, generator=generator(4)).requires_grad_() if with_initial_state else None
+    got = fla_gla(q, k, v, log_decay, initial, form, kernel=REFERENCE_KERNELS[("gla", form)])
+    q64, k64, v64, log_decay64, initial64 = fp64(q, k, v, log_decay, initial)
+    expected = parallel_gla(q64, k64, v64, log_decay64, initial64)
+    assert got[0].dtype == v.dtype and got[1].dtype == torch.float32
+    assert_close(got, expected)
+    leaves = [q, k, v, log_decay] + ([initial] if with_initial_state else [])
+    leaves64 = [q64, k64, v64, log_decay64] + ([initial64] if with_initial_state else [])
+    assert_close(gradients(got, leaves), gradients(expected, leaves64))
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_gla_over_fla_gla_keeps_documents_apart(form: str) -> None:
+    starts = packed_starts()
+    length = starts.shape[1]
+    q, k = (torch.randn(2, 3, length, 4, generator=generator(seed)).requires_grad_() for seed in (0, 1))
+    v = torch.randn(2, 3, length, 5, generator=generator(2)).requires_grad_()
+    log_decay = (-torch.rand(2, 3, length, 4, generator=generator(3)) * 0.5).requires_grad_()
+    initial = torch.randn(2, 3, 4, 5, generator=generator(4)).requires_grad_()
+    got = fla_gla(q, k, v, log_decay, initial, form, kernel=REFERENCE_KERNELS[("gla", form)], starts=starts)
+    q64, k64, v64, log_decay64, initial64 = fp64(q, k, v, log_decay, initial)
+    expected = parallel_gla(q64, k64, v64, log_decay64, initial64, starts)
+    assert_close(got, expected)
+    assert_close(gradients(got, [q, k, v, log_decay, initial]),
+                 gradients(expected, [q64, k64, v64, log_decay64, initial64]))
+
+
+def test_gla_step_over_fla_gla_is_the_step() -> None:
+    q, k, log_decay = (torch.randn(2, 3, 4, generator=generator(seed)) for seed in (0, 1, 3))
+    v = torch.randn(2, 3, 5, generator=generator(2))
+    state = torch.randn(2, 3, 4, 5, generator=generator(4))
+    got = fla_gla_step(q, k, v, -log_decay.abs(), state, kernel=REFERENCE_KERNELS[("gla", "recurrent")])
+    assert_close(got, gla_step(*fp64(q, k, v, -log_decay.abs(), state)))
+
+
 # RWKV-4's WKV through fla's fused recurrence, as its Triton source reads
 
 
@@ -251,6 +302,9 @@ def test_fla_kernels_take_the_arguments_the_adapters_pass(op: str, form: str) ->
                 "wkv": ["w", "u", "k", "v", "state"]}
     if op in expected:
         assert parameters[:len(expected[op])] == expected[op]
+    elif op == "gla":
+        assert {"q", "k", "v", DECAY_KEYWORD[form], "scale", "initial_state", "output_final_state",
+                "cu_seqlens"} <= set(parameters)
     else:
         assert {"q", "k", "v", "g", "g_gamma", "scale", "initial_state", "output_final_state"} <= set(parameters)
 
@@ -287,6 +341,8 @@ REFERENCE_KERNELS = {
     ("exp_filter", "recurrent"): naive_recurrent_hgrn,
     ("decayed_attention", "chunk"): with_head_decay(naive_chunk_simple_gla),
     ("decayed_attention", "recurrent"): with_head_decay(naive_recurrent_simple_gla),
+    ("gla", "chunk"): with_gla_keywords(naive_recurrent_gla),
+    ("gla", "recurrent"): with_gla_keywords(naive_recurrent_gla),
     ("wkv", "chunk"): naive_recurrent_rwkv4,
     ("wkv", "recurrent"): naive_recurrent_rwkv4,
 }
@@ -304,7 +360,7 @@ def fla_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
             return REFERENCE_KERNELS[(op, form)](*args, **kwargs)
         return kernel
 
-    for module in ("exp_filter", "decayed_attention", "wkv"):
+    for module in ("exp_filter", "decayed_attention", "gla", "wkv"):
         monkeypatch.setattr(f"mcsd.ops.{module}.fla_backend.fla_kernel", fla_kernel)
     monkeypatch.setattr(kernels, "fla_runs_on", lambda device: True)
     return served

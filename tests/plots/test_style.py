@@ -12,8 +12,11 @@ from mcsd.plots.style import ARCHITECTURE_COLORS, UNKNOWN_COLOR, architecture_co
 
 
 def test_built_in_architectures_keep_their_colours_and_differ() -> None:
+    """The figures' first architectures keep their colours; every registered one differs (the
+    ones registered since take spare colours of the cycle, with no edit of the style)."""
     colours = [matplotlib.colors.to_hex(architecture_color(name)) for name in registry.architectures()]
-    assert len(set(colours)) == len(colours) == len(ARCHITECTURE_COLORS)
+    assert len(set(colours)) == len(colours) and matplotlib.colors.to_hex(UNKNOWN_COLOR) not in colours
+    assert all(architecture_color(name) == colour for name, colour in ARCHITECTURE_COLORS.items())
     assert architecture_color("mcsd") == "tab:blue" and architecture_color("gone") == UNKNOWN_COLOR
 
 

@@ -69,6 +69,8 @@ class ShortConvolution(nn.Module):
         if state is None:
             state = self.init_state(x)
         taps = torch.cat([state.to(x.dtype), x[:, None]], dim=1)  # oldest first
-        mixed = (taps * self.weight.flip(-1).transpose(0, 1)).sum(1)
+        mixed = x * self.weight[:, 0]  # summed in the sequence form's order: the same bits for one token
+        for back in range(1, self.kernel_size):
+            mixed = mixed + taps[:, -1 - back] * self.weight[:, back]
         state.copy_(taps[:, 1:])
         return F.silu(mixed), state

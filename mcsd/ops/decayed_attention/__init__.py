@@ -21,7 +21,8 @@ from mcsd.ops.common import FORMS
 from mcsd.ops.context import CHUNK, ForwardContext
 from mcsd.ops.decayed_attention.chunk import chunk_decayed_attention
 from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention, fla_problem
-from mcsd.ops.decayed_attention.parallel import parallel_decayed_attention, per_token_log_decay, segment_log_decays
+from mcsd.ops.common import segment_log_decays
+from mcsd.ops.decayed_attention.parallel import parallel_decayed_attention, per_token_log_decay
 from mcsd.ops.decayed_attention.recurrent import decayed_attention_step, recurrent_decayed_attention
 from mcsd.ops.dispatch import dispatch
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mcsd.ops.common import in_state_dtype, state_dtype
-from mcsd.ops.decayed_attention.parallel import per_token_log_decay, segment_log_decays
+from mcsd.ops.common import in_state_dtype, segment_log_decays, state_dtype
+from mcsd.ops.decayed_attention.parallel import per_token_log_decay
 
 
 def chunk_decayed_attention(

@@ -20,16 +20,15 @@ PyTorch form instead.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
-import importlib
-
 import torch
-import torch.nn.functional as F
 
 from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention.parallel import per_token_log_decay
 from mcsd.ops.kernels import fla_kernel, outside_compiled_graphs
+from mcsd.ops.varlen import document_pieces
 
 
 @outside_compiled_graphs
@@ -53,21 +52,13 @@ def fla_decayed_attention(
         output, final = kernel(q=q, k=k, v=v, **decay, scale=1.0, initial_state=initial_state,
                                output_final_state=True)
         return output.transpose(1, 2).to(v.dtype), final.to(accumulate)
-    pieces = starts.clone()
-    pieces[:, 0] = True  # a row's first token begins a piece, a document's start or not
-    first = pieces.flatten().nonzero().squeeze(1)  # [S]: each piece's first token in the B * N
-    cu_seqlens = F.pad(first, (0, 1), value=batch * length)
-    row_first = torch.searchsorted(first, torch.arange(batch, device=first.device) * length)  # [B]
-    initial = q.new_zeros(len(first), heads, q.shape[-1], v.shape[-1], dtype=accumulate)
-    if initial_state is not None:  # a row that does not begin with a document goes on from its state
-        initial[row_first] = initial_state * ~starts[:, 0, None, None, None]
+    pieces = document_pieces(starts, initial_state, heads, q.shape[-1], v.shape[-1], accumulate)
     if "g" in decay:
         decay["g"] = decay["g"].reshape(1, batch * length, heads)
     output, finals = kernel(q=q.reshape(1, batch * length, heads, -1), k=k.reshape(1, batch * length, heads, -1),
-                            v=v.reshape(1, batch * length, heads, -1), **decay, scale=1.0, initial_state=initial,
-                            output_final_state=True, cu_seqlens=cu_seqlens)
-    row_last = torch.cat([row_first[1:], row_first.new_tensor([len(first)])]) - 1
-    return output.reshape(batch, length, heads, -1).transpose(1, 2).to(v.dtype), finals[row_last].to(accumulate)
+                            v=v.reshape(1, batch * length, heads, -1), **decay, scale=1.0, initial_state=pieces.initial,
+                            output_final_state=True, cu_seqlens=pieces.cu_seqlens)
+    return output.reshape(batch, length, heads, -1).transpose(1, 2).to(v.dtype), finals[pieces.row_last].to(accumulate)
 
 
 def fla_decayed_attention_step(

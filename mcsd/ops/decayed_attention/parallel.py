@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from mcsd.ops.common import state_dtype
+from mcsd.ops.common import segment_log_decays, state_dtype
 
 
 def per_token_log_decay(
@@ -36,19 +36,6 @@ def per_token_log_decay(
     if starts is not None:
         log_decay = log_decay.masked_fill(starts[:, None, :], float("-inf"))
     return log_decay
-
-
-def segment_log_decays(log_decay: torch.Tensor) -> torch.Tensor:
-    """``[..., N]`` -> ``[..., N, N]``: ``g_{m+1} + ... + g_n`` at ``[n, m]`` for ``m <= n`` (0 on the
-    diagonal), ``-inf`` above it. A masked cumulative sum down each column, never the difference
-    ``G_n - G_m`` of two cumulative sums: that difference loses the digits of a short segment
-    once ``|G|`` is large (at ``|G| = 1000`` fp32 keeps about 1e-4 of it), this sum does not."""
-    length = log_decay.shape[-1]
-    rows = torch.arange(length, device=log_decay.device)
-    after_column = rows[:, None] > rows[None, :]  # [r, m]: r > m
-    terms = log_decay[..., :, None].expand(*log_decay.shape, length)  # [..., r, m] = g_r
-    sums = terms.masked_fill(~after_column, 0.0).cumsum(dim=-2)  # [..., n, m] = sum_{m < r <= n} g_r
-    return sums.masked_fill(rows[:, None] < rows[None, :], float("-inf"))
 
 
 def parallel_decayed_attention(

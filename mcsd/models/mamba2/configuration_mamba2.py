@@ -1,0 +1,40 @@
+"""Mamba-2's configuration: the shared skeleton plus the SSD's inner width, state size, short
+convolution and the ranges its dt and A are drawn from."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mcsd.models.config import ConfigError, LMConfig, require_positive_int
+
+
+@dataclasses.dataclass
+class Mamba2Config(LMConfig):
+    """Mamba-2 (Dao and Gu 2024), heads = ``num_channels``: an inner width of ``expand`` x D
+    (the paper: 2), per head ``expand x D / heads`` features, a state of ``state_size`` per head
+    feature (B and C shared over the heads, one group), a causal convolution of ``conv_size``
+    taps over x, B and C (the paper: 4); dt's bias drawn log-uniform in [``dt_min``, ``dt_max``]
+    and ``A`` uniform in [``a_min``, ``a_max``] (the paper's 0.001, 0.1; 1, 16).
+    ``chunk_size`` is the block of its chunkwise form."""
+
+    expand: int = 2
+    state_size: int = 64
+    conv_size: int = 4
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    a_min: float = 1.0
+    a_max: float = 16.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("expand", "state_size", "conv_size"):
+            require_positive_int(name, getattr(self, name))
+        if (self.expand * self.hidden_size) % self.num_channels:
+            raise ConfigError(f"model.expand={self.expand} x hidden_size={self.hidden_size} must divide into "
+                              f"num_channels={self.num_channels} heads")
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ConfigError(f"model.dt_min={self.dt_min} and model.dt_max={self.dt_max} must satisfy "
+                              "0 < dt_min <= dt_max (the paper: 0.001, 0.1)")
+        if not 0 < self.a_min <= self.a_max:
+            raise ConfigError(f"model.a_min={self.a_min} and model.a_max={self.a_max} must satisfy "
+                              "0 < a_min <= a_max (the paper: 1, 16)")
