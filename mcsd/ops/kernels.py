@@ -34,6 +34,8 @@ FLA_KERNELS: dict[tuple[str, str], tuple[str, str]] = {
     ("exp_filter", "recurrent"): ("fla.ops.hgrn", "fused_recurrent_hgrn"),
     ("decayed_attention", "chunk"): ("fla.ops.simple_gla", "chunk_simple_gla"),
     ("decayed_attention", "recurrent"): ("fla.ops.simple_gla", "fused_recurrent_simple_gla"),
+    ("delta_rule", "chunk"): ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    ("delta_rule", "recurrent"): ("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule"),
     ("gla", "chunk"): ("fla.ops.gla", "chunk_gla"),
     ("gla", "recurrent"): ("fla.ops.gla", "fused_recurrent_gla"),
     ("wkv", "chunk"): ("fla.ops.rwkv4", "fused_recurrent_rwkv4"),  # fla has only the fused recurrence

@@ -139,8 +139,8 @@ def _train_speed(path: Path, notes: dict[str, str]) -> pd.DataFrame:
 
 def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anchor: str = "transformer") -> Comparison:
     """Gather every measurement under ``root`` (and ``mqar``) into one row per architecture
-    variant: every registered architecture's default variant, then each other variant that
-    has a result, in registry order. MQAR accuracy is read where ``mqar_anchor`` still solves it."""
+    variant: each registered architecture with a result, its default variant, then each other
+    variant that has a result, in registry order (one registered since the runs has no row). MQAR accuracy is read where ``mqar_anchor`` still solves it."""
     root = Path(root)
     notes: dict[str, str] = {}
     parts, curves = [], None
@@ -163,6 +163,8 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anch
     for name in registry.architectures():
         variants = list(registry.get(name).variants)
         present = set(measured.loc[measured["arch"] == name, "variant"])
+        if not present:  # not in this comparison's runs (registered since, or left out of the sweep)
+            continue
         for variant in [variants[0], *(v for v in variants[1:] if v in present), *sorted(present - set(variants))]:
             match = measured[(measured["arch"] == name) & (measured["variant"] == variant)]
             row = match.iloc[0].to_dict() if len(match) else {"arch": name, "variant": variant}

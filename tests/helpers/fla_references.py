@@ -3,7 +3,8 @@ which has no naive reference of its own) written out in PyTorch from its Triton 
 conventions (the decay is ``exp(-exp(w))``, the state ``[B, 3, 1, D]`` holds ``(alpha, beta, eps)``;
 the interpreter test checks it against the kernel itself), and its simple GLA references given
 the per-head decay ``g_gamma`` and the variable-length sequences (``cu_seqlens``) that its
-kernels take, and its GLA reference given the keywords and the scale its kernels take."""
+kernels take, its GLA reference given the keywords and the scale its kernels take, and its
+gated delta rule reference given variable-length sequences."""
 
 from __future__ import annotations
 
@@ -64,6 +65,17 @@ def with_gla_keywords(reference: Callable) -> Callable:
         return by_sequence(lambda q, k, v, decay, initial: reference(
             q, k, v, decay, initial_state=initial, output_final_state=output_final_state),
             (q, k, v, g if g is not None else gk), initial_state, cu_seqlens)
+    return kernel
+
+
+def with_sequences(reference: Callable) -> Callable:
+    """An fla reference that takes its kernel's keywords but not ``cu_seqlens`` (the gated delta
+    rule's) given variable-length sequences: one call per sequence."""
+    def kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+               cu_seqlens: torch.Tensor | None = None, initial_state: torch.Tensor | None = None,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return by_sequence(lambda q, k, v, g, beta, initial: reference(
+            q=q, k=k, v=v, g=g, beta=beta, initial_state=initial, **kwargs), (q, k, v, g, beta), initial_state, cu_seqlens)
     return kernel
 
 

@@ -22,13 +22,15 @@ import pytest
 import torch
 
 from helpers.documents import packed_starts
-from helpers.fla_references import naive_recurrent_rwkv4, with_gla_keywords, with_head_decay
+from helpers.fla_references import naive_recurrent_rwkv4, with_gla_keywords, with_head_decay, with_sequences
 from helpers.models import TINY, decode_with_state, relative_rms_error, tiny_model
 from mcsd.ops.context import ForwardContext
 from mcsd.models import registry
 from mcsd.ops import kernels
 from mcsd.ops.decayed_attention import decayed_attention_step, fla_decayed_attention, parallel_decayed_attention
 from mcsd.ops.decayed_attention.fla_backend import fla_decayed_attention_step
+from mcsd.ops.delta_rule import delta_rule_step, fla_delta_rule, recurrent_delta_rule
+from mcsd.ops.delta_rule.fla_backend import fla_delta_rule_step
 from mcsd.ops.exp_filter import fla_exp_filter, parallel_exp_filter
 from mcsd.ops.gla import fla_gla, gla_step, parallel_gla
 from mcsd.ops.gla.fla_backend import DECAY_KEYWORD, fla_gla_step
@@ -39,6 +41,7 @@ from mcsd.ops.wkv.fla_backend import fla_wkv_step
 hgrn_naive = pytest.importorskip("fla.ops.hgrn.naive", reason="flash-linear-attention (fla-core: the dev extra)")
 simple_gla_naive = pytest.importorskip("fla.ops.simple_gla.naive")
 naive_recurrent_gla = pytest.importorskip("fla.ops.gla.naive").naive_recurrent_gla
+gated_delta_rule_naive = pytest.importorskip("fla.ops.gated_delta_rule.naive")
 naive_recurrent_hgrn = hgrn_naive.naive_recurrent_hgrn
 naive_chunk_simple_gla, naive_recurrent_simple_gla = (simple_gla_naive.naive_chunk_simple_gla,
                                                       simple_gla_naive.naive_recurrent_simple_gla)
@@ -261,6 +264,54 @@ def test_gla_step_over_fla_gla_is_the_step() -> None:
     assert_close(got, gla_step(*fp64(q, k, v, -log_decay.abs(), state)))
 
 
+# The gated delta rule through fla's gated delta rule
+
+
+def delta_rule_inputs(length: int) -> list[torch.Tensor]:
+    q = torch.randn(2, 3, length, 4, generator=generator(0)).requires_grad_()
+    k = torch.nn.functional.normalize(torch.randn(2, 3, length, 4, generator=generator(1)), dim=-1).requires_grad_()
+    v = torch.randn(2, 3, length, 5, generator=generator(2)).requires_grad_()
+    beta = torch.rand(2, 3, length, generator=generator(3)).requires_grad_()
+    log_decay = (-torch.rand(2, 3, length, generator=generator(5)) * 0.3).requires_grad_()
+    return [q, k, v, beta, log_decay]
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("with_initial_state", [False, True])
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_delta_rule_over_fla_gated_delta_rule_is_the_recurrent_form(length: int, with_initial_state: bool,
+                                                                     form: str) -> None:
+    """Outputs, final states and gradients through fla's gated delta rule references (its naive
+    chunk and recurrent ones, called as ``chunk_gated_delta_rule`` and
+    ``fused_recurrent_gated_delta_rule`` are) equal this project's recurrent form in fp64."""
+    leaves = delta_rule_inputs(length)
+    initial = torch.randn(2, 3, 4, 5, generator=generator(4)).requires_grad_() if with_initial_state else None
+    got = fla_delta_rule(*leaves, initial, form, kernel=REFERENCE_KERNELS[("delta_rule", form)])
+    leaves64 = fp64(*leaves, initial)
+    expected = recurrent_delta_rule(*leaves64)
+    assert got[0].dtype == leaves[2].dtype and got[1].dtype == torch.float32
+    assert_close(got, expected)
+    differentiated = leaves + ([initial] if with_initial_state else [])
+    assert_close(gradients(got, differentiated), gradients(expected, leaves64[:len(differentiated)]))
+
+
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_delta_rule_over_fla_gated_delta_rule_keeps_documents_apart(form: str) -> None:
+    starts = packed_starts()
+    leaves = delta_rule_inputs(starts.shape[1])
+    initial = torch.randn(2, 3, 4, 5, generator=generator(4))
+    got = fla_delta_rule(*leaves, initial, form, kernel=REFERENCE_KERNELS[("delta_rule", form)], starts=starts)
+    expected = recurrent_delta_rule(*fp64(*leaves, initial), starts)
+    assert_close(got, expected)
+
+
+def test_delta_rule_step_over_fla_gated_delta_rule_is_the_step() -> None:
+    q, k, v, beta, log_decay = (tensor[:, :, 0].detach() for tensor in delta_rule_inputs(1))
+    state = torch.randn(2, 3, 4, 5, generator=generator(4))
+    got = fla_delta_rule_step(q, k, v, beta, log_decay, state, kernel=REFERENCE_KERNELS[("delta_rule", "recurrent")])
+    assert_close(got, delta_rule_step(*fp64(q, k, v, beta, log_decay, state)))
+
+
 # RWKV-4's WKV through fla's fused recurrence, as its Triton source reads
 
 
@@ -302,6 +353,9 @@ def test_fla_kernels_take_the_arguments_the_adapters_pass(op: str, form: str) ->
                 "wkv": ["w", "u", "k", "v", "state"]}
     if op in expected:
         assert parameters[:len(expected[op])] == expected[op]
+    elif op == "delta_rule":
+        assert {"q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state",
+                "cu_seqlens"} <= set(parameters)
     elif op == "gla":
         assert {"q", "k", "v", DECAY_KEYWORD[form], "scale", "initial_state", "output_final_state",
                 "cu_seqlens"} <= set(parameters)
@@ -341,6 +395,8 @@ REFERENCE_KERNELS = {
     ("exp_filter", "recurrent"): naive_recurrent_hgrn,
     ("decayed_attention", "chunk"): with_head_decay(naive_chunk_simple_gla),
     ("decayed_attention", "recurrent"): with_head_decay(naive_recurrent_simple_gla),
+    ("delta_rule", "chunk"): with_sequences(gated_delta_rule_naive.naive_chunk_gated_delta_rule),
+    ("delta_rule", "recurrent"): with_sequences(gated_delta_rule_naive.naive_recurrent_gated_delta_rule),
     ("gla", "chunk"): with_gla_keywords(naive_recurrent_gla),
     ("gla", "recurrent"): with_gla_keywords(naive_recurrent_gla),
     ("wkv", "chunk"): naive_recurrent_rwkv4,
@@ -360,7 +416,7 @@ def fla_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
             return REFERENCE_KERNELS[(op, form)](*args, **kwargs)
         return kernel
 
-    for module in ("exp_filter", "decayed_attention", "gla", "wkv"):
+    for module in ("exp_filter", "decayed_attention", "delta_rule", "gla", "wkv"):
         monkeypatch.setattr(f"mcsd.ops.{module}.fla_backend.fla_kernel", fla_kernel)
     monkeypatch.setattr(kernels, "fla_runs_on", lambda device: True)
     return served
