@@ -180,8 +180,9 @@ def markdown_mqar_table(best: pd.DataFrame) -> str:
 
 def curve_colors(curves: list[str]) -> dict[str, str]:
     """Each curve's colour: an architecture's default variant its colour (:mod:`mcsd.plots.style`), any other
-    curve the next colour of matplotlib's cycle that no registered architecture uses."""
-    taken = architecture_colors()
+    curve the next colour of matplotlib's cycle that no built-in architecture and no architecture
+    of these curves uses."""
+    taken = architecture_colors({split_curve(curve)[0] for curve in curves})
     spare = [color for color in plt.rcParams["axes.prop_cycle"].by_key()["color"]
              if matplotlib.colors.to_hex(color) not in taken] or ["black"]
     colors, others = {}, 0

@@ -7,6 +7,8 @@ registered one took (in registry order), so that it too keeps its colour from fi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import matplotlib.colors
 import matplotlib.pyplot as plt
 
@@ -35,6 +37,9 @@ def architecture_color(arch: str) -> str:
     return spare[others.index(arch) % len(spare)]
 
 
-def architecture_colors() -> set[str]:
-    """Every colour an architecture takes (hex), for curves that must look like none of them."""
-    return {matplotlib.colors.to_hex(architecture_color(name)) for name in registry.architectures()}
+def architecture_colors(present: Iterable[str] = ()) -> set[str]:
+    """The colours (hex) that a figure's other curves must not take: the built-in architectures'
+    (drawn or not, so that a figure's spare colours stay where they were when an architecture is
+    registered) and those of the other registered architectures ``present`` in it."""
+    names = [*ARCHITECTURE_COLORS, *(name for name in present if name in registry.architectures())]
+    return {matplotlib.colors.to_hex(architecture_color(name)) for name in names}

@@ -51,6 +51,12 @@ STATE_BYTES = {
         if node.attention_every and index % node.attention_every == node.attention_every - 1
         else node.state_size * node.ssd_expand * node.hidden_size * 4  # SSD: [H, N, P]
         for index in range(node.num_layers)),
+    "gla": lambda node, tokens: node.num_layers * node.num_channels * 4  # H x dk x dv per layer
+    * int(node.key_expansion * node.hidden_size // node.num_channels)
+    * int(node.value_expansion * node.hidden_size // node.num_channels),
+    "mamba2": lambda node, tokens: node.num_layers * 4 * (  # the SSD's [H, N, P] and the convolution's last inputs
+        node.state_size * node.expand * node.hidden_size
+        + (node.conv_size - 1) * (node.expand * node.hidden_size + 2 * node.state_size)),
 }
 
 
