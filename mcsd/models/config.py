@@ -25,6 +25,13 @@ def require_positive_int(name: str, value: Any) -> None:
         raise ConfigError(f"model.{name}={value!r} must be a positive integer")
 
 
+def check_range(low_name: str, low: Any, high_name: str, high: Any, papers: str) -> None:
+    """Refuse bounds of a draw (``model.dt_min`` / ``dt_max``, ``a_min`` / ``a_max``) unless ``0 < low <= high``."""
+    if not (isinstance(low, (int, float)) and isinstance(high, (int, float)) and 0 < low <= high):
+        raise ConfigError(f"model.{low_name}={low} and model.{high_name}={high} must satisfy "
+                          f"0 < {low_name} <= {high_name} ({papers})")
+
+
 def check_attention_every(value: Any) -> None:
     """Refuse a ``model.attention_every`` that is not an integer >= 0."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:

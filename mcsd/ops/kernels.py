@@ -112,6 +112,18 @@ def outside_compiled_graphs(adapter: Callable) -> Callable:
     return torch.compiler.disable(adapter)
 
 
+def odd_width_problem(q: torch.Tensor, v: torch.Tensor, form: str) -> str | None:
+    """What fla's chunk kernels refuse in a backward, for every op they serve: 16-bit keys or
+    values of odd width (with the fix), or ``None``."""
+    if form != "chunk" or not torch.is_grad_enabled():
+        return None
+    key_width, value_width = q.shape[-1], v.shape[-1]
+    if q.dtype in (torch.float16, torch.bfloat16) and (key_width % 2 or value_width % 2):
+        return (f"fla's chunk backward needs even key and value widths in 16-bit, and these are {key_width} and "
+                f"{value_width}: choose even head widths")
+    return None
+
+
 def fall_back(kernels: str, problem: str) -> None:
     """fla cannot serve one call, for ``problem`` (what it refuses, and the fix): under
     ``kernels=fla`` an error, in one line; under ``auto`` that call runs the PyTorch form (said

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mcsd.models.config import ConfigError, LMConfig, require_positive_int
+from mcsd.models.config import ConfigError, LMConfig, check_range, require_positive_int
 
 
 @dataclasses.dataclass
@@ -32,9 +32,5 @@ class Mamba2Config(LMConfig):
         if (self.expand * self.hidden_size) % self.num_channels:
             raise ConfigError(f"model.expand={self.expand} x hidden_size={self.hidden_size} must divide into "
                               f"num_channels={self.num_channels} heads")
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ConfigError(f"model.dt_min={self.dt_min} and model.dt_max={self.dt_max} must satisfy "
-                              "0 < dt_min <= dt_max (the paper: 0.001, 0.1)")
-        if not 0 < self.a_min <= self.a_max:
-            raise ConfigError(f"model.a_min={self.a_min} and model.a_max={self.a_max} must satisfy "
-                              "0 < a_min <= a_max (the paper: 1, 16)")
+        check_range("dt_min", self.dt_min, "dt_max", self.dt_max, "the paper: 0.001, 0.1")
+        check_range("a_min", self.a_min, "a_max", self.a_max, "the paper: 1, 16")

@@ -13,7 +13,6 @@ Decoding state: ``[the SSD state [B, H, N, P] fp32, the convolution's last input
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +20,7 @@ from torch import nn
 
 from mcsd.models.mamba2.configuration_mamba2 import Mamba2Config
 from mcsd.models.modules.conv import ShortConvolution
+from mcsd.models.modules.decays import draw_dt_bias_
 from mcsd.models.modules.layers import ChannelRMSNorm
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.ops.common import state_dtype
@@ -60,9 +60,7 @@ class Mamba2Mixer(TokenMixer):
         self.conv.reset_parameters()
         with torch.no_grad():
             self.A_log.copy_(torch.log(torch.empty(self.num_heads).uniform_(*self.a_range)))
-            low, high = math.log(self.dt_range[0]), math.log(self.dt_range[1])
-            dt = torch.exp(torch.rand(self.num_heads) * (high - low) + low)
-            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        draw_dt_bias_(self.dt_bias, *self.dt_range)
         nn.init.ones_(self.skip)
         self.norm.reset_parameters()
 

@@ -35,3 +35,12 @@ def section_log_decay(kind: str, num_channels: int, device: torch.device,
     in fp64), never cast by ``model.to(dtype)``: cached for eager calls (built once per device
     and dtype), a constant of a compiled graph (:func:`mcsd.ops.common.constant_tensor`)."""
     return constant_tensor(tuple(log_decay_values(kind, num_channels, offset)), device, dtype)
+
+
+def draw_dt_bias_(bias: torch.Tensor, dt_min: float, dt_max: float) -> None:
+    """Mamba-2's draw of dt's bias, in place: ``softplus(bias)`` log-uniform in [``dt_min``, ``dt_max``]
+    (one draw per head from torch's generator)."""
+    low, high = math.log(dt_min), math.log(dt_max)
+    dt = torch.exp(torch.rand(bias.shape[0]) * (high - low) + low)
+    with torch.no_grad():
+        bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)

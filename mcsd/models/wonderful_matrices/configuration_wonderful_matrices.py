@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mcsd.models.config import ConfigError, LMConfig, check_attention_every, is_attention_layer, require_positive_int
+from mcsd.models.config import ConfigError, LMConfig, check_attention_every, check_range, is_attention_layer, require_positive_int
 
 MLPS = ("geglu", "cdmoe")
 SSD_NORMS = ("per_head", "gate_first")
@@ -70,9 +70,7 @@ class WonderfulMatricesConfig(LMConfig):
             raise ConfigError(f"model.cdmoe_experts={self.cdmoe_experts} must be a square s * s with s >= "
                               f"model.cdmoe_top_k={self.cdmoe_top_k} (product keys pick top-k from each of two "
                               "sets of s sub-keys)")
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ConfigError(f"model.dt_min={self.dt_min} and model.dt_max={self.dt_max} must satisfy "
-                              "0 < dt_min <= dt_max")
+        check_range("dt_min", self.dt_min, "dt_max", self.dt_max, "Mamba-2's: 0.001, 0.1")
 
     def is_attention_layer(self, layer_index: int) -> bool:
         """Whether layer ``layer_index`` is an attention layer (every ``attention_every``-th)."""

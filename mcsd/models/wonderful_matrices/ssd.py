@@ -13,12 +13,12 @@ and recurrent forms are SSD's. Decoding state: ``[B, H, N, P]`` fp32 per layer.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mcsd.models.modules.decays import draw_dt_bias_
 from mcsd.models.modules.layers import ChannelRMSNorm
 from mcsd.models.modules.mixer import TokenMixer
 from mcsd.models.modules.rotary import rotary, rotary_step
@@ -59,9 +59,7 @@ class StateSpaceDuality(TokenMixer):
         nn.init.normal_(self.out_proj.weight, std=self.init_std)
         with torch.no_grad():
             self.A_log.copy_(torch.log(torch.arange(1, self.num_heads + 1, dtype=torch.float32)))
-            low, high = math.log(self.dt_range[0]), math.log(self.dt_range[1])
-            dt = torch.exp(torch.rand(self.num_heads) * (high - low) + low)
-            self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+        draw_dt_bias_(self.dt_bias, *self.dt_range)
         nn.init.ones_(self.skip)
         self.norm.reset_parameters()
 

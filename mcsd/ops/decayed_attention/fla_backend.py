@@ -27,7 +27,7 @@ import torch
 
 from mcsd.ops.common import state_dtype
 from mcsd.ops.decayed_attention.parallel import per_token_log_decay
-from mcsd.ops.kernels import fla_kernel, outside_compiled_graphs
+from mcsd.ops.kernels import fla_kernel, odd_width_problem, outside_compiled_graphs
 from mcsd.ops.varlen import document_pieces
 
 
@@ -87,10 +87,9 @@ def fla_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: to
     if form != "chunk" or not torch.is_grad_enabled() or not any(
             tensor.requires_grad for tensor in (q, k, v, log_decay)):
         return None
-    key_width, value_width = q.shape[-1], v.shape[-1]
-    if q.dtype in (torch.float16, torch.bfloat16) and (key_width % 2 or value_width % 2):
-        return (f"fla's chunk backward needs even key and value widths in 16-bit, and these are {key_width} and "
-                f"{value_width}: choose even head widths")
+    problem = odd_width_problem(q, v, form)
+    if problem is not None:
+        return problem
     if log_decay.dim() > 1 and gated_chunk_backward_refused():
         import triton  # fla imported it
 

@@ -21,9 +21,10 @@ import torch
 from mcsd.ops.common import FORMS
 from mcsd.ops.context import CHUNK, ForwardContext
 from mcsd.ops.delta_rule.chunk import chunk_delta_rule, parallel_delta_rule
-from mcsd.ops.delta_rule.fla_backend import fla_delta_rule, fla_problem
+from mcsd.ops.delta_rule.fla_backend import fla_delta_rule
 from mcsd.ops.delta_rule.recurrent import delta_rule_step, recurrent_delta_rule
 from mcsd.ops.dispatch import dispatch
+from mcsd.ops.kernels import odd_width_problem
 
 
 def delta_rule(
@@ -39,7 +40,7 @@ def delta_rule(
         "chunk": functools.partial(chunk_delta_rule, *inputs, context.chunk_size, starts),
         "recurrent": functools.partial(recurrent_delta_rule, *inputs, starts),
     }, fla=functools.partial(fla_delta_rule, *inputs, context.form, starts=starts),
-        fla_problem=lambda: fla_problem(q, v, context.form))
+        fla_problem=lambda: odd_width_problem(q, v, context.form))
 
 
 __all__ = ["FORMS", "chunk_delta_rule", "delta_rule", "delta_rule_step", "fla_delta_rule", "parallel_delta_rule",

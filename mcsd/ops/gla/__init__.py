@@ -20,8 +20,9 @@ import torch
 from mcsd.ops.common import FORMS
 from mcsd.ops.context import CHUNK, ForwardContext
 from mcsd.ops.dispatch import dispatch
+from mcsd.ops.kernels import odd_width_problem
 from mcsd.ops.gla.chunk import chunk_gla
-from mcsd.ops.gla.fla_backend import fla_gla, fla_problem
+from mcsd.ops.gla.fla_backend import fla_gla
 from mcsd.ops.gla.parallel import key_segment_log_decays, parallel_gla
 from mcsd.ops.gla.recurrent import gla_step, recurrent_gla
 
@@ -39,7 +40,7 @@ def gla(
         "chunk": functools.partial(chunk_gla, *inputs, context.chunk_size, starts),
         "recurrent": functools.partial(recurrent_gla, *inputs, starts),
     }, fla=functools.partial(fla_gla, *inputs, context.form, starts=starts),
-        fla_problem=lambda: fla_problem(q, v, context.form))
+        fla_problem=lambda: odd_width_problem(q, v, context.form))
 
 
 __all__ = ["FORMS", "chunk_gla", "fla_gla", "gla", "gla_step", "key_segment_log_decays", "parallel_gla", "recurrent_gla"]

@@ -57,15 +57,3 @@ def fla_gla_step(
     output, state = fla_gla(q[:, :, None], k[:, :, None], v[:, :, None], log_decay[:, :, None], state,
                             form="recurrent", kernel=kernel)
     return output[:, :, 0], state
-
-
-def fla_problem(q: torch.Tensor, v: torch.Tensor, form: str) -> str | None:
-    """Why fla's kernel cannot serve this call (what it would refuse in the backward, and the
-    fix), or ``None``."""
-    if form != "chunk" or not torch.is_grad_enabled():
-        return None
-    key_width, value_width = q.shape[-1], v.shape[-1]
-    if q.dtype in (torch.float16, torch.bfloat16) and (key_width % 2 or value_width % 2):
-        return (f"fla's chunk backward needs even key and value widths in 16-bit, and these are {key_width} and "
-                f"{value_width}: choose even head widths")
-    return None
