@@ -24,6 +24,7 @@ from mcsd.models import registry
 from mcsd.ops.decayed_attention import chunk_decayed_attention, decayed_attention, decayed_attention_step
 from mcsd.ops.decayed_attention.fla_backend import gated_chunk_backward_refused
 from mcsd.ops.exp_filter import chunk_exp_filter, exp_filter
+from mcsd.ops.delta_rule import delta_rule, recurrent_delta_rule
 from mcsd.ops.gla import chunk_gla, gla
 from mcsd.ops.kernels import KernelsUnavailable, fla_import_problem
 from mcsd.ops.wkv import chunk_wkv, wkv, wkv_step
@@ -84,6 +85,27 @@ def test_exp_filter_through_hgrn(form: str, length: int, dtype: torch.dtype) -> 
         return exp_filter(x, log_decay, initial, context=ForwardContext(form, "fla"))
 
     _compare(run, [x, log_decay, initial], dtype, cast=1, differentiate=[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [1, 65, 301])
+@pytest.mark.parametrize("form", ["chunk", "recurrent"])
+def test_delta_rule_through_fla_gated_delta_rule(form: str, length: int, dtype: torch.dtype) -> None:
+    """L2-normalised keys, beta in (0, 1), decays of Mamba-2's range, as a mixer hands them; the
+    reference is the recurrent form (the chunk form's solve in fp64 on the GPU would be its own check)."""
+    q = _random(2, 4, length, 64, seed=0, scale=64 ** -0.5)
+    k = torch.nn.functional.normalize(_random(2, 4, length, 64, seed=1), dim=-1)
+    v = _random(2, 4, length, 64, seed=2)
+    beta = torch.rand(2, 4, length, generator=torch.Generator().manual_seed(5))
+    log_decay = -torch.rand(2, 4, length, generator=torch.Generator().manual_seed(6)) * 0.1
+    initial = _random(2, 4, 64, 64, seed=3)
+
+    def run(kernels, q, k, v, beta, log_decay, initial):
+        if kernels == "torch":
+            return recurrent_delta_rule(q, k, v, beta, log_decay, initial)
+        return delta_rule(q, k, v, beta, log_decay, initial, context=ForwardContext(form, "fla"))
+
+    _compare(run, [q, k, v, beta, log_decay, initial], dtype, cast=3, differentiate=[0, 1, 2, 3])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
