@@ -138,3 +138,67 @@ def test_documents_apart_equal_each_document_alone(chunk_size: int) -> None:
             expected, state = each_alone(alone, row, axis=2)
             assert relative_rms_error(output[row:row + 1], expected) < TOLERANCE, (form, row)
             assert relative_rms_error(final[row:row + 1], state) < TOLERANCE, (form, row)
+
+
+def test_the_chunk_form_compiles_once_for_every_length() -> None:
+    """Traced with the length a symbol (dynamo's dynamic shapes), the chunk form is one graph for
+    every length: its carry over the chunks is one op (``mcsd::delta_rule_carry``, with its own
+    backward), whose outputs, final states and gradients are the eager ones."""
+    torch._dynamo.reset()
+    context = ForwardContext("chunk", chunk_size=16)
+    traced = torch.compile(lambda *a: delta_rule(*a, context=context), backend="eager", dynamic=True)
+    for length in (40, 57):
+        parts = inputs(length)
+        leaves = [tensor.clone().requires_grad_() for tensor in parts]
+        with torch.compiler.set_stance("fail_on_recompile" if length == 57 else "default"):
+            output, final = traced(*leaves)
+        (output.square().sum() + final.square().sum()).backward()
+        expected, expected_final = recurrent_delta_rule(*(tensor.double() for tensor in parts))
+        assert relative_rms_error(output, expected) < TOLERANCE and relative_rms_error(final, expected_final) < TOLERANCE
+        eager_leaves = [tensor.clone().requires_grad_() for tensor in parts]
+        expected, expected_final = delta_rule(*eager_leaves, context=context)
+        (expected.square().sum() + expected_final.square().sum()).backward()
+        for leaf, eager in zip(leaves, eager_leaves, strict=True):
+            assert relative_rms_error(leaf.grad, eager.grad) < 1e-4, length
+
+
+def test_a_gradient_of_the_final_state_alone() -> None:
+    """The carry's backward with no gradient from the outputs (autograd hands it zeros): the
+    recurrent form's gradients, and none (zeros) for the queries, which the state never reads."""
+    gradients = []
+    for form in ("chunk", "recurrent"):
+        leaves = [tensor.clone().requires_grad_() for tensor in inputs(50)]
+        delta_rule(*leaves, context=ForwardContext(form, chunk_size=16))[1].square().sum().backward()
+        gradients.append([leaf.grad for leaf in leaves])
+    (query, *actual), (no_query, *expected) = gradients
+    assert no_query is None and torch.count_nonzero(query) == 0
+    for got, want in zip(actual, expected, strict=True):
+        assert relative_rms_error(got, want) < 1e-4
+
+
+def test_the_carry_op_passes_opcheck() -> None:
+    """The carry's schema, fake tensors and autograd registration, as torch.library checks them."""
+    from mcsd.ops.delta_rule.chunk import _carry
+
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(1, 2, 3, 4, 5), (1, 2, 3, 4, 6), (1, 2, 3, 4, 6), (1, 2, 3, 4, 4), (1, 2, 3, 4, 6), (1, 2, 3), (1, 2, 6, 5)]
+    args = [torch.randn(*shape, generator=generator, dtype=torch.float64, requires_grad=True) for shape in shapes]
+    torch.library.opcheck(_carry, args)
+
+
+def test_the_parallel_form_exports_one_graph_for_every_length() -> None:
+    """``torch.export`` with the length a symbol (as the ONNX prefill traces it): the system of
+    symbolic size is solved by forward substitution in a ``scan`` (ONNX has no triangular solve),
+    and the exported graph gives the eager outputs and states at other lengths."""
+
+    class Parallel(torch.nn.Module):
+        def forward(self, q, k, v, beta, log_decay, initial):
+            return delta_rule(q, k, v, beta, log_decay, initial, context=ForwardContext("parallel"))
+
+    length = torch.export.Dim("length", min=2, max=512)
+    program = torch.export.export(Parallel(), inputs(20), dynamic_shapes=({2: length},) * 5 + (None,))
+    assert "scan" in str(program.graph) and "solve_triangular" not in str(program.graph)
+    for size in (7, 33):
+        parts = inputs(size, seed=size)
+        for actual, expected in zip(program.module()(*parts), recurrent_delta_rule(*parts), strict=True):
+            assert relative_rms_error(actual, expected) < TOLERANCE, size
