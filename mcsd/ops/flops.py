@@ -74,6 +74,26 @@ def gla_flops(length: int, key_width: int, value_width: int, form: str, chunk_si
                        + size * size * key_width + size * state)
 
 
+def delta_rule_flops(length: int, key_width: int, value_width: int, form: str, chunk_size: int) -> int:
+    """The gated delta rule, one head (``dk``, ``dv``), as its forms compute it
+    (:mod:`mcsd.ops.delta_rule`). Chunk: inside each chunk of L the keys' products ``K K^T`` and the
+    scores ``Q K^T`` (``2 L^2 dk`` each), the unit triangular solve for the written values and
+    their state map (``L^2 (dk + dv)``), the scores times the values (``2 L^2 dv``), and per token
+    the state's three products (``W S``, ``Q S``, ``K^T U``: ``2 dk dv`` each); parallel the same
+    with one chunk of ``N``; recurrent per token the key's read of the state, the write and the
+    query's read (``2 dk dv`` each)."""
+    check_form(form)
+    state = 6 * key_width * value_width
+    if form == "recurrent":
+        return length * state
+
+    def per_chunk(size: int) -> int:
+        return 4 * size * size * key_width + size * size * (key_width + value_width) + 2 * size * size * value_width \
+            + size * state
+
+    return per_chunk(length) if form == "parallel" else over_chunks(length, chunk_size, per_chunk)
+
+
 def exp_filter_flops(length: int, width: int, form: str, chunk_size: int) -> int:
     """The exponential filter over ``width`` features (MCSD's section, every channel): parallel
     the ``N x N`` matrix times the values (``2 N^2`` per feature); chunk the ``L x L`` matrix in

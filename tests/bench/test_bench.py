@@ -54,6 +54,9 @@ STATE_BYTES = {
     "gla": lambda node, tokens: node.num_layers * node.num_channels * 4  # H x dk x dv per layer
     * int(node.key_expansion * node.hidden_size // node.num_channels)
     * int(node.value_expansion * node.hidden_size // node.num_channels),
+    "gated_deltanet": lambda node, tokens: node.num_layers * 4 * (  # [H, dk, dv] and the convolution's last inputs
+        node.hidden_size * int(node.value_expansion * node.hidden_size // node.num_channels)
+        + (node.conv_size - 1) * int((2 + node.value_expansion) * node.hidden_size)),
     "mamba2": lambda node, tokens: node.num_layers * 4 * (  # the SSD's [H, N, P] and the convolution's last inputs
         node.state_size * node.expand * node.hidden_size
         + (node.conv_size - 1) * (node.expand * node.hidden_size + 2 * node.state_size)),

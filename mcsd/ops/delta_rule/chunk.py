@@ -24,9 +24,12 @@ for ONNX, which has no triangular solve) is solved by forward substitution, row 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch._higher_order_ops import scan
+from torch.utils.flop_counter import register_flop_formula
 
 from mcsd.ops.common import in_state_dtype, segment_log_decays, state_dtype
 
@@ -158,6 +161,23 @@ def _carry_backward(
 def _(grad_output, grad_final, written, through_state, from_state, scores, to_end, gamma_end, entering):
     return (*(piece.new_empty(piece.shape) for piece in (written, through_state, from_state, scores, to_end,
                                                          gamma_end)), grad_final.new_empty(grad_final.shape))
+
+
+@register_flop_formula(torch.ops.mcsd.delta_rule_carry)
+def _carry_flops(written: torch.Size, through_state: torch.Size, *_: torch.Size, **__: object) -> int:
+    """What ``FlopCounterMode`` counts for the carry (an op it cannot see into): per chunk and
+    head the products ``W S``, ``Q' S``, ``K'^T U`` (``2 L dk dv`` each) and ``P U`` (``2 L^2 dv``)."""
+    *rows, length, value_width = written
+    return math.prod(rows) * (6 * length * through_state[-1] * value_width + 2 * length * length * value_width)
+
+
+@register_flop_formula(torch.ops.mcsd.delta_rule_carry_backward)
+def _carry_backward_flops(_grad_output: torch.Size, _grad_final: torch.Size, written: torch.Size,
+                          through_state: torch.Size, *_: torch.Size, **__: object) -> int:
+    """The backward's products: ``W S`` (``U`` again), ``K' dS'``, ``Q'^T dO``, ``W^T dU``, ``dW``,
+    ``dQ'``, ``dK'`` (``2 L dk dv`` each), ``P^T dO`` and ``dP`` (``2 L^2 dv`` each)."""
+    *rows, length, value_width = written
+    return math.prod(rows) * (14 * length * through_state[-1] * value_width + 4 * length * length * value_width)
 
 
 def _save_for_backward(ctx, inputs: tuple[torch.Tensor, ...], output: tuple[torch.Tensor, ...]) -> None:
