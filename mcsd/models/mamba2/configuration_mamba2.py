@@ -7,6 +7,10 @@ import dataclasses
 
 from mcsd.models.config import ConfigError, LMConfig, check_range, require_positive_int
 
+IN_PROJ_INITS = ("normal", "uniform")
+"""How the input projection is drawn: ``normal``, Normal(0, ``init_std``) as every projection here;
+``uniform``, nn.Linear's own U(+-1/sqrt(D)) as the paper's code (mamba_ssm) keeps it."""
+
 
 @dataclasses.dataclass
 class Mamba2Config(LMConfig):
@@ -14,7 +18,8 @@ class Mamba2Config(LMConfig):
     (the paper: 2), per head ``expand x D / heads`` features, a state of ``state_size`` per head
     feature (B and C shared over the heads, one group), a causal convolution of ``conv_size``
     taps over x, B and C (the paper: 4); dt's bias drawn log-uniform in [``dt_min``, ``dt_max``]
-    and ``A`` uniform in [``a_min``, ``a_max``] (the paper's 0.001, 0.1; 1, 16).
+    and ``A`` uniform in [``a_min``, ``a_max``] (the paper's 0.001, 0.1; 1, 16); the input
+    projection drawn as ``in_proj_init`` says (:data:`IN_PROJ_INITS`).
     ``chunk_size`` is the block of its chunkwise form."""
 
     expand: int = 2
@@ -24,6 +29,7 @@ class Mamba2Config(LMConfig):
     dt_max: float = 0.1
     a_min: float = 1.0
     a_max: float = 16.0
+    in_proj_init: str = "normal"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -34,3 +40,6 @@ class Mamba2Config(LMConfig):
                               f"num_channels={self.num_channels} heads")
         check_range("dt_min", self.dt_min, "dt_max", self.dt_max, "the paper: 0.001, 0.1")
         check_range("a_min", self.a_min, "a_max", self.a_max, "the paper: 1, 16")
+        if self.in_proj_init not in IN_PROJ_INITS:
+            raise ConfigError(f"model.in_proj_init={self.in_proj_init!r} is unknown: use one of "
+                              f"{', '.join(IN_PROJ_INITS)} (uniform: nn.Linear's own, as the paper's code)")

@@ -13,6 +13,7 @@ Decoding state: ``[the SSD state [B, H, N, P] fp32, the convolution's last input
 
 from __future__ import annotations
 
+import math
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,8 @@ from mcsd.ops.flops import decayed_attention_flops
 
 
 class Mamba2Mixer(TokenMixer):
-    """Mamba-2's SSD layer. Initialisation: Normal(0, init_std) projections, the convolution as
+    """Mamba-2's SSD layer. Initialisation: Normal(0, init_std) projections (the input projection
+    nn.Linear's own U(+-1/sqrt(D)) with ``in_proj_init=uniform``, as the paper's code), the convolution as
     nn.Conv1d's, ``A`` uniform in [a_min, a_max] (``A_log = log A``), skip ``D = 1``, dt's bias
     such that ``softplus(dt_bias)`` is log-uniform in [dt_min, dt_max], unit norm gains;
     ``out_proj`` is scaled by the skeleton."""
@@ -44,6 +46,7 @@ class Mamba2Mixer(TokenMixer):
         self.head_width = self.inner_width // self.num_heads
         self.state_size = config.state_size
         self.init_std = config.init_std
+        self.in_proj_init = config.in_proj_init
         self.dt_range, self.a_range = (config.dt_min, config.dt_max), (config.a_min, config.a_max)
         self.conv_width = self.inner_width + 2 * self.state_size  # x, B, C
         self.in_proj = nn.Linear(config.hidden_size, self.inner_width + self.conv_width + self.num_heads, bias=False)
@@ -55,7 +58,11 @@ class Mamba2Mixer(TokenMixer):
         self.out_proj = nn.Linear(self.inner_width, config.hidden_size, bias=False)
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.in_proj.weight, std=self.init_std)
+        if self.in_proj_init == "uniform":
+            bound = 1 / math.sqrt(self.in_proj.in_features)
+            nn.init.uniform_(self.in_proj.weight, -bound, bound)
+        else:
+            nn.init.normal_(self.in_proj.weight, std=self.init_std)
         nn.init.normal_(self.out_proj.weight, std=self.init_std)
         self.conv.reset_parameters()
         with torch.no_grad():
