@@ -19,7 +19,8 @@ class Mamba2Config(LMConfig):
     feature (B and C shared over the heads, one group), a causal convolution of ``conv_size``
     taps over x, B and C (the paper: 4); dt's bias drawn log-uniform in [``dt_min``, ``dt_max``]
     and ``A`` uniform in [``a_min``, ``a_max``] (the paper's 0.001, 0.1; 1, 16); the input
-    projection drawn as ``in_proj_init`` says (:data:`IN_PROJ_INITS`).
+    projection drawn as ``in_proj_init`` says (:data:`IN_PROJ_INITS`), the skip ``D`` starting at
+    ``skip_init`` (the paper: 1).
     ``chunk_size`` is the block of its chunkwise form."""
 
     expand: int = 2
@@ -30,6 +31,7 @@ class Mamba2Config(LMConfig):
     a_min: float = 1.0
     a_max: float = 16.0
     in_proj_init: str = "normal"
+    skip_init: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -40,6 +42,9 @@ class Mamba2Config(LMConfig):
                               f"num_channels={self.num_channels} heads")
         check_range("dt_min", self.dt_min, "dt_max", self.dt_max, "the paper: 0.001, 0.1")
         check_range("a_min", self.a_min, "a_max", self.a_max, "the paper: 1, 16")
+        if not isinstance(self.skip_init, (int, float)) or isinstance(self.skip_init, bool):
+            raise ConfigError(f"model.skip_init={self.skip_init!r} must be a number (the skip D's initial value; "
+                              "the paper: 1)")
         if self.in_proj_init not in IN_PROJ_INITS:
             raise ConfigError(f"model.in_proj_init={self.in_proj_init!r} is unknown: use one of "
                               f"{', '.join(IN_PROJ_INITS)} (uniform: nn.Linear's own, as the paper's code)")

@@ -33,7 +33,7 @@ from mcsd.ops.flops import decayed_attention_flops
 class Mamba2Mixer(TokenMixer):
     """Mamba-2's SSD layer. Initialisation: Normal(0, init_std) projections (the input projection
     nn.Linear's own U(+-1/sqrt(D)) with ``in_proj_init=uniform``, as the paper's code), the convolution as
-    nn.Conv1d's, ``A`` uniform in [a_min, a_max] (``A_log = log A``), skip ``D = 1``, dt's bias
+    nn.Conv1d's, ``A`` uniform in [a_min, a_max] (``A_log = log A``), skip ``D = skip_init`` (1), dt's bias
     such that ``softplus(dt_bias)`` is log-uniform in [dt_min, dt_max], unit norm gains;
     ``out_proj`` is scaled by the skeleton."""
 
@@ -46,7 +46,7 @@ class Mamba2Mixer(TokenMixer):
         self.head_width = self.inner_width // self.num_heads
         self.state_size = config.state_size
         self.init_std = config.init_std
-        self.in_proj_init = config.in_proj_init
+        self.in_proj_init, self.skip_init = config.in_proj_init, config.skip_init
         self.dt_range, self.a_range = (config.dt_min, config.dt_max), (config.a_min, config.a_max)
         self.conv_width = self.inner_width + 2 * self.state_size  # x, B, C
         self.in_proj = nn.Linear(config.hidden_size, self.inner_width + self.conv_width + self.num_heads, bias=False)
@@ -68,7 +68,7 @@ class Mamba2Mixer(TokenMixer):
         with torch.no_grad():
             self.A_log.copy_(torch.log(torch.empty(self.num_heads).uniform_(*self.a_range)))
         draw_dt_bias_(self.dt_bias, *self.dt_range)
-        nn.init.ones_(self.skip)
+        nn.init.constant_(self.skip, self.skip_init)
         self.norm.reset_parameters()
 
     def residual_weights(self) -> list[nn.Parameter]:
