@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.models import relative_rms_error, tiny_model
+from helpers.models import relative_rms_error, tiny_config, tiny_model
 from mcsd.models import registry
+from mcsd.models.build import build_model
+from mcsd.models.config import ConfigError
 from mcsd.models.mamba2.ssd import Mamba2Mixer
 from mcsd.ops.context import ForwardContext
 
@@ -78,3 +80,25 @@ def test_our_prefill_and_steps_equal_transformers_layer() -> None:
         out, state = ours.step(x[:, position], state, position, ForwardContext.step())
         steps.append(out)
     assert relative_rms_error(torch.cat([prefill, torch.stack(steps, 1)], 1), expected) < FP32_TOLERANCE
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"in_proj_init": "xavier"}, "model.in_proj_init='xavier' is unknown: use one of normal, uniform"),
+    ({"skip_init": "one"}, "model.skip_init='one' must be a number"),
+])
+def test_bad_initialisation_settings_are_refused_in_one_line(override: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_model(tiny_config("mamba2", **override))
+
+
+@torch.no_grad()
+def test_the_initialisation_settings_draw_what_they_say() -> None:
+    """``in_proj_init=uniform``: nn.Linear's own bound 1/sqrt(D), reached and not passed; ``skip_init``: D."""
+    torch.manual_seed(0)
+    uniform = tiny_model("mamba2", hidden_size=64, num_channels=4, in_proj_init="uniform", skip_init=0.0).layers[0].mixer
+    normal = tiny_model("mamba2", hidden_size=64, num_channels=4).layers[0].mixer
+    bound = 1 / 64 ** 0.5
+    assert bound * 0.99 < uniform.in_proj.weight.abs().max() <= bound
+    assert abs(uniform.in_proj.weight.std().item() - bound / 3 ** 0.5) < 0.002
+    assert abs(normal.in_proj.weight.std().item() - 0.02) < 0.001
+    assert torch.equal(uniform.skip, torch.zeros(4)) and torch.equal(normal.skip, torch.ones(4))

@@ -11,6 +11,7 @@ register(Architecture(
     model_class=Mamba2ForCausalLM,
     label="Mamba-2",
     train_form="chunk",
+    setting_cases=({"in_proj_init": "uniform"}, {"skip_init": 0.0}),
     ops=("decayed_attention",),  # model.kernels: its chunk and recurrent forms through fla's simple GLA kernels
 ))
 

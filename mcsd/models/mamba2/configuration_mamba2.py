@@ -30,8 +30,12 @@ class Mamba2Config(LMConfig):
     dt_max: float = 0.1
     a_min: float = 1.0
     a_max: float = 16.0
-    in_proj_init: str = "normal"
-    skip_init: float = 1.0
+    # Its initialisation, one switch each, for the study of why it stays at chance on MQAR (a "setting":
+    # plots name the runs that change one; "legacy": runs logged before it existed).
+    in_proj_init: str = dataclasses.field(default="normal", metadata={"setting": True, "legacy": "normal"})
+    """How the input projection (x, B, C, z, dt) is drawn: :data:`IN_PROJ_INITS`."""
+    skip_init: float = dataclasses.field(default=1.0, metadata={"setting": True, "legacy": 1.0})
+    """The skip ``D``'s initial value (the paper: 1)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
