@@ -30,3 +30,18 @@ def test_a_new_architecture_takes_a_spare_colour() -> None:
     finally:
         registry.unregister("spare_colour")
         mcsd.model_class.architecture = mcsd
+
+
+def test_curves_of_one_architecture_with_settings_changed_differ_in_colour() -> None:
+    """A study of one architecture's settings (``retnet_parts/``, ``mamba2_init/``) draws a curve per
+    setting: each a colour of its own, none the architecture's, which stays with its default curve."""
+    from mcsd.plots.mqar import curve_colors
+    from mcsd.plots.runs import curve_key
+
+    details = ["default", *(f"default, decay_offset={offset}" for offset in range(1, 9))]  # more than the cycle's spares
+    curves = [curve_key("retnet", detail) for detail in details]
+    curves.append(curve_key("mcsd", "slope_only"))
+    colours = {curve: matplotlib.colors.to_hex(colour) for curve, colour in curve_colors(curves).items()}
+    assert colours[curves[0]] == matplotlib.colors.to_hex(ARCHITECTURE_COLORS["retnet"])
+    assert len(set(colours.values())) == len(curves)
+    assert not set(colours[curve] for curve in curves[1:]) & {matplotlib.colors.to_hex(c) for c in ARCHITECTURE_COLORS.values()}
