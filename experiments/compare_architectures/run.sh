@@ -37,6 +37,6 @@ models=$(for job in $(first_seed_jobs "$out"); do printf '%s,' "$out/$job/csv/ve
 unset OMP_NUM_THREADS  # the benchmarks run alone, on every core
 for mode in inference train; do
   mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \
-    output_dir="$out/bench_$mode" wandb.enabled=false
+    output_dir="$out/bench_$mode" overwrite=true wandb.enabled=false  # every model again, side by side
 done
 mcsd-plot experiment source="$out" name=compare_architectures  # the table and figure, MQAR from ../mqar_converge/cpu
