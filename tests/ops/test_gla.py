@@ -13,7 +13,8 @@ from helpers.models import relative_rms_error
 from mcsd.ops.common import FORMS
 from mcsd.ops.context import ForwardContext
 from mcsd.ops.decayed_attention import decayed_attention
-from mcsd.ops.gla import chunk_gla, gla, gla_step, parallel_gla
+from mcsd.ops.gla import chunk_gla, gla, gla_step, key_segment_log_decays, parallel_gla
+from mcsd.ops.gla.chunk import intra_chunk_scores
 
 LENGTHS = [1, 2, 63, 64, 65, 150]
 CHUNK_SIZES = [1, 16, 64, 100]
@@ -77,9 +78,26 @@ def test_gradients_agree() -> None:
             assert relative_rms_error(actual, expected) < 1e-4, form
 
 
-def test_chunk_form_passes_gradcheck() -> None:
-    leaves = [tensor.requires_grad_() for tensor in inputs(11, torch.float64, batch=1)]
-    assert torch.autograd.gradcheck(lambda *a: chunk_gla(*a, chunk_size=4), leaves)
+@pytest.mark.parametrize("chunk_size", [4, 16])
+def test_chunk_form_passes_gradcheck(chunk_size: int) -> None:
+    """16: two sub-chunks per chunk, the scores across them through the scaled-key matmul."""
+    leaves = [tensor.requires_grad_() for tensor in inputs(20, torch.float64, batch=1)]
+    assert torch.autograd.gradcheck(lambda *a: chunk_gla(*a, chunk_size=chunk_size), leaves)
+
+
+@pytest.mark.parametrize("sub_chunk", [1, 3, 8, 24])
+def test_sub_chunked_scores_are_the_chunk_parallel_form(sub_chunk: int) -> None:
+    """The scores and decays to the chunk's end of :func:`intra_chunk_scores` (sub-chunks of
+    gcd(24, sub_chunk)) equal the ``[L, L, Dk]`` decays of the parallel form, -inf log-decays (a
+    document's start) and decays of -200 a token included, to fp64 round-off."""
+    q, k, _, log_decay, _ = inputs(24, torch.float64)
+    log_decay[0, :, 9] = float("-inf")
+    log_decay[1, 0, 5:7] = -200.0
+    decay = torch.exp(key_segment_log_decays(log_decay))
+    expected_scores = torch.einsum("bhnd,bhmd,bhnmd->bhnm", q, k, decay)
+    scores, to_end = intra_chunk_scores(q, k, log_decay, sub_chunk)
+    torch.testing.assert_close(scores, expected_scores, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(to_end, decay[..., -1, :, :], rtol=1e-12, atol=1e-12)
 
 
 def test_equal_channels_are_decayed_attention_with_a_per_token_decay() -> None:
