@@ -7,3 +7,13 @@ code_of() {
   [ -d "$tree" ] || git -C "$here" worktree add -q "$tree" "$2"
   echo "$tree"
 }
+#   side_run SIDE COMMIT COMMAND...   runs COMMAND with that side's code on PYTHONPATH, from that code's
+#                         folder: a bench's isolated points import from their working directory first
+#                         where the side's own runner predates 2026-12-06 (Python 3.11's fork server), so
+#                         from the checkout they would measure this checkout's code on both sides.
+side_run() {
+  local code
+  code="$(code_of "$1" "$2")"
+  shift 2
+  (cd "$code" && PYTHONPATH="$code" "$@")
+}

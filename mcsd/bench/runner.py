@@ -4,13 +4,16 @@ of its own so that the grid goes on."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from multiprocessing.context import BaseContext
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -61,6 +64,25 @@ def point_processes() -> BaseContext:
     return context
 
 
+@contextlib.contextmanager
+def parents_import_path() -> Iterator[None]:
+    """While the fork server starts: it imports from this process's ``sys.path``, not from its
+    working directory. Python 3.11's fork server ignores the path it is sent and puts its working
+    directory first, so a checkout there (a before/after run's other side, on ``PYTHONPATH`` here)
+    would have its points measure that checkout's code instead of this process's."""
+    saved = {name: os.environ.get(name) for name in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(entry for entry in sys.path if entry)
+    os.environ["PYTHONSAFEPATH"] = "1"  # no working directory first on its path
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _in_child(kind: str, arguments: dict[str, Any], memory_limit_mb: float | None,
               threads: int | None) -> dict[str, Any]:
     """Run one point in this (fresh) process, which leaves Ctrl-C to mcsd-bench."""
@@ -85,7 +107,8 @@ def run_point(kind: str, arguments: dict[str, Any], isolate: bool, memory_limit_
     # for the processes it forks). A second Ctrl-C in mcsd-bench kills it.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        started = pool.submit(os.getpid)
+        with parents_import_path():  # the fork server starts with the first submission
+            started = pool.submit(os.getpid)
     finally:
         signal.signal(signal.SIGINT, previous)
     with pool:

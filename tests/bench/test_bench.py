@@ -198,6 +198,30 @@ def test_a_point_that_fails_in_its_own_process_is_an_error_row() -> None:
     assert result["reason"].startswith("ConfigError: model.hidden_size=25 is not divisible by model.num_channels=3")
 
 
+def test_isolated_points_import_the_code_their_bench_runs(tmp_path: Path) -> None:
+    """A bench started from a folder that holds another ``mcsd`` (a checkout, as a before/after run
+    starts from one while its other side is on ``PYTHONPATH``) measures its points with the code it
+    imported itself: Python 3.11's fork server would put that folder first on its path."""
+    shadow = tmp_path / "checkout"
+    (shadow / "mcsd").mkdir(parents=True)
+    (shadow / "mcsd" / "__init__.py").write_text("")
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import importlib.util\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from mcsd.bench import runner\n"
+        "if __name__ == '__main__':\n"
+        "    with ProcessPoolExecutor(max_workers=1, mp_context=runner.point_processes()) as pool:\n"
+        "        with runner.parents_import_path():\n"
+        "            pool.submit(int).result()\n"
+        "        print(pool.submit(importlib.util.find_spec, 'mcsd').result().origin)\n"
+        "    print(importlib.util.find_spec('mcsd').origin)\n")
+    environment = {**os.environ, "PYTHONPATH": str(Path(mcsd.__file__).parents[1])}
+    lines = subprocess.run([sys.executable, str(script)], cwd=shadow, env=environment, capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert lines[0] == lines[1] == mcsd.__file__
+
+
 @pytest.mark.slow
 def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path, compile_without_inductor: None) -> None:
     """In one process, every compiled point compiles its own model's step: with dynamo's recompile
