@@ -118,14 +118,22 @@ def _hollow(ax: plt.Axes, points: pd.DataFrame, x: str, y: str, scale: float, co
                 markeredgecolor=color, markeredgewidth=1.5, zorder=3)
 
 
-def _hollow_legend(ax: plt.Axes, frame: pd.DataFrame) -> None:
-    """The legend, with an entry saying what hollow markers mean where there are some."""
+OOM_NOTE = "out of memory (x on the top edge, in its curve's colour)"
+
+
+def _legend_entries(ax: plt.Axes, frame: pd.DataFrame) -> tuple[list, list[str]]:
+    """``ax``'s legend entries, with one saying what hollow markers mean where there are some."""
     handles, labels = ax.get_legend_handles_labels()
     if flagged(frame[frame["status"] == "ok"]).any():
         handles.append(plt.Line2D([], [], linestyle="none", marker="o", markerfacecolor="white",
                                   markeredgecolor="black"))
         labels.append(HOLLOW_NOTE)
-    ax.legend(handles, labels, fontsize=7)
+    return handles, labels
+
+
+def _hollow_legend(ax: plt.Axes, frame: pd.DataFrame) -> None:
+    """The legend, with an entry saying what hollow markers mean where there are some."""
+    ax.legend(*_legend_entries(ax, frame), fontsize=7)
 
 
 def _curves(ax: plt.Axes, frame: pd.DataFrame, x: str, y: str, within: str, scale: float = 1.0) -> None:
@@ -228,7 +236,7 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
     results = bench_results.results_file(results)
     head, frame = read_results(results, "train")
     output_dir = Path(output_dir) if output_dir else Path(results).parent
-    figure, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.4), layout="constrained")
     for ax, (y, scale, ylabel) in zip(axes, [("tokens_per_s", 1.0, "training tokens/s"),
                                               ("peak_mem_bytes", 2.0**-20, "peak memory (MiB)"),
                                               ("mfu", 100.0, "MFU (% of peak_flops)")]):
@@ -239,17 +247,21 @@ def plot_train(results: str | Path, output_dir: str | Path | None = None) -> lis
             curve = curve.sort_values("seq_len")
             ok = curve[curve["status"] == "ok"]
             arch = _arch(frame, model)
-            variant = f"{model}/{form}{step}"
             ax.plot(ok["seq_len"], ok[y] * scale, color=_color(arch), linestyle=LINESTYLES[index % len(LINESTYLES)],
                     marker=MARKERS[index % len(MARKERS)], label=f"{model_label(arch, model)} {form}{step}")
             _hollow(ax, ok, "seq_len", y, scale, _color(arch), MARKERS[index % len(MARKERS)])
             oom = curve[curve["status"] == "oom"]
-            if len(oom):
+            if len(oom):  # in its curve's colour, at the top edge; one legend entry for all
                 ax.plot(oom["seq_len"], [1.0] * len(oom), transform=ax.get_xaxis_transform(), linestyle="none",
-                        marker="x", color="red", markersize=9, clip_on=False, label=f"{variant} OOM")
+                        marker="x", color=_color(arch), markersize=9, clip_on=False, label="_nolegend_")
         ax.set(xlabel="sequence length", ylabel=ylabel)
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
-        _hollow_legend(ax, frame)
+    # One legend for the three panels, below them: a legend in each covered its curves.
+    handles, labels = _legend_entries(axes[0], frame)
+    if (frame["status"] == "oom").any():
+        handles.append(plt.Line2D([], [], linestyle="none", marker="x", color="black", markersize=9))
+        labels.append(OOM_NOTE)
+    figure.legend(handles, labels, loc="outside lower center", ncol=min(4, len(labels)), fontsize=8)
     figure.suptitle(_title(head, "Training: forward + backward + AdamW step", frame))
     return save_figure(figure, output_dir, "train_throughput")
