@@ -114,8 +114,9 @@ def markdown_task_table(rows: pd.DataFrame) -> str:
     state = rows.drop_duplicates(["curve", "task"]).pivot(index="curve", columns="task", values="state_bytes")
     lines += ["", "Decoding state per sequence after the training length (KiB, fp32):", "",
               markdown_table(["architecture", *tasks],
-                             [[_label(curve), *(f"{state.loc[curve, task] / 1024:,.1f}" if task in state.columns else "-"
-                                                for task in tasks)] for curve in curves])]
+                             [[_label(curve), *("-" if task not in state.columns or pd.isna(state.loc[curve, task])
+                                                  else f"{state.loc[curve, task] / 1024:,.1f}" for task in tasks)]
+                              for curve in curves])]
     return "\n".join(lines) + "\n"
 
 

@@ -236,6 +236,22 @@ def test_a_rate_sweep_takes_each_points_best_rate_and_draws_accuracy_against_it(
     assert len(figure.table) == len(rows)  # every run, for the table to choose from
 
 
+def test_an_architecture_without_a_task_has_a_dash_in_both_tables() -> None:
+    """An architecture run on one task of two: its missing cells read ``-`` in the accuracy table and
+    in the state table (not ``nan``)."""
+    import pandas as pd
+
+    from mcsd.plots.tasks import markdown_task_table
+
+    rows = pd.DataFrame([{"run": f"{curve}{task}", "arch": split_curve(curve)[0], "variant": split_curve(curve)[1],
+                          "task": task, "seed": 0, "lr": 2e-3, "trained_length": 256, "params": 1, "tokens": 1e6,
+                          "state_bytes": 2048, "length": 256, "accuracy": 0.5, "curve": curve}
+                         for curve, tasks in (("mcsd|full", ("needle", "passkey")), ("gla|default", ("needle",)))
+                         for task in tasks])
+    table = markdown_task_table(rows)
+    assert "| GLA | 0.500 | - |" in table and "| GLA | 2.0 | - |" in table and "nan" not in table
+
+
 def test_the_recall_experiments_sweep_zoologys_four_rates() -> None:
     """The protocol lives in the configs: MQAR's, MAD's and retrieval's sweeps hold zoology's grid."""
     from hydra import compose, initialize_config_module
