@@ -9,11 +9,11 @@ import gc
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from multiprocessing.context import BaseContext
-from collections.abc import Iterator
 from typing import Any
 
 import torch
