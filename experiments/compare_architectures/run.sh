@@ -15,28 +15,35 @@
 #     benchmarks every first-seed model again so that the speeds stay side by side)
 #   bash experiments/compare_architectures/run.sh --bench CORPUS
 #     (the committed jobs' benchmarks and table again, nothing trained: e.g. after a change to bench=compare)
+#   bash experiments/compare_architectures/run.sh --no-bench --add CORPUS hydra.sweeper.params.seed=0 ...
+#     (train and probe, then the table, without benchmarking: more learning rates of models already benchmarked,
+#     whose speed and state do not change with the rate)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-bench_only=false
+bench_only=false; bench=true
 if [ "${1:-}" = --bench ]; then bench_only=true; shift; set -- --replace "$@"; fi
+if [ "${1:-}" = --no-bench ]; then bench=false; shift; fi
 source "$here/../corpus_arguments.sh"  # [--replace|--add] [CORPUS.txt]: results_mode, results, name, split
 out="$results/$name"
 
-source "$here/../result_jobs.sh"  # result_jobs, result_model, first_seed_jobs
+source "$here/../result_jobs.sh"  # result_model, best_rate_jobs, bench_jobs
 if ! $bench_only; then
   "$here/../sweep.sh" compare_architectures ${results_mode[@]+"${results_mode[@]}"} --name "$name" \
     "$split/train.txt" "$@"
   export OMP_NUM_THREADS=1
-  for job in $(result_jobs "$out"); do [ -d "$out/probe/$job" ] || echo "$job $(result_model "$out" "$job")"; done | \
+  # The probes of each row's best learning rate (every job where each row ran at one rate).
+  for job in $(best_rate_jobs "$out"); do [ -d "$out/probe/$job" ] || echo "$job $(result_model "$out" "$job")"; done | \
     xargs -P 2 -L 1 sh -c 'mcsd-probe context ckpt="$6" data=text_files "data.paths=[$1]" length=4096 num_documents=8 \
     num_positions=8 paths.log_dir="$2/logs/$3" output_dir="$4/probe/$5" wandb.enabled=false > "$2/logs/$3/probe-$5.log" 2>&1' \
     _ "$split/held_out.txt" "$here" "$name" "$out"  # then each line's job number and model
 fi
 
-models=$(for job in $(first_seed_jobs "$out"); do printf '%s,' "$out/$job/csv/version_0/hparams.yaml"; done)
-unset OMP_NUM_THREADS  # the benchmarks run alone, on every core
-for mode in inference train; do
-  mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \
-    output_dir="$out/bench_$mode" overwrite=true wandb.enabled=false  # every model again, side by side
-done
+if $bench; then
+  models=$(for job in $(bench_jobs "$out"); do printf '%s,' "$out/$job/csv/version_0/hparams.yaml"; done)
+  unset OMP_NUM_THREADS  # the benchmarks run alone, on every core
+  for mode in inference train; do
+    mcsd-bench bench=compare mode=$mode "models=[${models%,}]" paths.log_dir="$here/logs/$name" \
+      output_dir="$out/bench_$mode" overwrite=true wandb.enabled=false  # every model again, side by side
+  done
+fi
 mcsd-plot experiment source="$out" name=compare_architectures  # the table and figure, MQAR from ../mqar_converge/cpu

@@ -49,14 +49,46 @@ class Comparison:
     table: pd.DataFrame
     notes: dict[str, str]
     context_curves: pd.DataFrame | None = None  # every row's Delta_N at every probed N
+    rate_curves: pd.DataFrame | None = None  # every row's perplexity at every learning rate, where several ran
 
 
-def _training(root: Path) -> pd.DataFrame:
+def final_perplexities(root: Path) -> pd.DataFrame:
+    """Every run's final validation perplexity under ``root``, with its architecture, variant,
+    learning rate, seed and job (the run's first folder: ``<job>/csv/version_0``)."""
     rows = load_csv_runs(root)
-    final = rows[rows["metric"] == "val/ppl"].sort_values("tokens").groupby("run").tail(1)
-    return final.groupby(KEY).agg(params=("params", "max"), tokens=("tokens", "max"), seeds=("run", "nunique"),
-                                  val_ppl=("value", "mean"), val_ppl_min=("value", "min"),
-                                  val_ppl_max=("value", "max")).reset_index()
+    final = rows[rows["metric"] == "val/ppl"].sort_values("tokens").groupby("run").tail(1).copy()
+    final["job"] = final["run"].str.split("/").str[0]
+    return final
+
+
+def rate_perplexities(final: pd.DataFrame) -> pd.DataFrame:
+    """Per row (architecture and variant) and learning rate: the mean final perplexity over seeds,
+    its min and max, the parameters, tokens, seeds and jobs. A run that diverged (no finite
+    perplexity) counts as no perplexity."""
+    final = final.assign(value=final["value"].where(np.isfinite(final["value"])))
+    return final.groupby([*KEY, "lr"], dropna=False).agg(
+        params=("params", "max"), tokens=("tokens", "max"), seeds=("run", "nunique"), val_ppl=("value", "mean"),
+        val_ppl_min=("value", "min"), val_ppl_max=("value", "max"), jobs=("job", list)).reset_index()
+
+
+def best_rate_perplexities(by_rate: pd.DataFrame) -> pd.DataFrame:
+    """Per row: the learning rate of lowest mean final perplexity (:func:`rate_perplexities`; the
+    recall grids' protocol, as :func:`mcsd.plots.mqar.best_learning_rate`), with ``lrs_tried`` and
+    ``at_edge`` (the best is the lowest or highest rate tried). A rate whose runs all diverged
+    loses to every rate that trained."""
+    ranked = by_rate.assign(rank=by_rate["val_ppl"].fillna(np.inf)).sort_values("rank", kind="stable")
+    best = ranked.groupby(KEY, sort=False).head(1).drop(columns="rank")
+    grid = by_rate.groupby(KEY)["lr"].agg(lrs_tried="nunique", lowest="min", highest="max").reset_index()
+    best = best.merge(grid, on=KEY)
+    best["at_edge"] = (best["lrs_tried"] > 1) & ((best["lr"] == best["lowest"]) | (best["lr"] == best["highest"]))
+    return best.drop(columns=["lowest", "highest"]).reset_index(drop=True)
+
+
+def best_rate_jobs(root: str | Path) -> list[str]:
+    """The jobs (folder names under ``root``) of each row's best learning rate: the runs whose
+    models the table's other columns read (``experiments/compare_architectures/run.sh`` probes them)."""
+    best = best_rate_perplexities(rate_perplexities(final_perplexities(Path(root))))
+    return sorted({job for jobs in best["jobs"] for job in jobs}, key=lambda job: (len(job), job))
 
 
 def _mqar(root: Path, notes: dict[str, str], anchor: str) -> pd.DataFrame:
@@ -91,11 +123,14 @@ def _mqar(root: Path, notes: dict[str, str], anchor: str) -> pd.DataFrame:
     return chosen.rename(columns={"accuracy": "mqar_acc"})[[*KEY, "mqar_acc"]]
 
 
-def _context(root: Path, notes: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _context(root: Path, notes: dict[str, str], jobs: set[str] | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Delta_N at the window N where the rows' mean Delta_N (over seeds) spread the most (max -
     min; the longest such N on a tie, e.g. one row), and every row's full Delta_N curve (mean
-    over seeds, for the figure)."""
+    over seeds, for the figure); of the probes of ``jobs`` alone (each row's best learning rate)
+    where the training runs are known."""
     _, deltas = load_context_results(root)
+    if jobs is not None:
+        deltas = deltas[deltas["probe"].isin(jobs)]
     curves = deltas.groupby([*KEY, "window"]).agg(delta=("delta", "mean"), delta_low=("delta_low", "min"),
                                                   delta_high=("delta_high", "max"),
                                                   swapped=("swapped", "mean")).reset_index()
@@ -143,14 +178,23 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anch
     variant that has a result, in registry order (one registered since the runs has no row). MQAR accuracy is read where ``mqar_anchor`` still solves it."""
     root = Path(root)
     notes: dict[str, str] = {}
-    parts, curves = [], None
+    parts, curves, best_jobs, rate_curves = [], None, None, None
     if csv_logs(root):
-        parts.append(_training(root))
+        by_rate = rate_perplexities(final_perplexities(root))
+        training = best_rate_perplexities(by_rate)
+        best_jobs = {job for jobs in training["jobs"] for job in jobs}
+        parts.append(training.drop(columns="jobs"))
+        if (training["lrs_tried"] > 1).any():
+            rate_curves = by_rate.drop(columns="jobs")
+            tried = sorted(training["lrs_tried"].unique())
+            notes["rates_tried"] = "/".join(str(count) for count in tried)
+            notes["rates"] = ("each row at its learning rate of lowest mean validation perplexity over seeds, of the "
+                              f"{notes['rates_tried']} it was trained at (every rate's perplexity: the rates figure)")
     mqar = Path(mqar) if mqar else root / "mqar"
     if mqar.is_dir():
         parts.append(_mqar(mqar, notes, mqar_anchor))
     if (root / "probe").is_dir() and any((root / "probe").rglob(DELTA_FILE)):
-        at_window, curves = _context(root / "probe", notes)
+        at_window, curves = _context(root / "probe", notes, best_jobs)
         parts.append(at_window)
     if (root / "bench_inference" / bench_results.RESULTS_CSV).is_file():
         parts.append(_decode(root / "bench_inference" / bench_results.RESULTS_CSV, notes))
@@ -169,13 +213,14 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anch
             match = measured[(measured["arch"] == name) & (measured["variant"] == variant)]
             row = match.iloc[0].to_dict() if len(match) else {"arch": name, "variant": variant}
             rows.append({"label": curve_label("ablation", curve_key(name, variant), None), **row})
-    return Comparison(table=pd.DataFrame(rows), notes=notes, context_curves=curves)
+    return Comparison(table=pd.DataFrame(rows), notes=notes, context_curves=curves, rate_curves=rate_curves)
 
 
 # (header, the column that must be measured, the cell's format over the row)
 COLUMNS = [("model", "label", "{label}"), ("params", "params", "{params:,.0f}"),
            ("val ppl, mean (min-max)", "val_ppl", "{val_ppl:.2f} ({val_ppl_min:.2f}-{val_ppl_max:.2f})"),
-           ("seeds", "seeds", "{seeds:.0f}"), ("MQAR acc", "mqar_acc", "{mqar_acc:.3f}"),
+           ("seeds", "seeds", "{seeds:.0f}"), ("lr (of {rates_tried})", "lr", "{lr:g}{edge}"),
+           ("MQAR acc", "mqar_acc", "{mqar_acc:.3f}"),
            ("Delta_N at N={context_window} [interval] / swapped", "delta", "{delta:+.3f} [{delta_low:+.3f}, {delta_high:+.3f}] / {swapped:+.3f}"),
            ("train tokens/s", "train_tokens_per_s", "{train_tokens_per_s:,.0f}"),
            ("decode tokens/s", "decode_tokens_per_s", "{decode_tokens_per_s:,.0f}"),
@@ -187,7 +232,8 @@ def _cell(row: dict, column: str, text: str) -> str:
     """``text`` formatted over ``row``; empty where ``column`` was not measured."""
     if pd.isna(row.get(column)):
         return ""
-    return text.format(**row, state_kib=row.get("state_bytes_per_sequence", 0) / 1024)
+    return text.format(**row, state_kib=row.get("state_bytes_per_sequence", 0) / 1024,
+                       edge="*" if row.get("at_edge") is True else "")
 
 
 def _complete(text: str, notes: dict[str, str]) -> str:
@@ -196,10 +242,11 @@ def _complete(text: str, notes: dict[str, str]) -> str:
 
 
 def _columns(comparison: Comparison) -> list[tuple[str, str, str]]:
-    """The table's columns: every one of :data:`COLUMNS` but a batched-decode column not run,
-    headers completed from the notes."""
-    return [(_complete(header, comparison.notes), column, text) for header, column, text in COLUMNS
-            if column != "decode_batched_tokens_per_s" or column in comparison.table]
+    """The table's columns: every one of :data:`COLUMNS` but a batched-decode column not run and
+    the learning rate where each row ran at one, headers completed from the notes."""
+    skipped = {column for column, shown in [("decode_batched_tokens_per_s", "decode_batched_tokens_per_s" in comparison.table),
+                                            ("lr", "rates" in comparison.notes)] if not shown}
+    return [(_complete(header, comparison.notes), column, text) for header, column, text in COLUMNS if column not in skipped]
 
 
 def markdown_comparison(comparison: Comparison) -> str:
@@ -212,8 +259,12 @@ def markdown_comparison(comparison: Comparison) -> str:
     sources = {"training": f"final validation perplexity after {int(tokens.max()):,} tokens" if len(tokens) else None,
                "mqar": comparison.notes.get("mqar"), "context": comparison.notes.get("context"),
                "decode": comparison.notes.get("decode"), "train": comparison.notes.get("train")}
+    if "rates" in comparison.notes:
+        sources["training"] += f"; {comparison.notes['rates']}"
     lines.append("")
     lines += [f"- {key}: {value}" for key, value in sources.items() if value]
+    if "rates" in comparison.notes and comparison.table["at_edge"].eq(True).any():
+        lines += ["", "\\* the best of the rates tried is the lowest or the highest of them: the grid does not bracket it."]
     return "\n".join(lines) + "\n"
 
 
@@ -259,6 +310,8 @@ def plot_comparison(comparison: Comparison, output_dir: str | Path, name: str = 
     if curves is not None:
         _plot_context_curves(figure.add_subplot(grid[1, :]), comparison)
     paths = save_figure(figure, output_dir, name)
+    if comparison.rate_curves is not None:
+        paths += _plot_rates(comparison, output_dir, f"{name}_rates")
     paths.append(Path(output_dir) / f"{name}_table.md")
     paths[-1].write_text(markdown_comparison(comparison))
     return paths
@@ -284,3 +337,29 @@ def _plot_context_curves(ax: plt.Axes, comparison: Comparison) -> None:
            title="Delta_N at every N (dotted: the table's N)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+
+
+def _plot_rates(comparison: Comparison, output_dir: str | Path, name: str) -> list[Path]:
+    """Validation perplexity against the learning rate (log axes), mean over seeds with the min-max
+    band, one line per row, each row's best rate ringed: whether the grid brackets each best.
+    Writes ``<name>.png/.pdf``."""
+    keys = [curve_key(arch, variant) for arch, variant in comparison.table[KEY].itertuples(index=False)]
+    colors = curve_colors(keys)
+    figure, ax = plt.subplots(figsize=(7.5, 5.0), layout="constrained")
+    for key, row in zip(keys, comparison.table.to_dict("records")):
+        arch, variant = split_curve(key)
+        points = comparison.rate_curves[(comparison.rate_curves["arch"] == arch)
+                                        & (comparison.rate_curves["variant"] == variant)].dropna(subset=["val_ppl"])
+        points = points.sort_values("lr")
+        if points.empty:
+            continue
+        ax.plot(points["lr"], points["val_ppl"], marker="o", color=colors[key], label=row["label"])
+        ax.fill_between(points["lr"], points["val_ppl_min"], points["val_ppl_max"], color=colors[key], alpha=0.15)
+        ax.plot([row["lr"]], [row["val_ppl"]], marker="o", markersize=11, fillstyle="none", color=colors[key])
+    ax.set(xscale="log", yscale="log", xlabel="learning rate", ylabel="final validation perplexity",
+           title="Perplexity against learning rate (ringed: each row's best; a run that diverged is left out)")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return save_figure(figure, output_dir, name)

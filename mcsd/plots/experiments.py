@@ -12,7 +12,7 @@ from mcsd.checkpoint import eval_results
 from mcsd.checkpoint.bench_results import RESULTS_CSV
 from mcsd.errors import MCSDError
 from mcsd.evaluation.table2 import table2_markdown
-from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
+from mcsd.plots.compare import best_rate_jobs, comparison_table, markdown_comparison, plot_comparison
 from mcsd.plots.context import load_context_results, markdown_context_table, plot_context
 from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.dynamics import load_dynamics, plot_training_dynamics
@@ -38,13 +38,16 @@ class Drawn:
     paths: list[Path] = field(default_factory=list)
 
 
-def _sweep(kind: str, name: str, reference: str | None = None,
-           notes: str | None = None, fit: bool = False) -> Callable[[Path], Drawn]:
+def _sweep(kind: str, name: str, reference: str | None = None, notes: str | None = None, fit: bool = False,
+           best_rates: bool = False) -> Callable[[Path], Drawn]:
     """A training sweep's loss curves and tables (``plot_sweep``); ``notes`` names a markdown file
     of the folder shown below the tables when present; ``fit``: the scaling laws fitted too
-    (``mcsd-plot scaling fit=true``)."""
+    (``mcsd-plot scaling fit=true``); ``best_rates``: each curve's runs at its best learning rate
+    alone (:func:`mcsd.plots.compare.best_rate_jobs`), not every rate's averaged as seeds."""
     def draw_sweep(folder: Path) -> Drawn:
         rows = load_csv_runs(folder)
+        if best_rates:
+            rows = rows[rows["run"].str.split("/").str[0].isin(best_rate_jobs(folder))]
         figure = plot_sweep(kind, rows, folder, name, reference)
         markdown = markdown_sweep_table(figure.table)
         if figure.by_seed is not None:
@@ -96,7 +99,7 @@ def _context(folder: Path) -> Drawn:
 def _comparison(folder: Path) -> Drawn:
     """The sweep's loss curves, then the table of every measurement (training, MQAR from
     ``COMPARISON_MQAR``, the probe, the benches) and its figure."""
-    curves = _sweep("ablation", "compare_architectures")(folder)
+    curves = _sweep("ablation", "compare_architectures", best_rates=True)(folder)
     root = next((parent.parent for parent in folder.resolve().parents if parent.name == "compare_architectures"), None)
     mqar = root.joinpath(*COMPARISON_MQAR) if root is not None else None
     comparison = comparison_table(folder, mqar if mqar is not None and mqar.is_dir() else None)

@@ -68,6 +68,7 @@ def _run_rows(run: str, config: dict[str, Any], history: pd.DataFrame) -> pd.Dat
     rows["documents"] = (config.get("data") or {}).get("documents") or "joined"  # (logged before the setting: joined)
     rows["sweep"] = config.get("sweep") or ""  # the sweep folder it ran in (logged since issue 91)
     rows["seed"] = config.get("seed")
+    rows["lr"] = (config.get("optimizer") or {}).get("lr")
     rows["params"] = config.get("model/params")
     rows["params_non_embedding"] = config.get("model/params_non_embedding")
     return rows

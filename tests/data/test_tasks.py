@@ -252,12 +252,13 @@ def test_an_architecture_without_a_task_has_a_dash_in_both_tables() -> None:
     assert "| GLA | 0.500 | - |" in table and "| GLA | 2.0 | - |" in table and "nan" not in table
 
 
-def test_the_recall_experiments_sweep_zoologys_four_rates() -> None:
-    """The protocol lives in the configs: MQAR's, MAD's and retrieval's sweeps hold zoology's grid."""
+def test_the_recall_experiments_and_the_comparison_sweep_zoologys_four_rates() -> None:
+    """The protocol lives in the configs: MQAR's, MAD's, retrieval's and the architecture comparison's
+    sweeps hold zoology's grid."""
     from hydra import compose, initialize_config_module
 
     grid = "1.0e-4,4.64e-4,2.15e-3,1.0e-2"
     with initialize_config_module("mcsd.conf", version_base=None):
-        for experiment in ("mqar_recall", "mqar_converge", "mad", "retrieval"):
+        for experiment in ("mqar_recall", "mqar_converge", "mad", "retrieval", "compare_architectures"):
             config = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
             assert config.hydra.sweeper.params["optimizer.lr"] == grid, experiment

@@ -3,6 +3,8 @@ the same data, tokens and seed, and ``mcsd-plot compare`` tabulates them, one ro
 
 from __future__ import annotations
 
+import math
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -11,8 +13,10 @@ import yaml
 
 from helpers.runs import run_here
 from mcsd.models import registry
+from mcsd.models.registry import class_path, field_defaults
 from mcsd.models.config import ConfigError
-from mcsd.plots.compare import comparison_table, markdown_comparison, plot_comparison
+from mcsd.plots.compare import best_rate_jobs, comparison_table, markdown_comparison, plot_comparison
+from mcsd.plots.experiments import draw
 from mcsd.plots.runs import curve_key, curve_label, load_csv_runs
 from helpers.runs import TINY_SWEEP, sweep_dir
 
@@ -20,15 +24,15 @@ from helpers.runs import TINY_SWEEP, sweep_dir
 @pytest.mark.slow
 def test_the_comparison_trains_every_registered_variant_and_tabulates_it(tmp_path: Path) -> None:
     result = run_here("mcsd-train", "-m", "experiment=compare_architectures", "size=tiny", "hydra.sweeper.params.seed=0",
-                     *TINY_SWEEP, cwd=tmp_path)
+                     "optimizer.lr=8e-4", *TINY_SWEEP, cwd=tmp_path)  # one rate of the grid's four: on the command line
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = sweep_dir(tmp_path)
     expected = [(name, variant) for name in registry.architectures() for variant in registry.get(name).variants]
     configs = [yaml.safe_load((job / "csv" / "version_0" / "hparams.yaml").read_text())
                for job in sorted((path for path in sweep.iterdir() if path.is_dir()), key=lambda path: int(path.name))]
     assert len(configs) == len(expected)
-    assert {(config["data"]["token_budget"], config["seed"], config["choices"]["size"]) for config in configs} == {
-        (384, 0, "tiny")}  # the same data budget, seed and size for every arm
+    assert {(config["data"]["token_budget"], config["seed"], config["choices"]["size"], config["optimizer"]["lr"])
+            for config in configs} == {(384, 0, "tiny", 8e-4)}  # the same data budget, seed, size and rate for every arm
 
     plotted = run_here("mcsd-plot", "compare", f"source={sweep}", cwd=tmp_path)
     assert plotted.returncode == 0, plotted.stderr[-2000:]
@@ -112,3 +116,84 @@ def test_comparison_columns_are_read_where_the_architectures_separate(tmp_path: 
     frame = pd.read_csv(root / "bench_inference" / "results.csv")
     frame[frame["batch"] == 1].to_csv(root / "bench_inference" / "results.csv", index=False)
     assert "batch 16" not in markdown_comparison(comparison_table(root))
+
+
+def _write_run(job: Path, arch: str, lr: float, seed: int, perplexities: list[float]) -> None:
+    """One training run's CSV log as ``sweep.sh`` copies it (``<job>/csv/version_0``): the
+    architecture's default model node, the rate and seed, validation perplexity every 100 tokens."""
+    config_class = registry.get(arch).config_class
+    model = {"_target_": class_path(config_class), **field_defaults(config_class)}
+    logs = job / "csv" / "version_0"
+    logs.mkdir(parents=True)
+    (logs / "hparams.yaml").write_text(yaml.safe_dump({"model": model, "optimizer": {"lr": lr}, "seed": seed,
+                                                       "model/params": 1000}))
+    pd.DataFrame({"step": range(len(perplexities)), "trainer/tokens": [100.0 * (i + 1) for i in range(len(perplexities))],
+                  "train/loss": [math.log(ppl) for ppl in perplexities], "val/loss": [math.log(ppl) for ppl in perplexities],
+                  "val/ppl": perplexities}).to_csv(logs / "metrics.csv", index=False)
+
+
+def test_each_row_is_read_at_its_best_learning_rate(tmp_path: Path) -> None:
+    # MCSD at 3 rates (2 seeds at 1e-3, the best by its mean), the Transformer at 3 (its best the
+    # highest rate tried; the lowest diverged). Each job's probe has its own Delta_N: the table
+    # reads the best rate's jobs alone.
+    root = tmp_path / "compare"
+    runs = [("mcsd", 3e-4, 0, [90.0, 60.0]), ("mcsd", 1e-3, 0, [80.0, 40.0]), ("mcsd", 1e-3, 1, [80.0, 44.0]),
+            ("mcsd", 3e-3, 0, [70.0, 43.0]), ("transformer", 3e-4, 0, [90.0, math.inf]),
+            ("transformer", 1e-3, 0, [90.0, 50.0]), ("transformer", 3e-3, 0, [90.0, 45.0])]
+    for job, (arch, lr, seed, perplexities) in enumerate(runs):
+        _write_run(root / str(job), arch, lr, seed, perplexities)
+        _write_probe(root / "probe" / str(job), arch, {8: 0.1 * job, 64: 0.0})
+
+    comparison = comparison_table(root, tmp_path / "no_mqar")
+    table = comparison.table.set_index("arch")
+    assert table.loc["mcsd", ["lr", "val_ppl", "val_ppl_min", "val_ppl_max", "seeds", "lrs_tried", "at_edge"]].tolist() == [
+        1e-3, 42.0, 40.0, 44.0, 2, 3, False]
+    assert table.loc["transformer", ["lr", "val_ppl", "seeds", "lrs_tried", "at_edge"]].tolist() == [3e-3, 45.0, 1, 3, True]
+    assert table.loc["mcsd", "delta"] == pytest.approx(0.15)  # jobs 1 and 2, not 0 or 3
+    assert table.loc["transformer", "delta"] == pytest.approx(0.6)  # job 6
+    assert best_rate_jobs(root) == ["1", "2", "6"]
+    rates = comparison.rate_curves.set_index(["arch", "lr"])
+    assert rates.loc[("mcsd", 3e-4), "val_ppl"] == 60.0 and pd.isna(rates.loc[("transformer", 3e-4), "val_ppl"])
+
+    markdown = markdown_comparison(comparison)
+    assert "| lr (of 3) |" in markdown
+    assert "| MCSD full | 1,000 | 42.00 (40.00-44.00) | 2 | 0.001 |" in markdown
+    assert "| Transformer | 1,000 | 45.00 (45.00-45.00) | 1 | 0.003* |" in markdown
+    assert "the grid does not bracket it" in markdown and "lowest mean validation perplexity" in markdown
+    assert [path.name for path in plot_comparison(comparison, tmp_path / "plots")] == [
+        "architectures_compared.png", "architectures_compared.pdf", "architectures_compared_rates.png",
+        "architectures_compared_rates.pdf", "architectures_compared_table.md"]
+
+    # Drawn as run.sh draws it: the training curves are the best rates' runs alone (MCSD's 2 seeds).
+    drawn = draw(root, "compare_architectures")
+    assert "architectures_compared_rates.png" in {path.name for path in drawn.paths}
+    assert "| MCSD full | 2 | 200 | 3.737 (3.689-3.784) | 42.0 |" in drawn.markdown
+    assert "| Transformer | 1 | 200 | 3.807 | 45.0 |" in drawn.markdown
+
+    # One rate for every row (the committed comparison): no rate column, no rates figure.
+    for job in (0, 3, 4, 5):
+        for folder in (root / str(job), root / "probe" / str(job)):
+            for path in sorted(folder.rglob("*"), reverse=True):
+                path.unlink() if path.is_file() else path.rmdir()
+            folder.rmdir()
+    single = comparison_table(root, tmp_path / "no_mqar")
+    assert single.rate_curves is None and "lr (of" not in markdown_comparison(single)
+    assert single.table.set_index("arch").loc["transformer", "delta"] == pytest.approx(0.6)
+
+
+def test_result_jobs_pick_the_jobs_to_benchmark_and_to_probe(tmp_path: Path) -> None:
+    """experiments/result_jobs.sh: the benchmarks build each model with random weights, so a rate
+    sweep's jobs of one model are benchmarked once (the first seed's first job); the probes read each
+    model's best rate's jobs."""
+    for job, (arch, lr, seed, ppl) in enumerate([("mcsd", 1e-3, 0, 30.0), ("mcsd", 1e-3, 1, 34.0), ("mcsd", 3e-3, 0, 31.0),
+                                                  ("transformer", 1e-3, 0, 40.0), ("retnet", 1e-3, 0, 50.0),
+                                                  ("transformer", 3e-3, 0, 39.0)]):
+        _write_run(tmp_path / str(job), arch, lr, seed, [ppl])
+    script = Path(__file__).parents[2] / "experiments" / "result_jobs.sh"
+
+    def listed(function: str) -> list[str]:
+        return subprocess.run(["bash", "-c", f'source "{script}"; {function} "{tmp_path}"'], capture_output=True,
+                              text=True, check=True).stdout.split()
+
+    assert sorted(listed("bench_jobs"), key=int) == ["0", "3", "4"]
+    assert listed("best_rate_jobs") == ["2", "4", "5"]  # MCSD: 31 at 3e-3 against 32 (30, 34) at 1e-3
