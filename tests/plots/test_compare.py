@@ -156,9 +156,9 @@ def test_each_row_is_read_at_its_best_learning_rate(tmp_path: Path) -> None:
     assert rates.loc[("mcsd", 3e-4), "val_ppl"] == 60.0 and pd.isna(rates.loc[("transformer", 3e-4), "val_ppl"])
 
     markdown = markdown_comparison(comparison)
-    assert "| lr (of 3) |" in markdown
-    assert "| MCSD full | 1,000 | 42.00 (40.00-44.00) | 2 | 0.001 |" in markdown
-    assert "| Transformer | 1,000 | 45.00 (45.00-45.00) | 1 | 0.003* |" in markdown
+    assert "| lr (rates tried) |" in markdown
+    assert "| MCSD full | 1,000 | 42.00 (40.00-44.00) | 2 | 0.001 (3) |" in markdown
+    assert "| Transformer | 1,000 | 45.00 (45.00-45.00) | 1 | 0.003* (3) |" in markdown
     assert "the grid does not bracket it" in markdown and "lowest mean validation perplexity" in markdown
     assert [path.name for path in plot_comparison(comparison, tmp_path / "plots")] == [
         "architectures_compared.png", "architectures_compared.pdf", "architectures_compared_rates.png",
@@ -177,7 +177,7 @@ def test_each_row_is_read_at_its_best_learning_rate(tmp_path: Path) -> None:
                 path.unlink() if path.is_file() else path.rmdir()
             folder.rmdir()
     single = comparison_table(root, tmp_path / "no_mqar")
-    assert single.rate_curves is None and "lr (of" not in markdown_comparison(single)
+    assert single.rate_curves is None and "lr (rates tried)" not in markdown_comparison(single)
     assert single.table.set_index("arch").loc["transformer", "delta"] == pytest.approx(0.6)
 
 
