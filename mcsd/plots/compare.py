@@ -339,8 +339,8 @@ def _plot_context_curves(ax: plt.Axes, comparison: Comparison) -> None:
 
 def _plot_rates(comparison: Comparison, output_dir: str | Path, name: str) -> list[Path]:
     """Validation perplexity against the learning rate (log axes), mean over seeds with the min-max
-    band, one line per row, each row's best rate ringed: whether the grid brackets each best.
-    Writes ``<name>.png/.pdf``."""
+    band, one line per row run at several rates, each row's best rate ringed: whether the grid
+    brackets each best. Writes ``<name>.png/.pdf``."""
     keys = [curve_key(arch, variant) for arch, variant in comparison.table[KEY].itertuples(index=False)]
     colors = curve_colors(keys)
     figure, ax = plt.subplots(figsize=(7.5, 5.0), layout="constrained")
@@ -349,7 +349,7 @@ def _plot_rates(comparison: Comparison, output_dir: str | Path, name: str) -> li
         points = comparison.rate_curves[(comparison.rate_curves["arch"] == arch)
                                         & (comparison.rate_curves["variant"] == variant)].dropna(subset=["val_ppl"])
         points = points.sort_values("lr")
-        if points.empty:
+        if len(points) < 2:
             continue
         ax.plot(points["lr"], points["val_ppl"], marker="o", color=colors[key], label=row["label"])
         ax.fill_between(points["lr"], points["val_ppl_min"], points["val_ppl_max"], color=colors[key], alpha=0.15)
