@@ -26,10 +26,15 @@ if [ "${1:-}" = --no-bench ]; then bench=false; shift; fi
 source "$here/../corpus_arguments.sh"  # [--replace|--add] [CORPUS.txt]: results_mode, results, name, split
 out="$results/$name"
 
-source "$here/../result_jobs.sh"  # result_model, best_rate_jobs, bench_jobs
+source "$here/../result_jobs.sh"  # result_jobs, result_model, best_rate_jobs, bench_jobs
+status=0
 if ! $bench_only; then
+  # A job that diverged or was refused (status 1 or 2: sweep.sh has copied and drawn the others; a rate sweep's
+  # highest rate may diverge) does not stop the probes and the table of the jobs that trained; run.sh ends with it.
   "$here/../sweep.sh" compare_architectures ${results_mode[@]+"${results_mode[@]}"} --name "$name" \
-    "$split/train.txt" "$@"
+    "$split/train.txt" "$@" || status=$?
+  (( status == 0 || status == 1 || status == 2 )) || exit "$status"
+  [ -n "$(result_jobs "$out" 2>/dev/null)" ] || exit "$status"  # no job trained, here or before: nothing to probe
   export OMP_NUM_THREADS=1
   # The probes of each row's best learning rate (every job where each row ran at one rate).
   for job in $(best_rate_jobs "$out"); do [ -d "$out/probe/$job" ] || echo "$job $(result_model "$out" "$job")"; done | \
@@ -47,3 +52,4 @@ if $bench; then
   done
 fi
 mcsd-plot experiment source="$out" name=compare_architectures  # the table and figure, MQAR from ../mqar_converge/cpu
+exit "$status"
