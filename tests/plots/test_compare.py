@@ -4,7 +4,9 @@ the same data, tokens and seed, and ``mcsd-plot compare`` tabulates them, one ro
 from __future__ import annotations
 
 import math
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -191,9 +193,12 @@ def test_result_jobs_pick_the_jobs_to_benchmark_and_to_probe(tmp_path: Path) -> 
         _write_run(tmp_path / str(job), arch, lr, seed, [ppl])
     script = Path(__file__).parents[2] / "experiments" / "result_jobs.sh"
 
+    # As run.sh calls them: with the project's Python first on PATH (an activated install).
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
     def listed(function: str) -> list[str]:
         return subprocess.run(["bash", "-c", f'source "{script}"; {function} "{tmp_path}"'], capture_output=True,
-                              text=True, check=True).stdout.split()
+                              text=True, check=True, env=env).stdout.split()
 
     assert sorted(listed("bench_jobs"), key=int) == ["0", "3", "4"]
     assert listed("best_rate_jobs") == ["2", "4", "5"]  # MCSD: 31 at 3e-3 against 32 (30, 34) at 1e-3
