@@ -230,8 +230,9 @@ def _cell(row: dict, column: str, text: str) -> str:
     """``text`` formatted over ``row``; empty where ``column`` was not measured."""
     if pd.isna(row.get(column)):
         return ""
+    at_edge = row.get("at_edge")
     return text.format(**row, state_kib=row.get("state_bytes_per_sequence", 0) / 1024,
-                       edge="*" if row.get("at_edge") is True else "")
+                       edge="*" if pd.notna(at_edge) and bool(at_edge) else "")
 
 
 def _complete(text: str, notes: dict[str, str]) -> str:
@@ -277,8 +278,9 @@ PANELS = [("val_ppl", "validation perplexity", "val_ppl_min", "val_ppl_max", "li
 
 def plot_comparison(comparison: Comparison, output_dir: str | Path, name: str = "architectures_compared") -> list[Path]:
     """One horizontal bar panel per measurement (min-max over seeds or the bootstrap interval as
-    error bars) and, below them, every row's Delta_N curve over N; writes ``<name>.png/.pdf``
-    and ``<name>_table.md``."""
+    error bars) and, below them, every row's Delta_N curve over N; writes ``<name>.png/.pdf``,
+    ``<name>_table.md`` and, where some row ran at several learning rates, ``<name>_rates.png/.pdf``
+    (removed where none did, so that a redrawn folder holds no stale rates figure)."""
     table = comparison.table.iloc[::-1].reset_index(drop=True)  # the first row on top
     panels = [panel for panel in PANELS if panel[0] in table and table[panel[0]].notna().any()]
     curves = comparison.context_curves
@@ -310,6 +312,9 @@ def plot_comparison(comparison: Comparison, output_dir: str | Path, name: str = 
     paths = save_figure(figure, output_dir, name)
     if comparison.rate_curves is not None:
         paths += _plot_rates(comparison, output_dir, f"{name}_rates")
+    else:  # a rates figure drawn before (when some row had several rates) no longer matches the rows
+        for suffix in ("png", "pdf"):
+            (Path(output_dir) / f"{name}_rates.{suffix}").unlink(missing_ok=True)
     paths.append(Path(output_dir) / f"{name}_table.md")
     paths[-1].write_text(markdown_comparison(comparison))
     return paths

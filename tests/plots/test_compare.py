@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from helpers.runs import run_here
 from mcsd.models import registry
 from mcsd.models.registry import class_path, field_defaults
 from mcsd.models.config import ConfigError
-from mcsd.plots.compare import best_rate_jobs, comparison_table, markdown_comparison, plot_comparison
+from mcsd.plots.compare import _cell, best_rate_jobs, comparison_table, markdown_comparison, plot_comparison
 from mcsd.plots.experiments import draw
 from mcsd.plots.runs import curve_key, curve_label, load_csv_runs
 from helpers.runs import TINY_SWEEP, sweep_dir
@@ -181,6 +182,20 @@ def test_each_row_is_read_at_its_best_learning_rate(tmp_path: Path) -> None:
     single = comparison_table(root, tmp_path / "no_mqar")
     assert single.rate_curves is None and "lr (rates tried)" not in markdown_comparison(single)
     assert single.table.set_index("arch").loc["transformer", "delta"] == pytest.approx(0.6)
+    # Redrawn into the folder that held the rates figure: the stale figure goes.
+    assert [path.name for path in plot_comparison(single, tmp_path / "plots")] == [
+        "architectures_compared.png", "architectures_compared.pdf", "architectures_compared_table.md"]
+    assert sorted(path.name for path in (tmp_path / "plots").iterdir()) == [
+        "architectures_compared.pdf", "architectures_compared.png", "architectures_compared_table.md"]
+
+
+def test_the_edge_star_reads_any_boolean() -> None:
+    # The merged table's at_edge may hold Python or numpy booleans, or nothing (a row without training runs).
+    row = {"lr": 0.01, "lrs_tried": 4}
+    text = "{lr:g}{edge} ({lrs_tried:.0f})"
+    assert [_cell({**row, "at_edge": flag}, "lr", text) for flag in (True, np.bool_(True), False, np.bool_(False),
+                                                                      float("nan"), None)] == [
+        "0.01* (4)", "0.01* (4)", "0.01 (4)", "0.01 (4)", "0.01 (4)", "0.01 (4)"]
 
 
 def test_result_jobs_pick_the_jobs_to_benchmark_and_to_probe(tmp_path: Path) -> None:
