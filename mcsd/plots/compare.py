@@ -37,6 +37,7 @@ from mcsd.checkpoint.probe_results import DELTA_FILE  # noqa: E402
 from mcsd.plots.context import load_context_results  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.mqar import SOLVED, best_learning_rate, curve_colors, load_mqar_runs  # noqa: E402
+from mcsd.plots.rates import best_rates  # noqa: E402
 from mcsd.plots.runs import curve_key, curve_label, load_csv_runs, split_curve  # noqa: E402
 
 KEY = ["arch", "variant"]
@@ -71,23 +72,20 @@ def rate_perplexities(final: pd.DataFrame) -> pd.DataFrame:
         val_ppl_min=("value", "min"), val_ppl_max=("value", "max"), jobs=("job", list)).reset_index()
 
 
-def best_rate_perplexities(by_rate: pd.DataFrame) -> pd.DataFrame:
-    """Per row: the learning rate of lowest mean final perplexity (:func:`rate_perplexities`; the
-    recall grids' protocol, as :func:`mcsd.plots.mqar.best_learning_rate`), with ``lrs_tried`` and
-    ``at_edge`` (the best is the lowest or highest rate tried). A rate whose runs all diverged
-    loses to every rate that trained."""
-    ranked = by_rate.assign(rank=by_rate["val_ppl"].fillna(np.inf)).sort_values("rank", kind="stable")
-    best = ranked.groupby(KEY, sort=False).head(1).drop(columns="rank")
-    grid = by_rate.groupby(KEY)["lr"].agg(lrs_tried="nunique", lowest="min", highest="max").reset_index()
-    best = best.merge(grid, on=KEY)
-    best["at_edge"] = (best["lrs_tried"] > 1) & ((best["lr"] == best["lowest"]) | (best["lr"] == best["highest"]))
-    return best.drop(columns=["lowest", "highest"]).reset_index(drop=True)
+def best_rate_perplexities(final: pd.DataFrame) -> pd.DataFrame:
+    """Per row: :func:`rate_perplexities` at the learning rate of lowest mean final perplexity,
+    rates compared on the seeds they share (:func:`mcsd.plots.rates.best_rates`, the recall grids'
+    protocol too), with ``lrs_tried`` and ``at_edge`` (the best is the lowest or highest rate
+    tried). A rate that diverged loses to every rate that trained."""
+    runs = final.assign(value=final["value"].where(np.isfinite(final["value"])))
+    chosen = best_rates(runs, KEY, "value", higher_is_better=False)
+    return rate_perplexities(final).merge(chosen, on=[*KEY, "lr"]).reset_index(drop=True)
 
 
 def best_rate_jobs(root: str | Path) -> list[str]:
     """The jobs (folder names under ``root``) of each row's best learning rate: the runs whose
     models the table's other columns read (``experiments/compare_architectures/run.sh`` probes them)."""
-    best = best_rate_perplexities(rate_perplexities(final_perplexities(Path(root))))
+    best = best_rate_perplexities(final_perplexities(Path(root)))
     return sorted({job for jobs in best["jobs"] for job in jobs}, key=lambda job: (len(job), job))
 
 
@@ -180,8 +178,8 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anch
     notes: dict[str, str] = {}
     parts, curves, best_jobs, rate_curves = [], None, None, None
     if csv_logs(root):
-        by_rate = rate_perplexities(final_perplexities(root))
-        training = best_rate_perplexities(by_rate)
+        final = final_perplexities(root)
+        by_rate, training = rate_perplexities(final), best_rate_perplexities(final)
         best_jobs = {job for jobs in training["jobs"] for job in jobs}
         parts.append(training.drop(columns="jobs"))
         if (training["lrs_tried"] > 1).any():

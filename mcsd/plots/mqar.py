@@ -34,6 +34,7 @@ from mcsd.plots.style import architecture_color, architecture_colors  # noqa: E4
 from mcsd.models.build import build_model  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.runs import curve_key, curve_label, curve_order, run_identity, run_logs, split_curve  # noqa: E402
+from mcsd.plots.rates import best_rates  # noqa: E402
 
 ACCURACY = "val/mqar_acc"
 SOLVED = 0.99  # zoology's bar for "solves MQAR"
@@ -142,16 +143,14 @@ def markdown_mqar_runs(runs: pd.DataFrame) -> str:
 
 
 def best_learning_rate(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (curve, T, K, width): the learning rate of highest mean accuracy over seeds, that
-    accuracy, its min and max over seeds, and the number of seeds and learning rates tried."""
-    by_lr = (runs.groupby(["curve", "seq_len", "num_pairs", "width", "lr"])
+    """Per (curve, T, K, width): the learning rate of highest mean accuracy, rates compared on the
+    seeds they share (:func:`mcsd.plots.rates.best_rates`); that rate's accuracy, its min and max
+    over all its seeds, the number of seeds and learning rates tried, and ``at_edge``."""
+    keys = ["curve", "seq_len", "num_pairs", "width"]
+    by_lr = (runs.groupby([*keys, "lr"])
              .agg(mean=("accuracy", "mean"), min=("accuracy", "min"), max=("accuracy", "max"),
                   count=("accuracy", "count"), state_bytes=("state_bytes", "first")).reset_index())
-    best = by_lr.loc[by_lr.groupby(["curve", "seq_len", "num_pairs", "width"])["mean"].idxmax()].copy()
-    grid = by_lr.groupby(["curve", "seq_len", "num_pairs", "width"])["lr"]
-    best["lrs_tried"] = grid.count().to_numpy()
-    best["at_edge"] = ((best["lr"].to_numpy() == grid.min().to_numpy()) | (best["lr"].to_numpy() == grid.max().to_numpy())) \
-        & (best["lrs_tried"].to_numpy() > 1)
+    best = by_lr.merge(best_rates(runs, keys, "accuracy", higher_is_better=True), on=[*keys, "lr"])
     best["label"] = [curve_label("ablation", curve, None) for curve in best["curve"]]
     best["order"] = [curve_order("ablation", curve) for curve in best["curve"]]
     best = best.rename(columns={"mean": "accuracy", "min": "accuracy_min", "max": "accuracy_max", "count": "seeds"})

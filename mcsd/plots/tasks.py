@@ -19,6 +19,7 @@ from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
 from mcsd.plots.mqar import decoding_state_bytes  # noqa: E402
+from mcsd.plots.rates import best_rates  # noqa: E402
 from mcsd.plots.runs import arch_label, curve_key, curve_order, run_identity, run_logs, split_curve  # noqa: E402
 from mcsd.plots.style import architecture_color  # noqa: E402
 
@@ -63,20 +64,14 @@ def load_task_runs(root: str | Path) -> pd.DataFrame:
 
 
 def best_task_rates(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows of each (curve, task)'s best learning rate: the one of highest mean accuracy over
-    seeds at the training length (zoology's protocol, as MQAR's), with ``lrs_tried`` and
-    ``at_edge`` (the best is the lowest or highest rate tried: the grid does not bracket it).
-    Rates compete only between runs of the same training tokens (a rate sweep's): a folder of
-    unlike runs (an anchor's budgets) keeps every run."""
+    """The rows of each (curve, task)'s best learning rate: the one of highest mean accuracy at the
+    training length, rates compared on the seeds they share (:func:`mcsd.plots.rates.best_rates`,
+    zoology's protocol, as MQAR's), with ``lrs_tried`` and ``at_edge`` (the best is the lowest or
+    highest rate tried: the grid does not bracket it). Rates compete only between runs of the same
+    training tokens (a rate sweep's): a folder of unlike runs (an anchor's budgets) keeps every run."""
     keys = ["curve", "task", "tokens"]
     trained = rows[rows["length"] == rows["trained_length"]]
-    means = trained.groupby([*keys, "lr"])["accuracy"].mean().reset_index()
-    best = means.loc[means.groupby(keys)["accuracy"].idxmax()]
-    grid = means.groupby(keys)["lr"].agg(["count", "min", "max"]).reset_index()
-    best = best.merge(grid, on=keys)
-    best["at_edge"] = (best["count"] > 1) & ((best["lr"] == best["min"]) | (best["lr"] == best["max"]))
-    chosen = best[[*keys, "lr", "count", "at_edge"]].rename(columns={"count": "lrs_tried"})
-    return rows.merge(chosen, on=[*keys, "lr"])
+    return rows.merge(best_rates(trained, keys, "accuracy", higher_is_better=True), on=[*keys, "lr"])
 
 
 def _ordered_curves(rows: pd.DataFrame) -> list[str]:
