@@ -36,9 +36,10 @@ if ! $bench_only; then
   (( status == 0 || status == 1 || status == 2 )) || exit "$status"
   [ -n "$(result_jobs "$out" 2>/dev/null)" ] || exit "$status"  # no job trained, here or before: nothing to probe
   export OMP_NUM_THREADS=1
-  # The probes of each row's best learning rate (every job where each row ran at one rate).
+  # The probes of each row's best learning rate (every job where each row ran at one rate) that have none yet
+  # (xargs -r: no probe at all where every one is there, as after a sweep whose one job diverged).
   for job in $(best_rate_jobs "$out"); do [ -d "$out/probe/$job" ] || echo "$job $(result_model "$out" "$job")"; done | \
-    xargs -P 2 -L 1 sh -c 'mcsd-probe context ckpt="$6" data=text_files "data.paths=[$1]" length=4096 num_documents=8 \
+    xargs -r -P 2 -L 1 sh -c 'mcsd-probe context ckpt="$6" data=text_files "data.paths=[$1]" length=4096 num_documents=8 \
     num_positions=8 paths.log_dir="$2/logs/$3" output_dir="$4/probe/$5" wandb.enabled=false > "$2/logs/$3/probe-$5.log" 2>&1' \
     _ "$split/held_out.txt" "$here" "$name" "$out"  # then each line's job number and model
 fi

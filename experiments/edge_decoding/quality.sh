@@ -39,7 +39,7 @@ for job in "$sweep"/*/; do
   scores="$out/$(sed -n 's/^- size=//p' "$job/.hydra/overrides.yaml")-$(sed -n 's/^- model=//p' "$job/.hydra/overrides.yaml")"
   rm -rf "$scores"; mkdir -p "$scores"
   for weights in full int8 int4; do echo "$job $weights $scores/$weights"; done
-done | xargs -P 2 -L 1 sh -c 'mkdir -p "$(dirname "$5")"; mcsd-eval ckpt="$3" "tasks=[held_out_ppl]" include_path="$2" \
+done | xargs -r -P 2 -L 1 sh -c 'mkdir -p "$(dirname "$5")"; mcsd-eval ckpt="$3" "tasks=[held_out_ppl]" include_path="$2" \
   weights="$4" wandb.enabled=false paths.log_dir="$1" output_dir="$5" > "$5.log" 2>&1 \
   || { echo "mcsd-eval failed: $5.log" >&2; exit 255; }' _ "$here/logs/$name" "$tasks"  # then each line: job, weights, folder
 python - "$out" <<'PY'

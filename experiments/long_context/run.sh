@@ -31,7 +31,7 @@ done
 $add || rm -rf "${out:?}"; mkdir -p "$here/logs/$name"
 export OMP_NUM_THREADS=1  # two probes side by side, one core each
 for job in $(best_rate_jobs "$compared"); do [ -d "$out/$job" ] || echo "$job $(result_model "$compared" "$job")"; done |
-  xargs -P 2 -L 1 bash -c 'held=$1 here=$2 name=$3 out=$4 job="${@: -2:1}" model="${@: -1}"
+  xargs -r -P 2 -L 1 bash -c 'held=$1 here=$2 name=$3 out=$4 job="${@: -2:1}" model="${@: -1}"
   mcsd-probe context ckpt="$model" data=text_files "data.paths=[$held]" length=4096 num_documents=8 num_positions=16 \
     paths.log_dir="$here/logs/$name" output_dir="$out/$job" wandb.enabled=false "${@:5:$#-6}" > "$here/logs/$name/probe-$job.log" 2>&1' \
   _ "$trained/split/held_out.txt" "$here" "$name" "$out" "$@"  # then each line's job number and model

@@ -184,8 +184,8 @@ def comparison_table(root: str | Path, mqar: str | Path | None = None, mqar_anch
         parts.append(training.drop(columns="jobs"))
         if (training["lrs_tried"] > 1).any():
             rate_curves = by_rate.drop(columns="jobs")
-            notes["rates"] = ("each row at its learning rate of lowest mean validation perplexity over seeds, of the "
-                              "rates it was trained at (every rate's perplexity: the rates figure)")
+            notes["rates"] = ("each row at its learning rate of lowest mean validation perplexity, of the rates it was "
+                              "trained at, compared on the seeds every rate ran (every rate's perplexity: the rates figure)")
     mqar = Path(mqar) if mqar else root / "mqar"
     if mqar.is_dir():
         parts.append(_mqar(mqar, notes, mqar_anchor))

@@ -4,6 +4,7 @@ the same data, tokens and seed, and ``mcsd-plot compare`` tabulates them, one ro
 from __future__ import annotations
 
 import math
+import shutil
 import os
 import subprocess
 import sys
@@ -163,6 +164,7 @@ def test_each_row_is_read_at_its_best_learning_rate(tmp_path: Path) -> None:
     assert "| MCSD full | 1,000 | 42.00 (40.00-44.00) | 2 | 0.001 (3) |" in markdown
     assert "| Transformer | 1,000 | 45.00 (45.00-45.00) | 1 | 0.003* (3) |" in markdown
     assert "the grid does not bracket it" in markdown and "lowest mean validation perplexity" in markdown
+    assert "compared on the seeds every rate ran" in markdown
     assert [path.name for path in plot_comparison(comparison, tmp_path / "plots")] == [
         "architectures_compared.png", "architectures_compared.pdf", "architectures_compared_rates.png",
         "architectures_compared_rates.pdf", "architectures_compared_table.md"]
@@ -219,3 +221,44 @@ def test_result_jobs_pick_the_jobs_to_benchmark_and_to_probe(tmp_path: Path) -> 
     # MCSD: on seed 0, the seed both rates ran, 30 at 1e-3 against 31 at 3e-3 (seed 1's 34 does not decide),
     # so both of 1e-3's jobs
     assert listed("best_rate_jobs") == ["0", "1", "4", "5"]
+
+
+def test_run_sh_probes_the_best_jobs_without_a_probe_and_none_twice(tmp_path: Path) -> None:
+    """experiments/compare_architectures/run.sh after its sweep (a stub here: the jobs are written
+    beforehand, the last one diverged): it probes each best-rate job that has no probe yet, in its
+    own folder, and where every one has its probe it probes nothing and ends as the sweep did (the
+    probe command once without a job: status 123 after a sweep whose one job diverged)."""
+    experiments = tmp_path / "experiments"
+    (experiments / "compare_architectures").mkdir(parents=True)
+    source = Path(__file__).parents[2] / "experiments"
+    for name in ("compare_architectures/run.sh", "corpus_arguments.sh", "corpus_path.sh", "split_corpus.sh",
+                 "result_jobs.sh"):
+        shutil.copy(source / name, experiments / name)
+    (experiments / "sweep.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
+    (experiments / "sweep.sh").chmod(0o755)
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    calls = tmp_path / "calls.txt"
+    for command in ("mcsd-probe", "mcsd-plot"):
+        (stubs / command).write_text(f'#!/usr/bin/env bash\necho "{command} $*" >> "{calls}"\n')
+        (stubs / command).chmod(0o755)
+    results = experiments / "compare_architectures" / "corpus"
+    for job, (arch, lr, ppl) in enumerate([("mcsd", 1e-3, 30.0), ("mcsd", 3e-3, 29.0), ("mcsd", 1e-2, math.inf)]):
+        _write_run(results / str(job), arch, lr, 0, [ppl])
+        hparams = results / str(job) / "csv" / "version_0" / "hparams.yaml"
+        hparams.write_text(hparams.read_text() + f"callbacks:\n  model_checkpoint:\n    dirpath: /runs/{job}/model\n")
+    (tmp_path / "corpus.txt").write_text("".join(f"line {i}\n" for i in range(20)))
+    env = {**os.environ, "PATH": f"{stubs}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+    def run() -> list[str]:
+        calls.unlink(missing_ok=True)
+        result = subprocess.run(["bash", str(experiments / "compare_architectures" / "run.sh"), "--no-bench", "--add",
+                                 str(tmp_path / "corpus.txt")], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return calls.read_text().splitlines()
+
+    probed, plotted = run()
+    assert probed.startswith("mcsd-probe context ckpt=/runs/1/model ") and f"output_dir={results}/probe/1 " in probed
+    assert plotted == f"mcsd-plot experiment source={results} name=compare_architectures"
+    (results / "probe" / "1").mkdir(parents=True)
+    assert run() == [plotted]
