@@ -55,10 +55,13 @@ class Comparison:
 
 def final_perplexities(root: Path) -> pd.DataFrame:
     """Every run's final validation perplexity under ``root``, with its architecture, variant,
-    learning rate, seed and job (the run's first folder: ``<job>/csv/version_0``)."""
+    learning rate, seed and job (the run's first folder: ``<job>/csv/version_0``). A run whose last
+    validation came before the others' (it diverged, or was stopped) has none: the comparison reads
+    every run after the same tokens."""
     rows = load_csv_runs(root)
     final = rows[rows["metric"] == "val/ppl"].sort_values("tokens").groupby("run").tail(1).copy()
     final["job"] = final["run"].str.split("/").str[0]
+    final.loc[final["tokens"] < final["tokens"].max(), "value"] = np.nan
     return final
 
 

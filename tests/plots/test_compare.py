@@ -19,7 +19,8 @@ from helpers.runs import run_here
 from mcsd.models import registry
 from mcsd.models.registry import class_path, field_defaults
 from mcsd.models.config import ConfigError
-from mcsd.plots.compare import _cell, best_rate_jobs, comparison_table, markdown_comparison, plot_comparison
+from mcsd.plots.compare import (_cell, best_rate_jobs, best_rate_perplexities, comparison_table, final_perplexities,
+                                markdown_comparison, plot_comparison)
 from mcsd.plots.experiments import draw
 from mcsd.plots.runs import curve_key, curve_label, load_csv_runs
 from helpers.runs import TINY_SWEEP, sweep_dir
@@ -189,6 +190,17 @@ def test_each_row_is_read_at_its_best_learning_rate(tmp_path: Path) -> None:
         "architectures_compared.png", "architectures_compared.pdf", "architectures_compared_table.md"]
     assert sorted(path.name for path in (tmp_path / "plots").iterdir()) == [
         "architectures_compared.pdf", "architectures_compared.png", "architectures_compared_table.md"]
+
+
+def test_a_run_that_stopped_early_has_no_final_perplexity(tmp_path: Path) -> None:
+    # A diverged run's log ends at its last validation before the loss went NaN (here 20.0 after 100
+    # tokens, where the others ran to 200): it loses to every rate that trained, as a diverged one.
+    for job, (lr, perplexities) in enumerate([(1e-3, [90.0, 40.0]), (1e-2, [20.0]), (3e-3, [80.0, 45.0])]):
+        _write_run(tmp_path / str(job), "mcsd", lr, 0, perplexities)
+    final = final_perplexities(tmp_path).set_index("job")
+    assert final.loc[["0", "2"], "value"].tolist() == [40.0, 45.0] and pd.isna(final.loc["1", "value"])
+    best = best_rate_perplexities(final_perplexities(tmp_path))
+    assert best[["lr", "val_ppl", "lrs_tried", "at_edge"]].values.tolist() == [[1e-3, 40.0, 3, True]]
 
 
 def test_the_edge_star_reads_any_boolean() -> None:
