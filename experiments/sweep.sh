@@ -3,6 +3,7 @@
 # folder (<experiment>/<corpus>/<job>/csv/version_0/{metrics.csv,hparams.yaml}) and draw it.
 #   experiments/sweep.sh EXPERIMENT [--replace|--add] [--resume] [--name NAME] embedded|tinyshakespeare|FILE.txt|own \
 #     [mcsd-train overrides...]
+# Each job's result.json (how it ended) is kept beside its csv/ folder.
 # The figures and tables are drawn by `mcsd-plot experiment` (mcsd/plots/experiments.py: the same
 # code as the figures notebook's).
 # The results go to <experiment>/trial/<corpus>/, or with --replace to <experiment>/<corpus>/
@@ -99,6 +100,8 @@ for job in "$sweep"*/; do
   copy="$out/$(( first + $(basename "$job") ))/csv/version_0"
   mkdir -p "$copy"
   cp "$logs/metrics.csv" "$logs/hparams.yaml" "$copy/"
+  # How the job ended (a diverged job's rate counts as tried, at the worst score), beside its csv/.
+  if [ -f "$job/result.json" ]; then cp "$job/result.json" "$copy/../../"; fi
 done
 mcsd-plot experiment source="$out" name="$experiment"
 exit "$status"

@@ -151,6 +151,14 @@ def csv_logs(root: str | Path) -> list[tuple[Path, dict[str, Any]]]:
     return logs
 
 
+def run_status(metrics_file: str | Path) -> str | None:
+    """How the run whose CSV log ``metrics_file`` is (``<run>/csv/version_*/metrics.csv``) ended: the
+    ``status`` of the run folder's ``result.json`` (a sweep's copied logs keep it beside ``csv/``);
+    ``None`` where the run wrote none (still running, killed, or logs copied before it was kept)."""
+    result = RunFolder(Path(metrics_file).parents[2]).result()
+    return None if result is None else result["status"]
+
+
 def model_node_of(path: str | Path) -> dict[str, Any] | None:
     """The ``model`` node in a YAML file (a run's ``hparams.yaml`` or ``.hydra/config.yaml``, or a
     ``model`` node of its own) or in a run folder; ``None`` where there is none."""

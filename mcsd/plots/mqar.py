@@ -27,6 +27,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from mcsd.bench.decoding import state_bytes  # noqa: E402
+from mcsd.checkpoint.run_folder import DIVERGED, METRICS_FILE, run_status  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.models import registry  # noqa: E402
@@ -66,18 +67,24 @@ def _state_bytes(model_json: str, seq_len: int) -> int:
 
 def load_mqar_runs(root: str | Path) -> pd.DataFrame:
     """One row per MQAR run under ``root``: its curve, width, (T, K), learning rate, seed and
-    final accuracy. Runs that logged no ``val/mqar_acc`` (language-model runs) are skipped."""
+    final accuracy. Runs that logged no ``val/mqar_acc`` (language-model runs) are skipped; a run
+    that diverged (its ``result.json`` says so) has no final accuracy (its last validation came
+    before the divergence) and stopped ``diverged``: its rate loses to every rate that trained."""
     records = []
     for run, config, metrics in run_logs(root):
         if ACCURACY not in metrics or metrics[ACCURACY].dropna().empty:
             continue
+        course = run_course(config, metrics)
+        diverged = run_status(Path(root) / run / METRICS_FILE) == DIVERGED
         arch, variant = run_identity(config)
         model, data = config.get("model") or {}, config.get("data") or {}
         records.append({"run": run, "curve": curve_key(arch, variant), "width": int(model["hidden_size"]),
                         "seq_len": int(data["seq_len"]), "num_pairs": int(data["num_pairs"]),
                         "lr": float((config.get("optimizer") or {})["lr"]), "seed": config.get("seed"),
-                        "params": config.get("model/params"), "accuracy": float(metrics[ACCURACY].dropna().iloc[-1]),
-                        "state_bytes": decoding_state_bytes(model, int(data["seq_len"])), **run_course(config, metrics)})
+                        "params": config.get("model/params"),
+                        "accuracy": float("nan") if diverged else float(metrics[ACCURACY].dropna().iloc[-1]),
+                        "state_bytes": decoding_state_bytes(model, int(data["seq_len"])),
+                        **course, **({"stopped": DIVERGED} if diverged else {})})
     if not records:
         raise MCSDError(f"{root} holds no MQAR runs (no {ACCURACY} in its logs): point it at an "
                         "experiment=mqar_recall sweep")
@@ -136,7 +143,7 @@ def markdown_mqar_runs(runs: pd.DataFrame) -> str:
     order = runs.assign(order=[curve_order("ablation", curve) for curve in runs["curve"]])
     rows = [[curve_label("ablation", row.curve, None), row.width, f"({row.seq_len}, {row.num_pairs})", f"{row.lr:g}",
              row.epochs, f"{row.examples:,}", f"{row.tokens:,}", f"{row.train_loss:.2f}", f"{row.val_loss:.2f}",
-             f"{row.accuracy:.3f}", f"{row.best_accuracy:.3f}",
+             "-" if pd.isna(row.accuracy) else f"{row.accuracy:.3f}", f"{row.best_accuracy:.3f}",
              "-" if pd.isna(row.first_solved) else str(int(row.first_solved)), row.stopped]
             for row in order.sort_values(["order", "width", "seq_len", "lr", "seed"]).itertuples()]
     return markdown_table(header, rows) + "\n"
@@ -149,7 +156,7 @@ def best_learning_rate(runs: pd.DataFrame) -> pd.DataFrame:
     keys = ["curve", "seq_len", "num_pairs", "width"]
     by_lr = (runs.groupby([*keys, "lr"])
              .agg(mean=("accuracy", "mean"), min=("accuracy", "min"), max=("accuracy", "max"),
-                  count=("accuracy", "count"), state_bytes=("state_bytes", "first")).reset_index())
+                  count=("accuracy", "size"), state_bytes=("state_bytes", "first")).reset_index())
     best = by_lr.merge(best_rates(runs, keys, "accuracy", higher_is_better=True), on=[*keys, "lr"])
     best["label"] = [curve_label("ablation", curve, None) for curve in best["curve"]]
     best["order"] = [curve_order("ablation", curve) for curve in best["curve"]]
@@ -168,7 +175,9 @@ def markdown_mqar_table(best: pd.DataFrame) -> str:
         for t, k in settings:
             point = group[(group["seq_len"] == t) & (group["num_pairs"] == k)]
             edge = "*" if len(point) and point["at_edge"].iloc[0] else ""
-            cells.append(f"{point['accuracy'].iloc[0]:.3f} (lr {point['lr'].iloc[0]:g}{edge})" if len(point) else "")
+            accuracy = "diverged" if len(point) and pd.isna(point["accuracy"].iloc[0]) else (
+                f"{point['accuracy'].iloc[0]:.3f}" if len(point) else "")
+            cells.append(f"{accuracy} (lr {point['lr'].iloc[0]:g}{edge})" if len(point) else "")
         rows.append(cells)
     lines = [markdown_table(header, rows)]
     if best["at_edge"].any():
@@ -240,7 +249,7 @@ def plot_accuracy_vs_rate(runs: pd.DataFrame, best: pd.DataFrame, output_dir: st
     """Accuracy vs learning rate (log axis), mean over seeds, one line per curve, one panel per
     (T, K) (rows) and width (columns), each curve's best rate ringed: a reader sees whether the
     grid brackets each best (zoology's protocol; "Revisiting associative recall": recurrent models
-    recall in a narrow window of rates). Writes ``<name>.png/.pdf``."""
+    recall in a narrow window of rates); a rate that diverged is a cross at 0. Writes ``<name>.png/.pdf``."""
     settings = sorted({(row.seq_len, row.num_pairs) for row in best.itertuples()})
     widths = sorted(best["width"].unique())
     curves = list(dict.fromkeys(best["curve"]))
@@ -260,6 +269,8 @@ def plot_accuracy_vs_rate(runs: pd.DataFrame, best: pd.DataFrame, output_dir: st
                            & (best["width"] == width)]
                 label = top["label"].iloc[0]
                 ax.plot(points["lr"], points["accuracy"], marker="o", color=colors[curve], label=label)
+                diverged = points[points["accuracy"].isna()]
+                ax.plot(diverged["lr"], [0.0] * len(diverged), marker="x", linestyle="none", color=colors[curve])
                 ax.plot(top["lr"], top["accuracy"], marker="o", markersize=11, fillstyle="none", color=colors[curve])
             ax.set(xscale="log", title=f"T = {t}, K = {k}, width {width}", ylim=(-0.02, 1.02))
             ax.grid(True, alpha=0.3)
@@ -269,7 +280,7 @@ def plot_accuracy_vs_rate(runs: pd.DataFrame, best: pd.DataFrame, output_dir: st
                 ax.set_ylabel("MQAR accuracy")
     handles = {label: handle for ax in axes.flat for handle, label in zip(*ax.get_legend_handles_labels())}
     axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7)
-    figure.suptitle("MQAR: accuracy vs learning rate (ringed: each curve's best)")
+    figure.suptitle("MQAR: accuracy vs learning rate (ringed: each curve's best; x: diverged)")
     return save_figure(figure, output_dir, name)
 
 

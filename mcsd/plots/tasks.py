@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from mcsd.checkpoint.run_folder import DIVERGED, METRICS_FILE, run_status  # noqa: E402
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
@@ -36,31 +37,41 @@ class TaskFigure:
 def load_task_runs(root: str | Path) -> pd.DataFrame:
     """One row per run and test length under ``root``: architecture, variant, task, the test
     length and accuracy there (``test/<task>_acc`` at the training length, ``..._at_<N>`` past
-    it), the run's tokens, parameters and decoding-state bytes. Runs without a task's test
-    accuracy (language models, MQAR, unfinished runs) are skipped."""
+    it), the run's tokens, parameters and decoding-state bytes. A run that diverged (its
+    ``result.json`` says so) has one row, at the training length, with no accuracy and the
+    tokens of its sweep's finished runs of the task, so that its rate counts as tried and loses
+    (:func:`best_task_rates`). Runs without a task's test accuracy otherwise (language models,
+    MQAR, unfinished runs) are skipped."""
     records = []
     for run, config, metrics in run_logs(root):
         data = config.get("data") or {}
         task = data.get("task")
-        if task is None or f"test/{task}_acc" not in metrics:
+        diverged = task is not None and run_status(Path(root) / run / METRICS_FILE) == DIVERGED
+        if task is None or (f"test/{task}_acc" not in metrics and not diverged):
             continue
         arch, variant = run_identity(config)
         seq_len = int(data["seq_len"])
         common = {"run": run, "arch": arch, "variant": variant, "task": task, "seed": config.get("seed"),
                   "lr": float((config.get("optimizer") or {}).get("lr", float("nan"))),
-                  "trained_length": seq_len, "params": config.get("model/params"),
-                  "tokens": float(metrics["trainer/tokens"].dropna().max()),
+                  "trained_length": seq_len, "params": config.get("model/params"), "sweep": config.get("sweep"),
+                  "tokens": float("nan") if diverged else float(metrics["trainer/tokens"].dropna().max()),
                   "state_bytes": decoding_state_bytes(config["model"], seq_len)}
+        if diverged:
+            records.append({**common, "length": seq_len, "accuracy": float("nan")})
+            continue
         for name, length in [(f"test/{task}_acc", seq_len),
                              *((column, int(column.rsplit("_", 1)[1])) for column in metrics
                                if column.startswith(f"test/{task}_acc_at_"))]:
             records.append({**common, "length": length, "accuracy": float(metrics[name].dropna().iloc[-1])})
-    if not records:
+    if not records or all(pd.isna(record["tokens"]) for record in records):
         raise MCSDError(f"{root} holds no finished runs of data=mad or data=retrieval (no test/<task>_acc in "
                         "their logs): point it at an experiment=mad or experiment=retrieval sweep")
     rows = pd.DataFrame(records)
+    # A diverged run would have trained on the budget of its sweep's other runs of the task.
+    planned = rows.groupby(["sweep", "task"], dropna=False)["tokens"].transform("max")
+    rows["tokens"] = rows["tokens"].fillna(planned)
     rows["curve"] = curve_key(rows["arch"], rows["variant"])
-    return rows
+    return rows.drop(columns="sweep")
 
 
 def best_task_rates(rows: pd.DataFrame) -> pd.DataFrame:
@@ -100,7 +111,8 @@ def markdown_task_table(rows: pd.DataFrame) -> str:
             point = rows[(rows["curve"] == curve) & (rows["task"] == task) & (rows["length"] == length)]
             rate = ("" if point.empty or point["lrs_tried"].iloc[0] < 2 or length != trained[task] else
                     f" (lr {point['lr'].iloc[0]:g}{'*' if point['at_edge'].iloc[0] else ''})")
-            cells.append("-" if point.empty else f"{point['accuracy'].mean():.3f}{rate}")
+            accuracy = "-" if point.empty else "diverged" if point["accuracy"].isna().all() else f"{point['accuracy'].mean():.3f}"
+            cells.append(accuracy if point.empty else f"{accuracy}{rate}")
         accuracies.append(cells)
     lines = [markdown_table(["architecture", *header], accuracies)]
     if rows["at_edge"].any():
@@ -161,7 +173,8 @@ def plot_tasks(rows: pd.DataFrame, output_dir: str | Path, name: str) -> TaskFig
 
 def plot_task_rates(rows: pd.DataFrame, output_dir: str | Path, name: str) -> list[Path]:
     """One panel per task: test accuracy at the training length against the learning rate (log
-    axis), mean over seeds, a line per architecture. Writes ``<name>.png/.pdf``."""
+    axis), mean over seeds, a line per architecture, a rate that diverged a cross at 0. Writes
+    ``<name>.png/.pdf``."""
     trained = rows[rows["length"] == rows["trained_length"]]
     tasks, curves = sorted(trained["task"].unique()), _ordered_curves(trained)
     columns = min(3, len(tasks))
@@ -170,14 +183,16 @@ def plot_task_rates(rows: pd.DataFrame, output_dir: str | Path, name: str) -> li
     for ax, task in zip(axes.flat, tasks):
         for curve in curves:
             points = trained[(trained["task"] == task) & (trained["curve"] == curve)].groupby("lr")["accuracy"].mean()
+            color = architecture_color(split_curve(curve)[0])
             if not points.empty:
-                ax.plot(points.index, points.values, marker="o", color=architecture_color(split_curve(curve)[0]),
-                        label=_label(curve))
+                ax.plot(points.index, points.values, marker="o", color=color, label=_label(curve))
+                diverged = points.index[points.isna()]
+                ax.plot(diverged, [0.0] * len(diverged), marker="x", linestyle="none", color=color)
         ax.set(xscale="log", title=task.replace("_", " "), ylim=(-0.02, 1.02), xlabel="learning rate",
                ylabel="test accuracy")
         ax.grid(True, alpha=0.3)
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
-    figure.suptitle(f"{name.replace('_', ' ')}: test accuracy against learning rate (mean over seeds)")
+    figure.suptitle(f"{name.replace('_', ' ')}: test accuracy against learning rate (mean over seeds; x: diverged)")
     return save_figure(figure, output_dir, name)

@@ -389,7 +389,7 @@ def recall_sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_sweep: Path, tmp_path: Path) -> None:
     """experiments/sweep.sh --add keeps the jobs already in the results folder (here one job of
     the recall sweep, as --replace would have copied it) and numbers the new sweep's jobs after
-    them; the figure (the real mcsd-plot) then draws both. A stand-in mcsd-train records its
+    them, each job's result.json beside its csv/; the figure (the real mcsd-plot) then draws both. A stand-in mcsd-train records its
     arguments and writes one job of the recall sweep (the Transformer's) where the sweep's would be:
     the script's folders and numbering are under test here, the sweep itself in recall_sweep."""
     script = tmp_path / "experiments" / "sweep.sh"
@@ -408,6 +408,7 @@ def test_sweep_script_adds_an_architecture_beside_the_committed_jobs(recall_swee
 echo "$*" > {calls}
 for argument; do case "$argument" in hydra.sweep.dir=*) sweep="${{argument#hydra.sweep.dir=}}";; esac; done
 mkdir -p "$sweep/0/csv/version_0" && cp {added}/metrics.csv {added}/hparams.yaml "$sweep/0/csv/version_0/"
+echo '{{"status": "diverged", "diverged_at_step": 1}}' > "$sweep/0/result.json"
 """)
     stand_in.chmod(0o755)
     env = {**os.environ, "PATH": f"{stand_in.parent}:{Path(sys.executable).parent}:{os.environ['PATH']}",
@@ -423,6 +424,7 @@ mkdir -p "$sweep/0/csv/version_0" && cp {added}/metrics.csv {added}/hparams.yaml
     assert sorted(path.name for path in results.iterdir() if path.is_dir()) == ["0", "1"]
     runs = load_mqar_runs(results).sort_values("run")
     assert list(runs["curve"]) == ["mcsd|full", "transformer|default"]
+    assert list(runs["stopped"]) == ["budget", "diverged"]  # how the job ended, copied beside its csv/
     assert (results / "mqar_recall_table.md").is_file()
 
 
@@ -487,3 +489,32 @@ def test_a_best_rate_inside_the_grid_is_not_starred_and_each_point_gets_its_rate
     assert "| MCSD full | 64 | 0.500 (lr 0.001) |" in table and "| MCSD full | 128 | 0.300 (lr 0.01*) |" in table
     paths = plot_accuracy_vs_rate(runs, best.reset_index(), tmp_path, "rates")
     assert [path.name for path in paths] == ["rates.png", "rates.pdf"] and all(path.stat().st_size for path in paths)
+
+
+def test_a_run_that_diverged_has_no_final_accuracy_and_its_rate_loses(tmp_path: Path) -> None:
+    """A run validated to 0.9 then diverged (its result.json, kept by sweep.sh beside csv/, says
+    so): its last validation is not its final accuracy; the rate that trained is the best, the
+    diverged one reads ``-`` in the runs table and is a cross in the rates figure."""
+    from helpers.models import tiny_config
+    from mcsd.checkpoint.run_folder import write_result
+    from mcsd.plots.mqar import markdown_mqar_runs
+
+    for job, (lr, accuracies, status) in enumerate([(1e-3, (0.1, 0.5), "finished"), (1e-2, (0.2, 0.9), "diverged")]):
+        logs = tmp_path / "runs" / str(job) / "csv" / "version_0"
+        logs.mkdir(parents=True)
+        (logs / "hparams.yaml").write_text(yaml.safe_dump({
+            "model": tiny_config("mcsd"), "optimizer": {"lr": lr}, "seed": 0,
+            "data": {"seq_len": 16, "num_pairs": 2}}))
+        pd.DataFrame({"step": [0, 5, 10], "epoch": [0, 0, 1], "trainer/tokens": [0.0, 80.0, 160.0],
+                      "train/loss": [None, 2.0, 1.5], "val/loss": [3.0, 2.5, 2.0],
+                      "val/mqar_acc": [0.0, *accuracies]}).to_csv(logs / "metrics.csv", index=False)
+        write_result(tmp_path / "runs" / str(job), {"status": status})
+    runs = load_mqar_runs(tmp_path / "runs").set_index("lr")
+    assert runs.loc[1e-3, "accuracy"] == 0.5 and pd.isna(runs.loc[1e-2, "accuracy"])
+    assert (runs.loc[1e-3, "stopped"], runs.loc[1e-2, "stopped"], runs.loc[1e-2, "best_accuracy"]) == ("budget", "diverged", 0.9)
+    best = best_learning_rate(runs.reset_index())
+    assert (best["lr"].tolist(), best["accuracy"].tolist(), best["lrs_tried"].tolist()) == ([1e-3], [0.5], [2])
+    assert "| 0.01 | 2 | 10 | 160 | 1.50 | 2.00 | - | 0.900 | - | diverged |" in markdown_mqar_runs(runs.reset_index())
+    assert plot_accuracy_vs_rate(runs.reset_index(), best, tmp_path, "rates")[0].stat().st_size > 0
+    diverged_only = best_learning_rate(runs.reset_index().query("lr == 1e-2"))
+    assert "| diverged (lr 0.01) |" in markdown_mqar_table(diverged_only)

@@ -262,3 +262,47 @@ def test_the_recall_experiments_and_the_comparison_sweep_zoologys_four_rates() -
         for experiment in ("mqar_recall", "mqar_converge", "mad", "retrieval", "compare_architectures"):
             config = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
             assert config.hydra.sweeper.params["optimizer.lr"] == grid, experiment
+
+
+def _write_task_run(job: Path, lr: float, accuracy: float | None, status: str | None) -> None:
+    """A needle run's log as ``sweep.sh`` copies it (``<job>/csv/version_0`` beside ``result.json``):
+    a test accuracy where it finished (``accuracy``), none where it diverged or is still running."""
+    import pandas as pd
+
+    from helpers.models import tiny_config
+    from mcsd.checkpoint.run_folder import write_result
+
+    logs = job / "csv" / "version_0"
+    logs.mkdir(parents=True)
+    (logs / "hparams.yaml").write_text(yaml.safe_dump({
+        "model": tiny_config("mcsd"), "optimizer": {"lr": lr}, "seed": 0, "sweep": "one",
+        "data": {"task": "needle", "seq_len": 16}, "model/params": 1000}))
+    metrics = {"step": [0, 10], "trainer/tokens": [0.0, 5000.0 if accuracy is None else 16000.0]}
+    if accuracy is not None:
+        metrics["test/needle_acc"] = [None, accuracy]
+    pd.DataFrame(metrics).to_csv(logs / "metrics.csv", index=False)
+    if status is not None:
+        write_result(job, {"status": status, **({"diverged_at_step": 10} if status == "diverged" else {})})
+
+
+def test_a_rate_that_diverged_counts_as_tried_and_loses(tmp_path: Path) -> None:
+    """A diverged run logs no test accuracy; its result.json says how it ended, so its rate is one
+    of those tried (the best below it is inside the grid, not starred), with the sweep's budget, no
+    accuracy, and a cross in the rates figure; a run with neither (still running) is left out."""
+    import pandas as pd
+
+    from mcsd.plots.tasks import best_task_rates, markdown_task_table
+
+    for job, (lr, accuracy, status) in enumerate([(1e-4, 0.3, "finished"), (1e-3, 0.6, "finished"),
+                                                  (1e-2, None, "diverged"), (1e-1, None, None)]):
+        _write_task_run(tmp_path / "runs" / str(job), lr, accuracy, status)
+    rows = load_task_runs(tmp_path / "runs")
+    assert sorted(rows["lr"]) == [1e-4, 1e-3, 1e-2] and set(rows["tokens"]) == {16000.0}
+    assert rows.loc[rows["lr"] == 1e-2, "accuracy"].isna().all()
+    best = best_task_rates(rows)
+    assert (best["lr"].tolist(), best["lrs_tried"].tolist(), best["at_edge"].tolist()) == ([1e-3], [3], [False])
+    assert " | 0.600 (lr 0.001) |" in markdown_task_table(rows)
+    assert [path.name for path in plot_tasks(rows, tmp_path / "figure", "retrieval").paths] == [
+        "retrieval.png", "retrieval.pdf", "retrieval_rates.png", "retrieval_rates.pdf", "retrieval_table.md"]
+    every_rate_diverged = pd.concat([rows[rows["lr"] == 1e-2], rows[rows["lr"] == 1e-2].assign(lr=1e-1)])
+    assert " | diverged (lr 0.01*) |" in markdown_task_table(every_rate_diverged)
