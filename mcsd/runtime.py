@@ -100,6 +100,24 @@ def apply_threads(app: str, cfg: DictConfig) -> None:
     logging.getLogger("mcsd").info("%s: %d torch thread%s (%s)", app, threads, "s" if threads > 1 else "", why)
 
 
+def apply_flush_denormal(app: str, cfg: DictConfig) -> None:
+    """``flush_denormal: true``: the CPU treats denormal floats (below 1.2e-38 in fp32) as zero
+    (``torch.set_flush_denormal``), and the command's log says so. Arithmetic on denormals runs
+    many times slower on x86; a run whose activations decay into their range steps slower for it
+    (``docs/training.md``). A CPU that cannot (no SSE3) is refused in one line. No effect on a GPU."""
+    setting = cfg.get("flush_denormal")
+    if setting is None or setting is False:
+        return
+    if setting is not True:
+        raise MCSDError(f"flush_denormal={setting} must be true or false")
+    import torch
+
+    if not torch.set_flush_denormal(True):
+        raise MCSDError("flush_denormal=true: this CPU cannot flush denormals (torch.set_flush_denormal needs SSE3 "
+                        "on x86): set flush_denormal=false")
+    logging.getLogger("mcsd").info("%s: denormal floats flushed to zero on the CPU (flush_denormal=true)", app)
+
+
 def require_wandb_login(setting: str) -> None:
     """Online W&B needs an API key: say how to get one (or stay offline) instead of W&B's traceback."""
     import wandb

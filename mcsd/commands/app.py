@@ -31,7 +31,7 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from mcsd.errors import MCSDError
-from mcsd.runtime import apply_threads, interrupted
+from mcsd.runtime import apply_flush_denormal, apply_threads, interrupted
 
 Result = TypeVar("Result")
 
@@ -573,8 +573,8 @@ def hydra_app(app: str, config_name: str) -> Callable[[Callable[[DictConfig], Re
         @functools.wraps(task)
         def checked_task(cfg: DictConfig) -> Result | None:
             try:
-                result = run_or_exit(app, lambda: (require_values(cfg), check_settings_exist(cfg),
-                                                   apply_threads(app, cfg), task(cfg))[3])
+                result = run_or_exit(app, lambda: (require_values(cfg), check_settings_exist(cfg), apply_threads(app, cfg),
+                                                   apply_flush_denormal(app, cfg), task(cfg))[4])
                 if _in_sweep():
                     _job_finished()
                 return result

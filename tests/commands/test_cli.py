@@ -379,6 +379,7 @@ BAD_INPUTS = [
     ("mcsd-export", ["ckpt=EARLIER", "out=notes", "overwrite=true"], {}, None,
      "out=notes holds what an export does not write (notes.txt): choose a new or empty folder (overwrite=true "
      "replaces only an earlier export)"),
+    ("mcsd-train", ["flush_denormal=maybe"], {}, None, "flush_denormal=maybe must be true or false"),
     ("mcsd-probe", [], {}, None, "name a probe first: mcsd-probe {context} ckpt=RUN"),
     ("mcsd-probe", ["context", "ckpt=EARLIER", "windows=[0]"], {}, "mcsd-probe context",
      "windows=[0] must be positive token counts"),

@@ -4,6 +4,7 @@ the refusals, and a training run that logs its task's accuracy at the training l
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,45 @@ def test_a_rate_that_diverged_counts_as_tried_and_loses(tmp_path: Path) -> None:
         "retrieval.png", "retrieval.pdf", "retrieval_rates.png", "retrieval_rates.pdf", "retrieval_table.md"]
     every_rate_diverged = pd.concat([rows[rows["lr"] == 1e-2], rows[rows["lr"] == 1e-2].assign(lr=1e-1)])
     assert " | diverged (lr 0.01*) |" in markdown_task_table(every_rate_diverged)
+
+
+def test_the_denormals_experiment_times_each_model_both_ways_and_counts_its_denormals(tmp_path: Path) -> None:
+    """experiments/denormals/measure.py on a task's run: a row per init (trained, random) and
+    setting (computed, flushed) with its times and its denormal shares; the counting is exact; its
+    run.sh without the needle's trained models says what to run first, in one line."""
+    import csv
+    import importlib.util
+    import subprocess
+    import sys
+
+    spec = importlib.util.spec_from_file_location("measure", ROOT / "experiments" / "denormals" / "measure.py")
+    measure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measure)
+    assert measure._denormals(torch.tensor([0.0, 1e-40, -1e-39, 1.0, 2e-38])) == (2, 5)
+    run_dir = tmp_path / "run"
+    train(compose_train(run_dir, *FAST, "data=retrieval", "data.task=passkey", "data.seq_len=32", "data.num_train=64",
+                        "data.num_val=16", "data.batch_size=8", "data.test_lengths=[]", "model.vocab_size=32",
+                        "logger=csv"))
+    result = subprocess.run([sys.executable, str(ROOT / "experiments" / "denormals" / "measure.py"), str(tmp_path / "out"),
+                             str(run_dir), "--repeats", "2"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    with (tmp_path / "out" / "results.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert [(row["init"], row["flush_denormal"]) for row in rows] == [
+        ("trained", "False"), ("trained", "True"), ("random", "False"), ("random", "True")]
+    assert all(row["arch"] == "mcsd" and row["batch"] == "8x32" and row["repeats"] == "2" for row in rows)
+    assert all(0 <= float(row[f"denormal_{kind}"]) <= 1 for row in rows
+               for kind in ("outputs", "saved", "output_gradients", "weight_gradients"))
+    assert all(0 < float(row["min_s"]) <= float(row["median_s"]) <= float(row["max_s"]) for row in rows)
+    assert result.stdout.count("x\n") == 2  # a ratio per init
+    (tmp_path / "experiments").mkdir()
+    shutil.copytree(ROOT / "experiments" / "denormals", tmp_path / "experiments" / "denormals",
+                    ignore=shutil.ignore_patterns("cpu"))
+    shutil.copy(ROOT / "experiments" / "result_jobs.sh", tmp_path / "experiments")
+    logged = tmp_path / "experiments" / "retrieval" / "four_rates" / "0" / "csv" / "version_0"
+    logged.mkdir(parents=True)  # a committed job, whose run (and trained model) is on another machine
+    (logged / "hparams.yaml").write_text(f"callbacks:\n  final_model:\n    dirpath: {tmp_path / 'elsewhere' / 'model'}\n")
+    refused = subprocess.run(["bash", str(tmp_path / "experiments" / "denormals" / "run.sh")], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
+    assert refused.stderr.startswith("denormals/run.sh: no trained model of ") and not (tmp_path / "experiments" / "denormals" / "cpu").exists()

@@ -87,7 +87,7 @@ def run_here(app: str, *argv: str, env: dict[str, str | None] | None = None,
     imports each on the project's machine). ``env``: variables to set, or to remove where the
     value is None, while it runs (W&B offline unless it says otherwise, as in run_cli);
     ``cwd``: the folder it runs in. The working folder, the
-    environment and torch's threads (which the command sets) are restored after it."""
+    environment, torch's threads and its denormals (which the command sets) are restored after it."""
     (entry,) = entry_points(group="console_scripts", name=app)
     main = entry.load()
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -112,6 +112,7 @@ def run_here(app: str, *argv: str, env: dict[str, str | None] | None = None,
         os.environ.update(saved_env)
         os.chdir(saved_cwd)
         torch.set_num_threads(saved_threads)
+        torch.set_flush_denormal(False)  # torch's default, which flush_denormal=true changes
     return subprocess.CompletedProcess([app, *argv], code, stdout.getvalue(), stderr.getvalue())
 
 

@@ -442,3 +442,25 @@ def test_the_report_says_why_test_and_validation_perplexities_differ() -> None:
                         "out more; docs/training.md reads the main job's)")
     close = _report(trainer, [], [], 4.4039, 81.77, 1_228_800, test=(4.5, 90.0), data=data).splitlines()
     assert len(close) == 2 and close[1].startswith("final test perplexity: 90.00")
+
+
+def test_flush_denormal_makes_the_cpu_read_denormals_as_zero_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """``flush_denormal=true``: arithmetic on a denormal fp32 gives 0 (x86 computes denormals many
+    times slower); false (the default) leaves them; anything else is refused in one line."""
+    from omegaconf import OmegaConf
+
+    from mcsd.errors import MCSDError
+    from mcsd.runtime import apply_flush_denormal
+
+    denormal = torch.tensor([1e-40])
+    apply_flush_denormal("mcsd-train", OmegaConf.create({"flush_denormal": False}))
+    assert (denormal * 1.0).item() != 0.0
+    try:
+        with caplog.at_level("INFO", logger="mcsd"):
+            apply_flush_denormal("mcsd-train", OmegaConf.create({"flush_denormal": True}))
+        assert (denormal * 1.0).item() == 0.0 and (denormal * 1e30).item() == 0.0
+    finally:
+        torch.set_flush_denormal(False)
+    assert "mcsd-train: denormal floats flushed to zero on the CPU (flush_denormal=true)" in caplog.text
+    with pytest.raises(MCSDError, match="^flush_denormal=maybe must be true or false$"):
+        apply_flush_denormal("mcsd-train", OmegaConf.create({"flush_denormal": "maybe"}))
