@@ -112,7 +112,7 @@ def markdown_task_table(rows: pd.DataFrame) -> str:
             rate = ("" if point.empty or point["lrs_tried"].iloc[0] < 2 or length != trained[task] else
                     f" (lr {point['lr'].iloc[0]:g}{'*' if point['at_edge'].iloc[0] else ''})")
             accuracy = "-" if point.empty else "diverged" if point["accuracy"].isna().all() else f"{point['accuracy'].mean():.3f}"
-            cells.append(accuracy if point.empty else f"{accuracy}{rate}")
+            cells.append(f"{accuracy}{rate}")
         accuracies.append(cells)
     lines = [markdown_table(["architecture", *header], accuracies)]
     if rows["at_edge"].any():
