@@ -183,9 +183,9 @@ def main() -> None:
     print(f"travels to the GPU machine: {checkout + size:.1f} MiB of {CARRY_LIMIT_MIB} (the checkout's files "
           f"{checkout:.1f} MiB: {largest}; the wheels {size:.1f} MiB)")
     if checkout + size > CARRY_LIMIT_MIB:
-        raise SystemExit(f"that is over the {CARRY_LIMIT_MIB} MiB the device tool carries: run the kit from a copy "
-                         "of the checkout without the committed results (git clone, then remove experiments/*/ "
-                         "but gpu_check/), or fill fewer wheels (--have)")
+        raise SystemExit(f"that is over the {CARRY_LIMIT_MIB} MiB the device tool carries (it sends this checkout's "
+                         "files whole, never a clone beside it): fill fewer wheels (--have), or lighten the "
+                         "committed results under experiments/")
 
 
 if __name__ == "__main__":
