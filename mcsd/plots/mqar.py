@@ -188,17 +188,19 @@ def markdown_mqar_table(best: pd.DataFrame) -> str:
 
 def curve_colors(curves: list[str]) -> dict[str, str]:
     """Each curve's colour: an architecture's default variant, no setting changed, its colour
-    (:mod:`mcsd.plots.style`); any other curve (another variant, or a setting changed: ``default,
-    rope=False``) the next colour of matplotlib's cycle that no built-in architecture and no
-    architecture of these curves uses, then the lighter shades of tab20."""
+    (:mod:`mcsd.plots.style`), as has an architecture's only curve (the hybrid run with
+    ``attention_every=2`` at small sizes stays the hybrid's colour); any other curve (another
+    variant, or a setting changed: ``default, rope=False``) the next colour of matplotlib's cycle
+    that no built-in architecture and no architecture of these curves uses, then the lighter shades
+    of tab20."""
     taken = architecture_colors({split_curve(curve)[0] for curve in curves})
     lighter = [matplotlib.colors.to_hex(color) for color in plt.get_cmap("tab20").colors[1::2]]  # after the cycle's
     spare = [color for color in [*plt.rcParams["axes.prop_cycle"].by_key()["color"], *lighter]
              if matplotlib.colors.to_hex(color) not in taken] or ["black"]
+    arches = [split_curve(curve)[0] for curve in curves]
     colors, others = {}, 0
-    for curve in curves:
-        arch = split_curve(curve)[0]
-        if arch in registry.architectures() and split_curve(curve)[1] == next(iter(registry.get(arch).variants)):
+    for curve, arch in zip(curves, arches):
+        if arch in registry.architectures() and (split_curve(curve)[1] == next(iter(registry.get(arch).variants)) or arches.count(arch) == 1):
             colors[curve] = architecture_color(arch)
         else:
             colors[curve] = spare[others % len(spare)]

@@ -19,10 +19,9 @@ from mcsd.checkpoint.run_folder import DIVERGED, METRICS_FILE, run_status  # noq
 from mcsd.errors import MCSDError  # noqa: E402
 from mcsd.markdown import markdown_table  # noqa: E402
 from mcsd.plots.files import save_figure  # noqa: E402
-from mcsd.plots.mqar import decoding_state_bytes  # noqa: E402
+from mcsd.plots.mqar import curve_colors, decoding_state_bytes  # noqa: E402
 from mcsd.plots.rates import best_rates  # noqa: E402
 from mcsd.plots.runs import arch_label, curve_key, curve_order, run_identity, run_logs, split_curve  # noqa: E402
-from mcsd.plots.style import architecture_color  # noqa: E402
 
 
 @dataclass
@@ -130,25 +129,25 @@ def markdown_task_table(rows: pd.DataFrame) -> str:
 def plot_tasks(rows: pd.DataFrame, output_dir: str | Path, name: str) -> TaskFigure:
     """One panel per task: bars of each architecture's test accuracy (a task tested at its
     training length alone) or its accuracy against the test length (a line each, the training
-    length dotted), each at its best learning rate; where several were tried, also accuracy against
-    the rate (``<name>_rates.png/.pdf``). Writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
+    length dotted), each at its best learning rate, coloured as the rates figure; where several were
+    tried, also accuracy against the rate (``<name>_rates.png/.pdf``). Writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
     every_rate, rows = rows, best_task_rates(rows)
     tasks, curves = sorted(rows["task"].unique()), _ordered_curves(rows)
     columns = min(3, len(tasks))
     lines = -(-len(tasks) // columns)
     figure, axes = plt.subplots(lines, columns, figsize=(4.8 * columns, 3.8 * lines), squeeze=False)
+    colors = curve_colors(curves)
     for ax, task in zip(axes.flat, tasks):
         own = rows[rows["task"] == task]
         lengths = sorted(own["length"].unique())
         for index, curve in enumerate(curves):
-            arch = split_curve(curve)[0]
             points = own[own["curve"] == curve].groupby("length")["accuracy"].mean()
             if points.empty:
                 continue
             if len(lengths) == 1:
-                ax.bar(index, points.iloc[0], color=architecture_color(arch), label=_label(curve))
+                ax.bar(index, points.iloc[0], color=colors[curve], label=_label(curve))
             else:
-                ax.plot(points.index, points.values, marker="o", color=architecture_color(arch), label=_label(curve))
+                ax.plot(points.index, points.values, marker="o", color=colors[curve], label=_label(curve))
         if len(lengths) == 1:
             ax.set_xticks([])
         else:
@@ -173,17 +172,19 @@ def plot_tasks(rows: pd.DataFrame, output_dir: str | Path, name: str) -> TaskFig
 
 def plot_task_rates(rows: pd.DataFrame, output_dir: str | Path, name: str) -> list[Path]:
     """One panel per task: test accuracy at the training length against the learning rate (log
-    axis), mean over seeds, a line per architecture, a rate that diverged a cross at 0. Writes
-    ``<name>.png/.pdf``."""
+    axis), mean over seeds, a line per curve (an architecture's default in its colour, each other
+    variant one of its own: :func:`mcsd.plots.mqar.curve_colors`), a rate that diverged a cross at 0.
+    Writes ``<name>.png/.pdf``."""
     trained = rows[rows["length"] == rows["trained_length"]]
     tasks, curves = sorted(trained["task"].unique()), _ordered_curves(trained)
     columns = min(3, len(tasks))
     figure, axes = plt.subplots(-(-len(tasks) // columns), columns, figsize=(4.8 * columns, 3.8 * -(-len(tasks) // columns)),
                                 squeeze=False, sharey=True, layout="constrained")
+    colors = curve_colors(curves)
     for ax, task in zip(axes.flat, tasks):
         for curve in curves:
             points = trained[(trained["task"] == task) & (trained["curve"] == curve)].groupby("lr")["accuracy"].mean()
-            color = architecture_color(split_curve(curve)[0])
+            color = colors[curve]
             if not points.empty:
                 ax.plot(points.index, points.values, marker="o", color=color, label=_label(curve))
                 diverged = points.index[points.isna()]

@@ -349,3 +349,34 @@ def test_the_denormals_experiment_times_each_model_both_ways_and_counts_its_deno
                              text=True, timeout=60)
     assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
     assert refused.stderr.startswith("denormals/run.sh: no trained model of ") and not (tmp_path / "experiments" / "denormals" / "cpu").exists()
+
+
+def test_variants_of_one_architecture_differ_in_colour_in_both_figures(tmp_path: Path, monkeypatch) -> None:
+    """A study of MCSD's switches beside the Transformer: the accuracy and the rates figures draw
+    each curve in a colour of its own, the default variant and the Transformer in their
+    architectures' colours, and the same curve in the same colour in both figures."""
+    import matplotlib.colors
+    import pandas as pd
+
+    import mcsd.plots.tasks as tasks
+    from mcsd.plots.style import ARCHITECTURE_COLORS
+
+    drawn = {}
+
+    def record(figure, output_dir, name):
+        drawn[name] = {line.get_label(): matplotlib.colors.to_hex(line.get_color())
+                       for ax in figure.axes for line in ax.get_lines() if not line.get_label().startswith("_")}
+        return []
+
+    monkeypatch.setattr(tasks, "save_figure", record)
+    curves = ["mcsd|full", "mcsd|short_conv", "mcsd|input_decay", "transformer|default"]
+    rows = pd.DataFrame([{"run": f"{curve}{lr}{length}", "arch": split_curve(curve)[0], "variant": split_curve(curve)[1],
+                          "task": "needle", "seed": 0, "lr": lr, "trained_length": 64, "params": 1, "tokens": 1e6,
+                          "state_bytes": 1024, "length": length, "accuracy": 0.5, "curve": curve}
+                         for curve in curves for lr in (1e-4, 1e-3) for length in (64, 128)])
+    tasks.plot_tasks(rows, tmp_path, "retrieval")
+    labels = ["MCSD full", "MCSD short_conv", "MCSD input_decay", "Transformer"]
+    assert drawn["retrieval"] == drawn["retrieval_rates"] and sorted(drawn["retrieval"]) == sorted(labels)
+    assert len(set(drawn["retrieval"].values())) == len(labels)
+    assert drawn["retrieval"]["MCSD full"] == matplotlib.colors.to_hex(ARCHITECTURE_COLORS["mcsd"])
+    assert drawn["retrieval"]["Transformer"] == matplotlib.colors.to_hex(ARCHITECTURE_COLORS["transformer"])

@@ -40,8 +40,27 @@ def test_curves_of_one_architecture_with_settings_changed_differ_in_colour() -> 
 
     details = ["default", *(f"default, decay_offset={offset}" for offset in range(1, 9))]  # more than the cycle's spares
     curves = [curve_key("retnet", detail) for detail in details]
-    curves.append(curve_key("mcsd", "slope_only"))
+    curves += [curve_key("mcsd", "slope_only"), curve_key("mcsd", "full")]
     colours = {curve: matplotlib.colors.to_hex(colour) for curve, colour in curve_colors(curves).items()}
     assert colours[curves[0]] == matplotlib.colors.to_hex(ARCHITECTURE_COLORS["retnet"])
+    assert colours[curves[-1]] == matplotlib.colors.to_hex(ARCHITECTURE_COLORS["mcsd"])
     assert len(set(colours.values())) == len(curves)
-    assert not set(colours[curve] for curve in curves[1:]) & {matplotlib.colors.to_hex(c) for c in ARCHITECTURE_COLORS.values()}
+    assert not set(colours[curve] for curve in curves[1:-1]) & {matplotlib.colors.to_hex(c) for c in ARCHITECTURE_COLORS.values()}
+
+
+def test_an_architecture_drawn_by_one_curve_keeps_its_colour() -> None:
+    """The hybrid run only with a setting changed (``attention_every=2`` at small sizes) keeps the
+    hybrid's colour, as in every other figure; an architecture's default curve takes its colour
+    wherever it stands among its curves; an architecture drawn only by settings changed (a study of
+    its parts) gives its colour to none of them."""
+    from mcsd.plots.mqar import curve_colors
+    from mcsd.plots.runs import curve_key
+
+    curves = [curve_key("wonderful_matrices", "default, attention_every=2"), curve_key("mcsd", "slope_only"),
+              curve_key("mcsd", "full"), curve_key("mcsd", "decay_only"), curve_key("retnet", "default, rope=False"),
+              curve_key("retnet", "default, decay_offset=2.0")]
+    colours = {curve: matplotlib.colors.to_hex(colour) for curve, colour in curve_colors(curves).items()}
+    assert colours[curves[0]] == matplotlib.colors.to_hex(ARCHITECTURE_COLORS["wonderful_matrices"])
+    assert colours[curves[2]] == matplotlib.colors.to_hex(ARCHITECTURE_COLORS["mcsd"])
+    assert not {colours[curve] for curve in curves[4:]} & {matplotlib.colors.to_hex(c) for c in ARCHITECTURE_COLORS.values()}
+    assert len(set(colours.values())) == len(curves)
