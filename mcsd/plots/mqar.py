@@ -200,7 +200,8 @@ def curve_colors(curves: list[str]) -> dict[str, str]:
     arches = [split_curve(curve)[0] for curve in curves]
     colors, others = {}, 0
     for curve, arch in zip(curves, arches):
-        if arch in registry.architectures() and (split_curve(curve)[1] == next(iter(registry.get(arch).variants)) or arches.count(arch) == 1):
+        default = arch in registry.architectures() and split_curve(curve)[1] == next(iter(registry.get(arch).variants))
+        if default or (arch in registry.architectures() and arches.count(arch) == 1):
             colors[curve] = architecture_color(arch)
         else:
             colors[curve] = spare[others % len(spare)]

@@ -130,7 +130,8 @@ def plot_tasks(rows: pd.DataFrame, output_dir: str | Path, name: str) -> TaskFig
     """One panel per task: bars of each architecture's test accuracy (a task tested at its
     training length alone) or its accuracy against the test length (a line each, the training
     length dotted), each at its best learning rate, coloured as the rates figure; where several were
-    tried, also accuracy against the rate (``<name>_rates.png/.pdf``). Writes ``<name>.png/.pdf`` and ``<name>_table.md``."""
+    tried, also accuracy against the rate (``<name>_rates.png/.pdf``). Writes ``<name>.png/.pdf``
+    and ``<name>_table.md``."""
     every_rate, rows = rows, best_task_rates(rows)
     tasks, curves = sorted(rows["task"].unique()), _ordered_curves(rows)
     columns = min(3, len(tasks))
