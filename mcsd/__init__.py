@@ -1,34 +1,16 @@
 """mcsd: MCSD and its baselines in parallel, chunkwise and recurrent forms, and the harness
-that trains, benchmarks, plots and evaluates them."""
+that trains, benchmarks, plots and evaluates them.
 
-import mcsd.hf  # noqa: E402,F401  registers model_type "mcsd" with transformers' Auto classes
-from mcsd.checkpoint.saved_model import load, load_tokenizer, locate, save
-from mcsd.deploy.quantize import quantize_weights
-from mcsd.models import (
-    Architecture,
-    CausalLM,
-    ConfigError,
-    DecodingState,
-    LMConfig,
-    architectures,
-    build_model,
-    count_parameters,
-    register,
-)
+Each name below loads on first use (``mcsd.load``, ``mcsd.build_model``, ...), so that a command
+imports only what it runs. ``import mcsd.hf`` registers ``model_type="mcsd"`` with transformers'
+Auto classes."""
 
-__all__ = [
-    "Architecture",
-    "CausalLM",
-    "ConfigError",
-    "DecodingState",
-    "LMConfig",
-    "architectures",
-    "build_model",
-    "count_parameters",
-    "load",
-    "load_tokenizer",
-    "locate",
-    "quantize_weights",
-    "register",
-    "save",
-]
+from mcsd.lazy import lazy_names
+
+_MODELS = ("Architecture", "CausalLM", "ConfigError", "DecodingState", "LMConfig", "architectures", "build_model",
+           "count_parameters", "register")
+_HOMES = {**dict.fromkeys(("load", "load_tokenizer", "locate", "save"), "mcsd.checkpoint.saved_model"),
+          "quantize_weights": "mcsd.deploy.quantize", **dict.fromkeys(_MODELS, "mcsd.models")}
+
+__all__ = sorted(_HOMES)
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

@@ -1,12 +1,13 @@
 """What a long piece of work shares with the command that runs it, without the command's plumbing:
 the end of an app that Ctrl-C stopped (:func:`interrupted`; the loop it stops is :mod:`mcsd.jobs`), the
 torch threads a ``threads`` setting asks for, the jobs of a sweep side by side, an online W&B
-login checked before it is needed, and the commit of the checkout."""
+login checked before it is needed, the command that uploads offline W&B runs, and the commit of the checkout."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -135,6 +136,11 @@ def require_wandb_login(setting: str) -> None:
         wandb.teardown()  # the failed login set W&B up online for this process: later offline runs in it stay offline
         raise MCSDError(f"{setting} uses W&B online but no W&B API key is set: run `wandb login` (or set "
                         f"WANDB_API_KEY), or {offline}")
+
+
+def sync_command(folders: list[Path]) -> str:
+    """The one ``wandb sync`` command that uploads ``folders`` (offline runs, or globs of them)."""
+    return "wandb sync " + " ".join(str(folder) if "*" in str(folder) else shlex.quote(str(folder)) for folder in folders)
 
 
 def _netrc_has(host: str | None) -> bool:

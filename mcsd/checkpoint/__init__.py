@@ -12,7 +12,9 @@ A model's files, from the bottom up, each module calling only the ones before it
 
 - :mod:`~mcsd.checkpoint.sharded`: sharded (DCP) checkpoint folders and sharded weights (FSDP2);
 - :mod:`~mcsd.checkpoint.lightning_checkpoint`: a run's Lightning checkpoints, where a run keeps
-  them, read as files or sharded folders and written whole or not at all;
+  them, read as files or sharded folders;
+- :mod:`~mcsd.checkpoint.lightning_writer`: Lightning's checkpoint IO plugin, which writes them
+  whole or not at all (apart, so that a reader imports no Lightning);
 - :mod:`~mcsd.checkpoint.saved_model`: model folders (``model.safetensors``, ``config.json``,
   ``tokenizer.json``), exported and Hub folders, and any checkpoint, located and loaded alike;
 - :mod:`~mcsd.checkpoint.run_folder`: the one reader of an ``mcsd-train`` run folder (its

@@ -1,8 +1,11 @@
-"""Corpora, tokenizers and the LightningDataModules (language modelling; MQAR; MAD's tasks and retrieval)."""
+"""Corpora, tokenizers and the LightningDataModules (language modelling; MQAR; MAD's tasks and retrieval).
 
-from mcsd.data.corpus import DataError
-from mcsd.data.datamodule import LanguageModelDataModule
-from mcsd.data.mqar import MQARDataModule
-from mcsd.data.tasks import TaskDataModule
+The names below load on first use: reading tokens or a tokenizer imports no Lightning."""
 
-__all__ = ["DataError", "LanguageModelDataModule", "MQARDataModule", "TaskDataModule"]
+from mcsd.lazy import lazy_names
+
+_HOMES = {"DataError": "mcsd.data.corpus", "LanguageModelDataModule": "mcsd.data.datamodule",
+          "MQARDataModule": "mcsd.data.mqar", "TaskDataModule": "mcsd.data.tasks"}
+
+__all__ = sorted(_HOMES)
+__getattr__, __dir__ = lazy_names(__name__, _HOMES)

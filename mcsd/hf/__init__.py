@@ -1,9 +1,9 @@
 """Every registered architecture as a first-class Hugging Face ``transformers`` model.
 
 Importing this package registers ``model_type="mcsd"`` with ``AutoConfig``, ``AutoModel`` and
-``AutoModelForCausalLM`` (``import mcsd`` imports it). ``mcsd-export`` writes a folder that
-``from_pretrained`` loads, also in a process that never imported mcsd
-(``trust_remote_code=True``: its remote code imports these classes from the installed package).
+``AutoModelForCausalLM`` (``import mcsd`` alone does not: its names load on first use).
+``mcsd-export`` writes a folder that ``from_pretrained`` loads, also in a process that never
+imported mcsd (``trust_remote_code=True``: its remote code imports these classes from the installed package).
 """
 
 from mcsd.runtime import quiet_torchao_import

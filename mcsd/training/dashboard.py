@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -150,11 +149,6 @@ def offline_run_folders(run_id: str, root: Path) -> list[Path]:
     """Every offline folder of W&B run ``run_id`` under ``root`` (the log folder): a run resumed in a
     new run directory leaves one in each, all of which ``wandb sync`` needs to upload the whole run."""
     return sorted(path for path in Path(root).rglob(f"offline-run-*-{run_id}") if path.is_dir())
-
-
-def sync_command(folders: list[Path]) -> str:
-    """The one ``wandb sync`` command that uploads ``folders`` (offline runs, or globs of them)."""
-    return "wandb sync " + " ".join(str(folder) if "*" in str(folder) else shlex.quote(str(folder)) for folder in folders)
 
 
 class MeasurementRun:

@@ -11,8 +11,9 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
+from mcsd.runtime import sync_command
 from mcsd.training.callbacks import SaveFinalModel
-from mcsd.training.dashboard import offline_run_folders, sync_command
+from mcsd.training.dashboard import offline_run_folders
 
 
 def end_of_run_report(trainer: L.Trainer, loggers: list[Logger], callbacks: list[L.Callback], val_loss: float,

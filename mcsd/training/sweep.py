@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from mcsd.checkpoint.run_folder import DIVERGED, FAILED, FINISHED, HYDRA_DIR, INTERRUPTED, REFUSED, RunFolder
-from mcsd.training.dashboard import sync_command
+from mcsd.runtime import sync_command
 
 # The config groups whose choices tell a sweep of tasks (MAD's, retrieval's) from one of models on one corpus.
 _TASK_SETTINGS = ("task", "data")

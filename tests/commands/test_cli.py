@@ -559,7 +559,7 @@ def test_a_run_that_tests_nothing_holds_out_no_test_documents_beside_named_val_f
     from hydra import compose, initialize_config_module
     from hydra.core.hydra_config import HydraConfig
 
-    from mcsd.commands.train import _hold_out_only_what_is_run
+    from mcsd.training.run import _hold_out_only_what_is_run
 
     (tmp_path / "a.txt").write_text("\n\n".join(f"paragraph {index} " * 30 for index in range(40)))
     (tmp_path / "b.txt").write_text("\n\n".join(f"held out {index} " * 30 for index in range(25)))
@@ -620,7 +620,7 @@ def test_a_sweep_runs_every_job_and_reports_how_each_ended(tmp_path: Path, launc
 def test_a_job_that_fails_with_an_error_of_ours_does_not_stop_the_sweep(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """A job that ends in a traceback (a bug) prints it, records it, and the next job runs."""
-    import mcsd.commands.train as train_command
+    import mcsd.training.run as train_command
 
     trained = train_command.train
 
@@ -663,7 +663,7 @@ def test_overwrite_true_replaces_an_earlier_grids_results_and_resume_keeps_them(
 def test_an_interrupted_job_stops_its_sweep_with_the_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A job stopped by a signal (its checkpoint written, as mcsd-train does) stops the sweep: its
     result says so, the summary is printed, the jobs after it do not start, the exit status is the job's."""
-    import mcsd.commands.train as train_command
+    import mcsd.training.run as train_command
 
     def stopped_by_sigterm(cfg):
         raise SystemExit(143)

@@ -31,7 +31,7 @@ from mcsd.models import registry
 from mcsd.plots.mqar import (best_learning_rate, load_mqar_runs, markdown_mqar_table, plot_accuracy_vs_rate, plot_mqar,
                              run_course, state_frontier)
 from mcsd.checkpoint.saved_model import load as load_model
-from mcsd.commands.train import train
+from mcsd.training.run import train
 from mcsd.training.callbacks import PlateauStopping
 
 VOCAB, T, K = 64, 48, 6

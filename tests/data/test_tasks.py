@@ -16,7 +16,7 @@ from helpers.runs import FAST, compose_train, read_metrics, series, train_refusa
 from hydra_plugins.mcsd_arms_sweeper import registry_arms
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
 from mcsd.checkpoint.saved_model import load as load_model
-from mcsd.commands.train import train
+from mcsd.training.run import train
 from mcsd.data import TaskDataModule
 from mcsd.data.corpus import DataError
 from mcsd.data.mad import MAD_TASKS, in_context_recall

@@ -27,7 +27,7 @@ from mcsd.commands.evaluate import check_tasks, evaluate, language_model
 from mcsd.errors import MCSDError
 from mcsd.evaluation.local_tasks import LOCAL_TASKS, write_local_tasks
 from mcsd.evaluation.table2 import PAPER_ROWS, table2_markdown
-from mcsd.commands.train import train
+from mcsd.training.run import train
 from mcsd.training.module import LanguageModelModule
 
 

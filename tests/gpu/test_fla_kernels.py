@@ -28,7 +28,7 @@ from mcsd.ops.delta_rule import delta_rule, recurrent_delta_rule
 from mcsd.ops.gla import chunk_gla, gla
 from mcsd.ops.kernels import KernelsUnavailable, fla_import_problem
 from mcsd.ops.wkv import chunk_wkv, wkv, wkv_step
-from mcsd.commands.train import train
+from mcsd.training.run import train
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run pytest -m gpu on one"),

@@ -26,7 +26,7 @@ from helpers.models import ONE_LAYER_OF_EACH_KIND, tiny_model, variant_cases
 from helpers.runs import FAST, compose_train, read_metrics, run_bench, run_cli, series
 from mcsd.models import registry
 from mcsd.models.cuda_graphs import WARMUP_STEPS
-from mcsd.commands.train import train
+from mcsd.training.run import train
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run pytest -m gpu on one")]

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, open_dict
 from mcsd.bench.grid import bench
 from mcsd.checkpoint.resume import resume_config
 from mcsd.commands.app import require_values, run_or_exit
-from mcsd.commands.train import train
+from mcsd.training.run import train
 
 # A tiny, fast run: a few steps of the tiny model on short blocks.
 FAST = [

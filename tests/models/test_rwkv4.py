@@ -15,7 +15,7 @@ from helpers.models import tiny_config, tiny_model
 from helpers.runs import FAST, compose_train
 from mcsd import ConfigError, build_model, count_parameters
 from mcsd.errors import MCSDError
-from mcsd.commands.train import train
+from mcsd.training.run import train
 from mcsd.training.module import LanguageModelModule
 from mcsd.models.rwkv4.perspectives import Perspectives
 

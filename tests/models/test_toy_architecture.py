@@ -25,7 +25,7 @@ from mcsd.plots.compare import comparison_table, markdown_comparison, plot_compa
 from mcsd.plots.runs import load_csv_runs, plot_sweep
 from mcsd.probes.context import probe_context
 from mcsd.commands.probe import model_identity, write_context_probe
-from mcsd.commands.train import train
+from mcsd.training.run import train
 from helpers.runs import TINY_INFERENCE, run_bench
 from helpers.models import decode_all
 

@@ -25,7 +25,7 @@ PACKAGE = Path(mcsd.__file__).parent
 TESTS = Path(__file__).parents[1]
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer is its longest prefix's
-    ("base", ("mcsd.errors", "mcsd.files", "mcsd.jobs", "mcsd.markdown", "mcsd.precision", "mcsd.runtime")),
+    ("base", ("mcsd.errors", "mcsd.files", "mcsd.jobs", "mcsd.lazy", "mcsd.markdown", "mcsd.precision", "mcsd.runtime")),
     ("ops", ("mcsd.ops",)),
     ("data", ("mcsd.data",)),
     ("model config", ("mcsd.models.config",)),
@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # bottom to top; a module's layer
     ("result files", ("mcsd.checkpoint.bench_results", "mcsd.checkpoint.eval_results", "mcsd.checkpoint.probe_results")),
     ("sharded checkpoints", ("mcsd.checkpoint.sharded",)),
     ("lightning checkpoints", ("mcsd.checkpoint.lightning_checkpoint",)),
+    ("lightning checkpoint writer", ("mcsd.checkpoint.lightning_writer",)),
     ("saved models", ("mcsd.checkpoint.saved_model",)),
     ("run folders", ("mcsd.checkpoint.run_folder",)),
     ("model sources", ("mcsd.checkpoint.model_source",)),
@@ -294,6 +295,28 @@ def test_every_command_is_a_module_of_the_command_package() -> None:
                 apps.append(module_name(path))
     outside = sorted({module for module in apps if not module.startswith("mcsd.commands.")})
     assert outside == [] and {target.split(":")[0] for target in scripts.values()} <= set(apps)
+
+
+LIGHT_COMMANDS = ("mcsd.commands.bench", "mcsd.commands.generate", "mcsd.commands.plot", "mcsd.commands.train")
+"""Commands whose module imports no Lightning, transformers or torchao: ``mcsd-train`` imports what
+trains (:mod:`mcsd.training.run`) only in a process that trains."""
+
+
+@pytest.mark.slow
+def test_the_front_loads_its_names_on_first_use_and_commands_import_only_what_they_run() -> None:
+    """``import mcsd`` imports no torch (its names load when first read: ``mcsd.build_model``), and
+    the light commands import no Lightning, transformers or torchao, each a second or more of every
+    start (a sweep's launching process, ``--help``, a refused setting, a benchmark point's process);
+    the sweep's Hydra callback neither."""
+    import subprocess
+
+    probe = ("import sys, mcsd\n"
+             "print(sorted(name for name in ('torch', 'lightning', 'transformers') if name in sys.modules))\n"
+             f"import {', '.join(LIGHT_COMMANDS)}, mcsd.training.sweep\n"
+             "print(sorted(name for name in ('lightning', 'transformers', 'torchao') if name in sys.modules))\n"
+             "print(mcsd.build_model.__module__, 'save' in dir(mcsd))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.splitlines() == ["[]", "[]", "mcsd.models.build True"]
 
 
 RESULT_FORMATS = {"mcsd.checkpoint.bench_results": ("results.csv", "results.json"),

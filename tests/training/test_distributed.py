@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 import mcsd
 from helpers.runs import FAST, compose_train, read_metrics, run_cli, run_here, series, train_refusal
-from mcsd.commands.train import train
+from mcsd.training.run import train
 
 RUN = [*FAST, "logger=csv", "test_after_training=false"]
 FSDP = ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=4"]

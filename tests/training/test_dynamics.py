@@ -11,7 +11,7 @@ import torch
 from helpers.models import tiny_model
 from helpers.runs import FAST, compose_train, read_metrics, series
 
-from mcsd.commands.train import train
+from mcsd.training.run import train
 from mcsd.models.config import ConfigError
 from mcsd.plots.dynamics import load_dynamics, plot_training_dynamics
 from mcsd.training.callbacks import TrainingDynamics

@@ -24,9 +24,9 @@ from helpers.runs import FAST, command, compose_train, read_metrics, run_cli, ru
 from mcsd.data import LanguageModelDataModule
 from mcsd.errors import MCSDError
 from mcsd.checkpoint.lightning_checkpoint import read_checkpoint
-from mcsd.commands.train import train
+from mcsd.training.run import train
 from mcsd.training.sweep import summary
-from mcsd.checkpoint.lightning_checkpoint import mount_point
+from mcsd.checkpoint.lightning_writer import mount_point
 from mcsd.checkpoint.resume import latest_checkpoint
 from mcsd.checkpoint.wandb_run import find_wandb_runs, read_wandb_run
 
@@ -154,7 +154,7 @@ def test_a_failed_checkpoint_write_leaves_the_previous_checkpoint_whole(tmp_path
         return save(obj, handle, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save_until_the_disk_is_full)
-    monkeypatch.setattr("mcsd.checkpoint.lightning_checkpoint.shutil.disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 0))
+    monkeypatch.setattr("mcsd.checkpoint.lightning_writer.shutil.disk_usage", lambda path: shutil._ntuple_diskusage(1, 1, 0))
     checkpoints = tmp_path / "run" / "checkpoints"
     expected = (f"no space left on {mount_point(tmp_path)} (writing {checkpoints}/step-000006.ckpt, 0 MiB written): "
                 f"the checkpoint was not saved; {checkpoints}/last.ckpt is the last whole checkpoint; free some space "

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_module
 
 from helpers.runs import compose_train, read_metrics, run_here, series
 from mcsd.models import registry
-from mcsd.commands.train import train
+from mcsd.training.run import train
 from mcsd.training.schedule import auto_warmup_steps, warmup_cosine
 
 

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 from helpers.runs import FAST, compose_train, read_metrics, run_here, series, train_refusal
 from mcsd.data.tokenizer import train_tokenizer
 from mcsd.models import registry
-from mcsd.commands.train import train
+from mcsd.training.run import train
 
 FAST_BY_BUDGET = [setting for setting in FAST if not setting.startswith("trainer.max_steps=")]  # data.token_budget sets it
 
@@ -298,7 +298,7 @@ def test_a_run_resolves_its_model_once_and_builds_it_once_on_the_meta_device(
         init(model, *arguments, **keywords)
 
     monkeypatch.setattr(build, "make_config", counted_make_config)
-    monkeypatch.setattr("mcsd.commands.train.make_config", counted_make_config)
+    monkeypatch.setattr("mcsd.training.run.make_config", counted_make_config)
     monkeypatch.setattr(mcsd.CausalLM, "__init__", counted_init)
     train(compose_train(tmp_path, *FAST, "trainer.max_steps=2", "data.documents=apart", "logger=csv",
                         "test_after_training=false"))
