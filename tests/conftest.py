@@ -68,15 +68,23 @@ class _FileSecondsRecorder:
         FILE_SECONDS.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
 
 
-@pytest.fixture
-def compile_without_inductor(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``torch.compile`` through dynamo and AOTAutograd alone (``backend="aot_eager"``; inductor's
-    ``mode`` and ``options`` dropped): what a model's code can break (graph breaks, guards,
-    recompiles, mutation of its states) is traced as inductor would receive it, without inductor's
-    C++ code generation, for paths whose inductor backend is a GPU's (Triton: tests/gpu)."""
+@pytest.fixture(autouse=True)
+def _compile_without_inductor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a test, ``torch.compile`` goes through dynamo and AOTAutograd alone (``backend="aot_eager"``
+    for inductor; inductor's ``mode`` and ``options`` dropped; another backend asked for is kept):
+    what a model's code can break (graph breaks, guards, recompiles, mutation of its states) is traced
+    as inductor would receive it, without inductor's C++ code generation, which on CI's cold cache
+    cost ~10 s to ~2 minutes per architecture and test (a GPU compiles through Triton instead:
+    tests/gpu). Tests whose subject is inductor's own work (its kernels, its partitioner, a bug of
+    its graphs, compiled CPU decoding and training end to end) are marked ``inductor`` and compile
+    as a user's process does; so do the GPU tests (Triton's code) and the processes a test starts."""
+    if request.node.get_closest_marker("inductor") or request.node.get_closest_marker("gpu"):
+        return
     compile_with = torch.compile
 
     def compile(model=None, *, backend="inductor", mode=None, options=None, **kwargs):  # noqa: ANN001,ANN202
+        if backend != "inductor":
+            return compile_with(model, backend=backend, mode=mode, options=options, **kwargs)
         return compile_with(model, backend="aot_eager", **kwargs)
 
     monkeypatch.setattr(torch, "compile", compile)

@@ -113,7 +113,7 @@ def test_inference_grid_writes_every_point_and_its_figures(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path, compile_without_inductor: None) -> None:
+def test_compiled_decoding_is_benchmarked_after_its_compilation(tmp_path: Path) -> None:
     """``compile=true``: the points decode through the compiled step (compiled in the warm-up,
     which runs even when ``inference.warmup=0``) and the results say so. (The bench's handling of a
     compiled point, traced without inductor: inductor's step is tests/models/test_generate.py's.)"""
@@ -223,7 +223,7 @@ def test_isolated_points_import_the_code_their_bench_runs(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path, compile_without_inductor: None) -> None:
+def test_compiled_points_compile_each_model_of_their_own(tmp_path: Path) -> None:
     """In one process, every compiled point compiles its own model's step: with dynamo's recompile
     limit at 2 (a point compiles one or two graphs), models that shared one step function would hit
     it by the third point (a point that hits it is an error, never a silent eager run); each row
@@ -320,7 +320,7 @@ def test_training_grid_and_its_figure(tmp_path: Path) -> None:
         plot_inference(csv_path)
 
 
-def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path, compile_without_inductor: None) -> None:
+def test_compiled_training_is_benchmarked_after_its_compilation(tmp_path: Path) -> None:
     """``mode=train compile=true``: the points step through the compiled model + loss (compiled in
     the warm-up, which runs even when ``train.warmup=0``) and the results say so. One layer of
     MCSD's tiny model, as a model node of its own (compiling takes time per layer), traced without

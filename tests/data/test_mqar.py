@@ -182,7 +182,7 @@ def test_training_scores_the_labelled_positions_and_logs_accuracy(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_compile_trains_mqar_as_eager_does(tmp_path: Path, compile_without_inductor: None) -> None:
+def test_compile_trains_mqar_as_eager_does(tmp_path: Path) -> None:
     """``compile=true`` compiles MQAR's loss too (the model and the LM head at the labelled
     positions alone, in one graph): the same losses and accuracy as the eager run. Traced without
     inductor: the model's loss through inductor is tests/training/test_train.py's."""

@@ -99,6 +99,7 @@ def test_int4_groups_the_inputs_and_leaves_narrow_linears_whole() -> None:
     assert formats["layers.0.mixer.qkv_proj"] == "full" and formats["lm_head"] == "full"
 
 
+@pytest.mark.inductor  # inductor's int8 pattern is the subject
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_step_of_a_quantized_model_matches_its_eager_step(dtype: torch.dtype) -> None:
     """The compiled int8 step decodes as the eager one; with bfloat16 activations inductor rewrites

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 
 import pytest
@@ -108,12 +109,17 @@ def test_missing_size_field_is_named() -> None:
         build_model({"_target_": "mcsd.models.mcsd.MCSDConfig", "hidden_size": 8})
 
 
+@functools.cache
+def counted(name: str, size: str) -> int:
+    """The parameters of ``model=name size=size`` (each counted once for the tests that read it)."""
+    return count_parameters(compose_train(f"model={name}", f"size={size}").model)
+
+
 @pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("name", registry.architectures())
 def test_every_architecture_matches_mcsd_within_three_percent(name: str, size: str) -> None:
     """Equal size: each architecture's MLP width is chosen so its parameter count is MCSD's."""
-    reference = count_parameters(compose_train("model=mcsd", f"size={size}").model)
-    count = count_parameters(compose_train(f"model={name}", f"size={size}").model)
+    reference, count = counted("mcsd", size), counted(name, size)
     assert abs(count - reference) / reference <= 0.03, (count, reference)
 
 

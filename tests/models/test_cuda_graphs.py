@@ -123,10 +123,10 @@ def test_the_static_step_of_a_16_bit_model(name: str, dtype: torch.dtype) -> Non
 
 
 @pytest.mark.parametrize("name", registry.architectures())
-def test_a_compiled_static_step_equals_the_eager_step(name: str, compile_without_inductor: None) -> None:
+def test_a_compiled_static_step_equals_the_eager_step(name: str) -> None:
     """``compile=True``: the static step through ``torch.compile`` (what CUDA graphs record on a GPU
     with ``compile``), across KV-cache buckets; its logits equal the eager step's to float rounding.
-    Traced by dynamo and AOTAutograd (``compile_without_inductor``): the static step is a GPU's path,
+    Traced by dynamo and AOTAutograd (tests/conftest.py): the static step is a GPU's path,
     where inductor compiles it (test_gpu.py's CUDA-graph decoding, compiled)."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()

@@ -66,6 +66,7 @@ def test_stream_yields_one_token_per_row_per_step() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor  # compiled decoding on a CPU is a user's path (mcsd-bench compile=true, mcsd-generate)
 @pytest.mark.parametrize("name", registry.architectures())
 @torch.inference_mode()  # as generate's (a graph guards on its states being inference tensors)
 def test_compiled_step_decodes_like_the_eager_step(name: str) -> None:
@@ -87,6 +88,7 @@ def test_compiled_step_decodes_like_the_eager_step(name: str) -> None:
     assert torch.equal(model.generate(ids[:, :5], 8, compile=True), model.generate(ids[:, :5], 8))
 
 
+@pytest.mark.inductor
 @pytest.mark.parametrize("name", ["mcsd", "transformer"])
 @torch.no_grad()
 def test_compiled_batch_one_step_multiplies_in_fused_kernels(name: str) -> None:

@@ -160,6 +160,7 @@ def test_fine_tuning_refuses_weights_that_do_not_fit(tmp_path: Path) -> None:
         train(compose_train(tmp_path / "scratch", "model=rwkv4", *FAST, "logger=none", "trainable=['.*mix_.*']"))
 
 
+@pytest.mark.inductor  # inductor's partitioner is the subject
 def test_compiled_documents_apart_recompute_the_intra_chunk_weights() -> None:
     """Compiled with documents apart, no layer keeps its intra-chunk weights ``[chunks, C, C, D]``
     for the backward (they are recomputed there, under a checkpoint only compiled): the masks come

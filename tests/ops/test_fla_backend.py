@@ -530,7 +530,7 @@ def test_mcsd_recurrent_form_and_step_run_through_fla_in_every_reading(case: str
 
 
 @pytest.mark.slow
-def test_a_compiled_model_runs_fla_between_its_graphs(fla_on_the_cpu: list, compile_without_inductor: None) -> None:
+def test_a_compiled_model_runs_fla_between_its_graphs(fla_on_the_cpu: list) -> None:
     """``torch.compile`` leaves the adapters (and fla's kernels) out of its graphs, asks once
     whether fla imports, and computes what the eager model does (where dynamo breaks its graphs is
     what this checks: traced without inductor)."""
