@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # The benchmarks measure anyway where the suite's other worker shares the cores (no test reads a
     # time as the machine's); tests/bench/test_bench.py checks the refusal itself.
     os.environ["MCSD_BUSY_MACHINE"] = "measure"
+    # Bytecode for the suite's processes, where the environment says not to write it (this machine and
+    # CI's set PYTHONDONTWRITEBYTECODE=1, and the install byte-compiles nothing: pip --no-compile): the
+    # workers and the ~100 commands the tests start would each compile every module they import,
+    # Lightning's and torch's included (a fresh `import lightning.pytorch, mcsd.training.run` 24-29 s
+    # without, 16-17 s with: docs/layout.md). The first import writes it, the rest read it.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
     # Inductor's C++ without vectorisation, here and in every process a test starts: the same functions,
     # a fifth less of a cold compile (its tiling analysis of symbolic lengths), and CI always compiles
     # cold (issue 64, docs/layout.md). A GPU compiles through Triton, untouched (tests/gpu).
