@@ -379,7 +379,7 @@ def test_compiled_loss_equals_the_eager_loss_and_gradients(name: str) -> None:
 
 # The hybrid's case through inductor: its graph, broken at the CPU's attention over documents, once
 # replayed an output with garbage sizes there (issue 65); the others trace without inductor.
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.inductor] * (name == "wonderful_matrices"))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.inductor if name == "wonderful_matrices" else ())
                                   for name in registry.architectures()])
 def test_compiled_loss_keeps_documents_apart(name: str) -> None:
     """The compiled loss given position_ids gives the eager loss and gradients, twice: RWKV-4's
