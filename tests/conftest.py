@@ -23,16 +23,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "keeping the files this run did not reach")
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: a worker per core, and one more on a machine of two (CI's and the project's):
-    a worker often waits on a process it started (a command's imports, a sweep's jobs, a notebook's
-    kernel), and the third keeps both cores busy meanwhile. PYTEST_XDIST_AUTO_NUM_WORKERS overrides."""
-    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "").isdigit():
-        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cores + 1 if cores == 2 else cores
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, split the cores between the workers (torch and the CLIs the tests
     start would otherwise each take every core and slow each other down); benchmarks measure on
