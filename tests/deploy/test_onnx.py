@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,14 +35,26 @@ CAPACITY = 96
 TOLERANCE = 1e-5  # fp32 logits, ONNX Runtime against PyTorch (the issue's bar)
 
 
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple]:
+    """``exports(arch)``: a tiny model of the architecture (one layer of each kind) and its ONNX
+    export, made once for this file (an export takes 10-30 s here); a test that changes one copies it."""
+    made: dict[str, tuple] = {}
+
+    def export_of(arch: str) -> tuple:
+        if arch not in made:
+            torch.manual_seed(0)
+            model = tiny_model(arch, **ONE_LAYER_OF_EACH_KIND.get(arch, {}))
+            folder = tmp_path_factory.mktemp(f"onnx-{arch}")
+            made[arch] = model, folder, write_onnx_export(model, folder, CAPACITY, eos_token_id=None)
+        return made[arch]
+
+    return export_of
+
+
 @pytest.fixture(scope="module", params=registry.architectures())
-def export(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """A tiny model of the architecture (one layer of each kind) and its ONNX export."""
-    torch.manual_seed(0)
-    model = tiny_model(request.param, **ONE_LAYER_OF_EACH_KIND.get(request.param, {}))
-    folder = tmp_path_factory.mktemp(f"onnx-{request.param}")
-    manifest = write_onnx_export(model, folder, CAPACITY, eos_token_id=None)
-    return model, folder, manifest
+def export(request: pytest.FixtureRequest, exports: Callable[[str], tuple]) -> tuple:
+    return exports(request.param)
 
 
 def test_prefill_at_any_length_and_batch_equals_pytorch(export) -> None:
@@ -231,14 +244,15 @@ def test_mcsd_export_format_onnx_and_mcsd_generate_runtime_onnx(tmp_path: Path) 
     assert back.returncode == 2 and "exists (an earlier transformers export)" in back.stderr
 
 
-def test_an_export_killed_between_its_renames_puts_the_earlier_one_back(tmp_path: Path) -> None:
+def test_an_export_killed_between_its_renames_puts_the_earlier_one_back(
+        tmp_path: Path, exports: Callable[[str], tuple]) -> None:
     """SIGKILL while an export replaced an earlier one left .OUT.XXXX/ beside it (the earlier export
     in earlier/, a half-written new/): the next export puts the earlier one back, then goes on."""
     text = "the king of a far land ships gold and silver to every harbour along the coast\n\n" * 20
     torch.manual_seed(0)
     saved = mcsd.save(tiny_model("retnet", vocab_size=300), tmp_path / "saved", train_tokenizer([text], 300))
     out = tmp_path / "onnx"
-    assert run_here("mcsd-export", f"ckpt={saved}", f"out={out}", "format=onnx", "capacity=16").returncode == 0
+    shutil.copytree(exports("retnet")[1], out)  # the earlier export
     manifest = (out / MANIFEST_FILE).read_text()
     work = tmp_path / ".onnx.killed"
     (work / "new").mkdir(parents=True)
@@ -285,22 +299,20 @@ def test_runtimes_are_a_bench_axis(tmp_path: Path) -> None:
                       "Transformer, full weights, ONNX Runtime", "Transformer, int8 weights, ONNX Runtime"]
 
 
-def test_a_damaged_export_is_one_line(tmp_path: Path) -> None:
+def test_a_damaged_export_is_one_line(tmp_path: Path, exports: Callable[[str], tuple]) -> None:
     """A truncated graph or manifest, a missing tokenizer or another export's step ended in a traceback
     (the last after the first printed token): each is one line naming the file and the fix, on loading."""
     text = "the king of a far land ships gold and silver to every harbour along the coast\n\n" * 20
     tokenizer = train_tokenizer([text], 300)
-    torch.manual_seed(0)
-    exports = {}
+    # The file's exports with a tokenizer beside the graphs, as mcsd-export writes one (each case fails on loading).
+    whole = {}
     for name in ("mcsd", "transformer"):
-        saved = mcsd.save(tiny_model(name, vocab_size=300), tmp_path / f"saved-{name}", tokenizer)
-        assert run_here("mcsd-export", f"ckpt={saved}", f"out={tmp_path / name}", "format=onnx",
-                        "capacity=32").returncode == 0
-        exports[name] = tmp_path / name
+        whole[name] = shutil.copytree(exports(name)[1], tmp_path / name)
+        tokenizer.save(str(whole[name] / "tokenizer.json"))
 
     def damaged(label: str, change) -> Path:
         folder = tmp_path / label
-        shutil.copytree(exports["mcsd"], folder)
+        shutil.copytree(whole["mcsd"], folder)
         change(folder)
         return folder
 
@@ -313,7 +325,7 @@ def test_a_damaged_export_is_one_line(tmp_path: Path) -> None:
          "has no tokenizer.json: export the model again with mcsd-export format=onnx"),
         (damaged("cut-manifest", lambda folder: cut(folder / MANIFEST_FILE)),
          "export.json is not a readable export manifest (JSONDecodeError: "),
-        (damaged("other-step", lambda folder: shutil.copy(exports["transformer"] / "step.onnx", folder / "step.onnx")),
+        (damaged("other-step", lambda folder: shutil.copy(whole["transformer"] / "step.onnx", folder / "step.onnx")),
          "prefill.onnx and step.onnx are not the graphs of one export ("),
     ]
     for folder, message in cases:
