@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -158,7 +159,8 @@ def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path
     """Failures injected into the second and third points: a GPU library's allocation failure is
     ``oom``, any other error is ``error`` with its one-line reason; the points after them are
     measured; results.json holds every point measured before each point starts; a failed point's
-    tensors are freed before the next point."""
+    tensors, held in a reference cycle (the collector's work, run on the point's objects alone), are
+    freed before the next point, and the collector's freeze is undone."""
     real = decoding.inference_point
     started, held = [], []
 
@@ -171,6 +173,9 @@ def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path
         if point == 1:
             tensors = torch.ones(2**20)
             held.append(weakref.ref(tensors))
+            cycle = [tensors]
+            cycle.append(cycle)
+            del tensors
             raise RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
         if point == 2:
             raise ValueError("this model cannot decode\nsecond line of the message")
@@ -185,6 +190,7 @@ def test_a_failing_point_is_a_row_of_its_own_and_the_grid_goes_on(tmp_path: Path
     assert frame["reason"][2] == "ValueError: this model cannot decode"
     assert pd.isna(frame["reason"][0]) and frame["tokens_per_s"][3] > 0
     assert json.loads((tmp_path / "results.json").read_text())["header"]["complete"] is True
+    assert gc.get_freeze_count() == 0
 
 
 @pytest.mark.slow
