@@ -38,7 +38,7 @@ from mcsd.plots.experiments import DRAWINGS, draw, draw_experiment
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import (check_one_source, load_csv_runs, load_offline_wandb_runs, load_wandb_runs, markdown_seed_table,
                              markdown_sweep_table, plot_sweep)
-from mcsd.plots.scaling_fit import fit_sweep, markdown_fit_table, plot_fit
+from mcsd.plots.scaling_fit import draws_path, fit_sweep, markdown_fit_table, plot_fit
 from mcsd.plots.tasks import load_task_runs, markdown_task_table, plot_tasks
 
 COSTS = {"inference": plot_inference, "train": plot_train}
@@ -131,15 +131,17 @@ def _plot(args: DictConfig) -> list:
         rows, default_out = load_csv_runs(args.source), args.source
     else:
         raise MCSDError(f"mcsd-plot {args.kind} needs a sweep folder (source=DIR), or wandb=ENTITY/PROJECT group=GROUP")
-    fits = fit_sweep(rows, samples=args.samples) if args.fit else None  # a sweep it cannot fit: refused before drawing
-    figure = plot_sweep(args.kind, rows, args.out or default_out, args.name, args.reference)
+    out, name = args.out or default_out, args.name or "fig4_scaling"
+    # A sweep it cannot fit: refused before drawing.
+    fits = fit_sweep(rows, samples=args.samples, saved=draws_path(out, name)) if args.fit else None
+    figure = plot_sweep(args.kind, rows, out, args.name, args.reference)
     print(markdown_sweep_table(figure.table))
     if figure.by_seed is not None:
         print(markdown_seed_table(figure.by_seed))
     if fits is None:
         return figure.paths
     print(markdown_fit_table(fits))
-    return [*figure.paths, *plot_fit(rows, fits, args.out or default_out, args.name or "fig4_scaling")]
+    return [*figure.paths, *plot_fit(rows, fits, out, name)]
 
 
 def _labels(curves: Any) -> list[str] | None:

@@ -18,7 +18,7 @@ from mcsd.plots.cost import plot_inference, plot_train
 from mcsd.plots.dynamics import load_dynamics, plot_training_dynamics
 from mcsd.plots.mqar import load_mqar_runs, markdown_mqar_table, plot_mqar
 from mcsd.plots.runs import load_csv_runs, markdown_seed_table, markdown_sweep_table, plot_sweep
-from mcsd.plots.scaling_fit import fit_sweep, markdown_fit_table, plot_fit
+from mcsd.plots.scaling_fit import draws_path, fit_sweep, markdown_fit_table, plot_fit
 from mcsd.plots.tasks import load_task_runs, markdown_task_table, plot_tasks
 
 NOT_RESULTS = ("logs", "trial")  # an experiment's raw runs and its trial runs, beside its committed results
@@ -53,7 +53,7 @@ def _sweep(kind: str, name: str, reference: str | None = None, notes: str | None
         if figure.by_seed is not None:
             markdown += "\n" + markdown_seed_table(figure.by_seed)
         if fit:
-            fits = fit_sweep(rows)
+            fits = fit_sweep(rows, saved=draws_path(folder, name))
             figure.paths += plot_fit(rows, fits, folder, name)
             markdown += "\n" + markdown_fit_table(fits)
         if notes and (folder / notes).is_file():

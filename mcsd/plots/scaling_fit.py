@@ -11,13 +11,22 @@ N^-alpha`` alone. The intervals resample the points with replacement and refit f
 fit (points along one run are correlated: the intervals are then narrower than they should be,
 and a sweep of three sizes barely determines five parameters: the table says how many points
 and sizes each fit had).
+
+The laws and their bootstrap draws are a sweep's result of their own (``<name>_fit_draws.json``
+beside the figures, :func:`fit_sweep`'s ``saved``): 1,000 refits take about a minute per
+architecture, and their last digits depend on the CPU (numpy's SIMD paths, which an ill-posed fit
+carries into the intervals' third digit), so the figure and table are drawn again from the file,
+byte for byte, as long as it holds the draws of the same points and settings; any other point or
+setting fits again and rewrites it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
+import os
 from dataclasses import dataclass
 
 from pathlib import Path
@@ -205,16 +214,53 @@ class ArchitectureFit:
     multiplier: Interval | None = None
 
 
-def fit_sweep(rows: pd.DataFrame, samples: int = 1000, seed: int = 0) -> list[ArchitectureFit]:
+DRAWS_FORMAT = 1  # the saved draws' layout and the fit's method: a file of another is fitted again
+
+
+def draws_path(output_dir: str | Path, name: str) -> Path:
+    """Where a sweep's laws and bootstrap draws are saved, beside ``<name>_fit.png`` (:func:`plot_fit`)."""
+    return Path(output_dir) / f"{name}_fit_draws.json"
+
+
+def _saved_fits(path: Path | None, key: dict) -> dict[str, tuple[LossLaw, list[LossLaw]]] | None:
+    """Each architecture's law and draws from ``path`` when it was written for ``key``, else None."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("key") != key:
+        return None
+    return {arch: (LossLaw(*entry["law"]), [LossLaw(*draw) for draw in entry["draws"]])
+            for arch, entry in saved["architectures"].items()}
+
+
+def _save_fits(path: Path, key: dict, fitted: dict[str, tuple[LossLaw, list[LossLaw]]]) -> None:
+    """Write the laws and draws for ``key`` to ``path`` (complete or not at all)."""
+    def fields(law: LossLaw) -> list[float]:
+        return [getattr(law, field.name) for field in dataclasses.fields(LossLaw)]
+
+    saved = {"key": key, "architectures": {arch: {"law": fields(law), "draws": [fields(draw) for draw in draws]}
+                                           for arch, (law, draws) in fitted.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(saved, separators=(",", ":")) + "\n")
+    os.replace(partial, path)
+
+
+def fit_sweep(rows: pd.DataFrame, samples: int = 1000, seed: int = 0, saved: Path | None = None) -> list[ArchitectureFit]:
     """Fit every architecture of a sweep's long-format ``rows`` (:func:`mcsd.plots.runs.load_csv_runs`):
     validation losses against non-embedding parameters and tokens, each run's points from
     :data:`FIT_FROM` of its tokens on; the multipliers over :data:`REFERENCE` with intervals from
-    the same bootstrap draws (the i-th draw of each architecture together)."""
+    the same bootstrap draws (the i-th draw of each architecture together). ``saved``: the laws
+    and draws are read from this file when it holds those of the same points, ``samples``,
+    ``seed`` and method, else fitted and written to it."""
     points = rows[(rows["metric"] == "val/loss") & (rows["tokens"] > 0)]
     points = points[points["tokens"] >= FIT_FROM * points.groupby("run")["tokens"].transform("max")]
     if points.empty:
         raise MCSDError("no validation loss after the first tokens in this sweep: nothing to fit")
-    fits, draws = [], {}
+    columns = {}
     for arch, own in points.groupby("arch", sort=False):
         params, tokens, losses = own["params_non_embedding"].to_numpy(float), own["tokens"].to_numpy(float), \
             own["value"].to_numpy(float)
@@ -222,12 +268,22 @@ def fit_sweep(rows: pd.DataFrame, samples: int = 1000, seed: int = 0) -> list[Ar
             raise MCSDError(f"runs of {arch} did not log model/params_non_embedding: train them again to fit them")
         if own["params_non_embedding"].nunique() < 2:
             raise MCSDError(f"{arch} has runs of one size only: a scaling fit needs at least two sizes")
-        law = fit_loss_law(params, tokens, losses)
-        draws[arch] = bootstrap(params, tokens, losses, law, samples, seed)
-        last = own[own["params_non_embedding"] == params.max()]
-        fits.append(ArchitectureFit(arch, law, parameter_intervals(law, draws[arch]), len(own),
-                                    own["params_non_embedding"].nunique(),
-                                    (float(params.max()), float(last["tokens"].max()))))
+        columns[arch] = params, tokens, losses
+    key = {"format": DRAWS_FORMAT, "huber_delta": HUBER_DELTA, "fit_from": FIT_FROM, "samples": samples, "seed": seed,
+           "points": {arch: np.stack(values, axis=1).tolist() for arch, values in columns.items()}}
+    fitted = _saved_fits(saved, key)
+    if fitted is None:
+        fitted = {}
+        for arch, (params, tokens, losses) in columns.items():
+            law = fit_loss_law(params, tokens, losses)
+            fitted[arch] = law, bootstrap(params, tokens, losses, law, samples, seed)
+        if saved is not None:
+            _save_fits(saved, key, fitted)
+    fits, draws = [], {}
+    for arch, (params, tokens, _) in columns.items():
+        law, draws[arch] = fitted[arch]
+        fits.append(ArchitectureFit(arch, law, parameter_intervals(law, draws[arch]), len(params), len(np.unique(params)),
+                                    (float(params.max()), float(tokens[params == params.max()].max()))))
     reference = next((fit for fit in fits if fit.arch == REFERENCE), None)
     for fit in fits:
         if reference is None or fit is reference:

@@ -4,6 +4,7 @@ compute multiplier against its closed form, and bootstrap intervals that cover t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 from pathlib import Path
@@ -13,8 +14,9 @@ import pandas as pd
 import pytest
 
 from mcsd.errors import MCSDError
-from mcsd.plots.scaling_fit import (LossLaw, bootstrap, compute_multiplier, fit_loss_law, fit_sweep, markdown_fit_table,
-                                    parameter_intervals, plot_fit)
+from mcsd.plots import scaling_fit
+from mcsd.plots.scaling_fit import (LossLaw, bootstrap, compute_multiplier, draws_path, fit_loss_law, fit_sweep,
+                                    markdown_fit_table, parameter_intervals, plot_fit)
 
 CHINCHILLA = LossLaw(E=1.69, A=406.4, alpha=0.34, B=410.7, beta=0.28)  # Hoffmann et al. 2022's fit
 
@@ -26,6 +28,21 @@ def curves(law: LossLaw, noise: float, seed: int = 0) -> tuple[np.ndarray, np.nd
     params, tokens = params.ravel(), tokens.ravel()
     losses = law.loss(params, tokens) * np.exp(noise * np.random.default_rng(seed).standard_normal(params.size))
     return params, tokens, losses
+
+
+SWEEP_LAWS = {"mcsd": LossLaw(2.0, 300.0, 0.35, 200.0, 0.3), "transformer": LossLaw(2.0, 450.0, 0.35, 300.0, 0.3)}
+
+
+def sweep_rows() -> pd.DataFrame:
+    """A sweep's long-format rows: val/loss points of runs of three sizes per architecture of
+    :data:`SWEEP_LAWS` (the Transformer's law needing more compute), eight token counts each."""
+    records = []
+    for arch, law in SWEEP_LAWS.items():
+        for size in (1e6, 4e6, 1.6e7):
+            for tokens in np.linspace(2e8, 1e9, 8):
+                records.append({"run": f"{arch}-{size}", "metric": "val/loss", "tokens": tokens, "arch": arch,
+                                "params_non_embedding": size, "value": float(law.loss(size, tokens))})
+    return pd.DataFrame(records)
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.002])
@@ -73,19 +90,12 @@ def test_a_sweeps_fit_gives_the_multiplier_of_its_laws_and_refuses_one_size(tmp_
     architecture, the Transformer's law needing more compute): each law found, the multiplier
     near the true laws' and inside its interval; the figure and table written; an architecture of
     one size refused in one line."""
-    laws = {"mcsd": LossLaw(2.0, 300.0, 0.35, 200.0, 0.3), "transformer": LossLaw(2.0, 450.0, 0.35, 300.0, 0.3)}
-    records = []
-    for arch, law in laws.items():
-        for size in (1e6, 4e6, 1.6e7):
-            for tokens in np.linspace(2e8, 1e9, 8):
-                records.append({"run": f"{arch}-{size}", "metric": "val/loss", "tokens": tokens, "arch": arch,
-                                "params_non_embedding": size, "value": float(law.loss(size, tokens))})
-    rows = pd.DataFrame(records)
+    rows = sweep_rows()
     fits = fit_sweep(rows, samples=40)
     assert [fit.arch for fit in fits] == ["mcsd", "transformer"] and fits[1].multiplier is None
     for fit in fits:
-        assert fit.law.alpha == pytest.approx(laws[fit.arch].alpha, rel=0.05) and fit.points == 8 * 3
-    expected = compute_multiplier(laws["mcsd"], laws["transformer"], 1.6e7, 1e9)
+        assert fit.law.alpha == pytest.approx(SWEEP_LAWS[fit.arch].alpha, rel=0.05) and fit.points == 8 * 3
+    expected = compute_multiplier(SWEEP_LAWS["mcsd"], SWEEP_LAWS["transformer"], 1.6e7, 1e9)
     assert fits[0].at == (1.6e7, 1e9)
     assert fits[0].multiplier.value == pytest.approx(expected, rel=0.05)
     assert fits[0].multiplier.low <= fits[0].multiplier.value <= fits[0].multiplier.high
@@ -94,3 +104,37 @@ def test_a_sweeps_fit_gives_the_multiplier_of_its_laws_and_refuses_one_size(tmp_
     assert paths[-1].read_text() == markdown_fit_table(fits) and "| MCSD | 24 (3) |" in paths[-1].read_text()
     with pytest.raises(MCSDError, match="mcsd has runs of one size only"):
         fit_sweep(rows[rows["params_non_embedding"] == 1e6])
+
+
+def test_a_sweeps_fit_is_saved_and_read_back_while_its_points_and_settings_stay(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fit_sweep(saved=...)`` writes the laws and bootstrap draws; called again on the same points
+    and settings it reads them (no refit) and gives equal fits, so the same table; another sample
+    count, seed, point or a damaged file fits again and rewrites the file."""
+    rows, saved = sweep_rows(), draws_path(tmp_path, "sweep")
+    assert saved.name == "sweep_fit_draws.json"
+    fits = fit_sweep(rows, samples=20, saved=saved)
+    written = json.loads(saved.read_text())
+    assert sorted(written["architectures"]) == ["mcsd", "transformer"]
+    assert len(written["architectures"]["mcsd"]["draws"]) == 20 and written["key"]["samples"] == 20
+    refits = []
+    real_bootstrap = scaling_fit.bootstrap
+
+    def counted(*args: object, **kwargs: object) -> list[LossLaw]:
+        refits.append(args[-2:])
+        return real_bootstrap(*args, **kwargs)
+
+    monkeypatch.setattr(scaling_fit, "bootstrap", counted)
+    again = fit_sweep(rows, samples=20, saved=saved)
+    assert refits == [] and again == fits and markdown_fit_table(again) == markdown_fit_table(fits)
+    fit_sweep(rows, samples=20, seed=1, saved=saved)
+    assert len(refits) == 2 and json.loads(saved.read_text())["key"]["seed"] == 1
+    changed = rows.copy()
+    changed.loc[0, "value"] *= 1.01
+    fit_sweep(changed, samples=20, seed=1, saved=saved)
+    assert len(refits) == 4
+    fit_sweep(changed, samples=20, seed=1, saved=saved)
+    assert len(refits) == 4  # the changed points' fit, saved in its turn
+    saved.write_text('{"key": ')
+    assert fit_sweep(rows, samples=20, saved=saved) == fits and len(refits) == 6
+    assert not list(tmp_path.glob(".*partial"))
