@@ -228,12 +228,12 @@ def _saved_fits(path: Path | None, key: dict) -> dict[str, tuple[LossLaw, list[L
         return None
     try:
         saved = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if not isinstance(saved, dict) or saved.get("key") != key:
+            return None
+        return {arch: (LossLaw(*entry["law"]), [LossLaw(*draw) for draw in entry["draws"]])
+                for arch, entry in saved["architectures"].items()}
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable or edited: fitted again
         return None
-    if not isinstance(saved, dict) or saved.get("key") != key:
-        return None
-    return {arch: (LossLaw(*entry["law"]), [LossLaw(*draw) for draw in entry["draws"]])
-            for arch, entry in saved["architectures"].items()}
 
 
 def _save_fits(path: Path, key: dict, fitted: dict[str, tuple[LossLaw, list[LossLaw]]]) -> None:

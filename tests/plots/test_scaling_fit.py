@@ -110,7 +110,7 @@ def test_a_sweeps_fit_is_saved_and_read_back_while_its_points_and_settings_stay(
                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """``fit_sweep(saved=...)`` writes the laws and bootstrap draws; called again on the same points
     and settings it reads them (no refit) and gives equal fits, so the same table; another sample
-    count, seed, point or a damaged file fits again and rewrites the file."""
+    count, seed, point or a damaged or edited file fits again and rewrites the file."""
     rows, saved = sweep_rows(), draws_path(tmp_path, "sweep")
     assert saved.name == "sweep_fit_draws.json"
     fits = fit_sweep(rows, samples=20, saved=saved)
@@ -137,4 +137,8 @@ def test_a_sweeps_fit_is_saved_and_read_back_while_its_points_and_settings_stay(
     assert len(refits) == 4  # the changed points' fit, saved in its turn
     saved.write_text('{"key": ')
     assert fit_sweep(rows, samples=20, saved=saved) == fits and len(refits) == 6
+    edited = json.loads(saved.read_text())
+    del edited["architectures"]["mcsd"]["draws"]
+    saved.write_text(json.dumps(edited))
+    assert fit_sweep(rows, samples=20, saved=saved) == fits and len(refits) == 8
     assert not list(tmp_path.glob(".*partial"))
